@@ -1,0 +1,31 @@
+"""Every fast model of tla/models.toml gives its expected result and state count."""
+
+import pytest
+
+from cbpause.tlc import load_manifest, run_model
+
+from .conftest import TLA_DIR
+
+FAST = [m for m in load_manifest(TLA_DIR) if m.suite == "fast"]
+
+
+@pytest.mark.tlc
+@pytest.mark.parametrize("model", FAST, ids=[m.name for m in FAST])
+def test_fast_model_gives_expected_result(model, tlc_ready):
+    result = run_model(model, TLA_DIR, workers=2)
+    assert result.outcome == model.expect, result.output[-3000:]
+    if model.distinct_states is not None:
+        assert result.distinct_states == model.distinct_states
+    if model.expect != "ok":
+        # An expected failure must come with a readable counterexample.
+        assert result.trace, result.output[-3000:]
+
+
+def test_manifest_has_the_models_the_design_requires():
+    names = {m.name for m in load_manifest(TLA_DIR)}
+    assert {"PauseProtocol_1r2h", "PauseProtocol_2r1h", "Upstream_D1"} <= names
+    deep = [m for m in load_manifest(TLA_DIR) if m.suite == "deep"]
+    assert any("2r2h" in m.name for m in deep) and any("3r" in m.name for m in deep)
+    for m in load_manifest(TLA_DIR):
+        if m.expect == "ok":
+            assert m.distinct_states is not None, f"{m.name}: record its distinct-state count"

