@@ -4,7 +4,11 @@
 (* (BackgroundThreadStatus in continuous_api.py, with                      *)
 (* ContinuousBatchProcessor._update_tp_group_state), written as the        *)
 (* differences from PauseProtocol so a reader sees exactly what we fix.    *)
-(* Everything not redefined here is upstream's behaviour too.              *)
+(* Everything not redefined here is upstream's behaviour too: waiting      *)
+(* holders wake on `_paused or loop_is_done` (EnterPause, PauseFails),     *)
+(* the count drops in _drop_pause_request (Drop).  Not modelled: upstream *)
+(* checks can_accept_new_requests() and enqueues in two steps (a request   *)
+(* added as the loop exits could be lost); Submit is atomic in both.       *)
 (*                                                                         *)
 (* TLC is expected to FIND these defects here (see models.toml):           *)
 (*   D1  ResumeProp: a request withdrawn after the loop read it leaves     *)
@@ -46,29 +50,16 @@ StrayRelease(r) ==
     /\ UNCHANGED <<pc, stop, tpStop, tpPause, obsStop, obsPause, fatal, hs,
                    req, out, restarts, crashes>>
 
-\* The waiting thread's predicate: _paused, or the loop is done.
-UpstreamPauseFails(h) ==
-    LET r == RankOf[h] IN
-    /\ hs[h] = "waiting"
-    /\ ~paused[r]
-    /\ stop[r] = STOPPED \/ fatal[r]
-    /\ pc[r] # "dead"
-    /\ Drop(h)
-    /\ UNCHANGED <<pc, stop, tpStop, tpPause, obsStop, obsPause, fatal, req,
-                   out, restarts, crashes>>
-
 UpstreamLoopAction(r) ==
     \/ Observe(r) \/ UpstreamOpenWindow(r) \/ CollectiveTimeout(r)
     \/ CloseWindow(r) \/ NoPause(r) \/ StartStep(r) \/ EndStep(r) \/ Idle(r)
     \/ ExitLoop(r)
 
-UpstreamHolderWakes(h) == EnterPause(h) \/ UpstreamPauseFails(h)
-
 UpstreamNext ==
     \/ \E r \in Ranks : UpstreamLoopAction(r)
     \/ AllReduce \/ Barrier
     \/ \E h \in Holders :
-          UpstreamRequestPause(h) \/ UpstreamHolderWakes(h) \/ LeavePause(h)
+          UpstreamRequestPause(h) \/ HolderWakes(h) \/ LeavePause(h)
           \/ Interrupt(h) \/ PauseTimeout(h)
     \/ \E r \in Ranks : \E s \in {FLUSH_AND_STOP, HARD_STOP} : RequestStop(r, s)
     \/ \E r \in Ranks : FatalError(r) \/ Crash(r) \/ StrayRelease(r)
@@ -80,7 +71,7 @@ UpstreamFairness ==
     /\ \A r \in Ranks : WF_vars(UpstreamLoopAction(r))
     /\ WF_vars(AllReduce)
     /\ WF_vars(Barrier)
-    /\ \A h \in Holders : SF_vars(UpstreamHolderWakes(h))
+    /\ \A h \in Holders : SF_vars(HolderWakes(h))
     /\ \A i \in Requests : WF_vars(Deliver(i))
 
 UpstreamSpec == Init /\ [][UpstreamNext]_vars /\ UpstreamFairness
