@@ -1,0 +1,421 @@
+"""PauseProtocol with real threads: upstream's pause behaviours we keep, and D1-D4 fixed.
+
+The regression tests for D1, D2 and D4 run against upstream's ``BackgroundThreadStatus`` too (when
+transformers is installed), where they must fail: ``xfail(strict=True)`` proves the tests detect the
+defects.  Interrupts are real SIGINTs delivered to the waiting (main) thread with ``signal.pthread_kill``.
+Every thread is joined with a timeout; interleavings are forced with events in the loop's hooks.
+"""
+
+import math
+import signal
+import threading
+
+import pytest
+
+from cbpause import PauseProtocol, PeerPauseTimeout
+
+from .fakeloop import JOIN_TIMEOUT, FakeLoop, run_thread
+
+try:
+    from transformers.generation.continuous_batching.continuous_api import BackgroundThreadStatus
+except Exception:  # noqa: BLE001 - transformers (and torch) are optional for these tests
+    BackgroundThreadStatus = None
+
+WAIT = 10.0  # bound on every wait for an event that must happen
+
+
+def ours():
+    return PauseProtocol(peer_park_timeout=5.0)
+
+
+IMPLS = [pytest.param(ours, id="cbpause")]
+if BackgroundThreadStatus is not None:
+    IMPLS.append(pytest.param(BackgroundThreadStatus, id="upstream"))
+
+
+def upstream_fails(defect: str):
+    """Parametrize over both; upstream must fail (strict xfail)."""
+    params = [pytest.param(ours, id="cbpause")]
+    if BackgroundThreadStatus is not None:
+        params.append(
+            pytest.param(
+                BackgroundThreadStatus,
+                id="upstream",
+                marks=pytest.mark.xfail(strict=True, reason=f"transformers 5.23.0 has {defect}"),
+            )
+        )
+    return pytest.mark.parametrize("make", params)
+
+
+def started(make, **kw) -> FakeLoop:
+    loop = FakeLoop(make(), **kw).start()
+    assert loop.stepped.wait(WAIT), "the loop never stepped"
+    return loop
+
+
+# --------------------------------------------------------------------------------------------- kept behaviour
+
+
+@pytest.mark.parametrize("make", IMPLS)
+def test_pause_stops_the_loop_and_resume_restarts_it(make):
+    loop = started(make)
+    status = loop.status
+    for _ in range(5):
+        status.acquire_pause(loop.wake)
+        loop.holders_inside += 1
+        assert status.is_pause_requested(local=True)
+        loop.holders_inside -= 1
+        loop.stepped.clear()
+        status.release_pause()
+        assert loop.stepped.wait(WAIT), "the loop did not resume after the pause"
+    assert loop.stop()
+    assert loop.violations == []
+
+
+@pytest.mark.parametrize("make", IMPLS)
+def test_several_holders_keep_the_loop_paused_until_the_last_leaves(make):
+    loop = started(make)
+    status = loop.status
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    release_second = threading.Event()
+
+    def second():
+        status.acquire_pause(loop.wake)
+        second_in.set()
+        release_second.wait(WAIT)
+        status.release_pause()
+
+    status.acquire_pause(loop.wake)
+    first_in.set()
+    holder, box = run_thread(second)
+    assert second_in.wait(WAIT), "a second holder on a paused loop must enter directly"
+    steps = loop.steps
+    status.release_pause()
+    first_out.set()
+    loop.stepped.clear()
+    assert loop.steps == steps and not status.is_pause_requested(local=True)
+    release_second.set()
+    holder.join(JOIN_TIMEOUT)
+    assert not holder.is_alive() and "error" not in box
+    assert loop.stepped.wait(WAIT)
+    assert loop.stop()
+
+
+@pytest.mark.parametrize("make", IMPLS)
+def test_stop_from_another_thread_waits_for_the_pause(make):
+    loop = started(make)
+    status = loop.status
+    status.acquire_pause(loop.wake)
+    stopper, box = run_thread(lambda: loop.stop(timeout=WAIT), name="stopper")
+    # The stop is requested but the loop stays parked while we are inside.
+    assert loop.thread.is_alive()
+    status.release_pause()
+    stopper.join(JOIN_TIMEOUT)
+    assert box.get("result") is True
+
+
+@pytest.mark.parametrize("make", IMPLS)
+def test_pause_raises_when_loop_dies_with_the_error_as_cause(make):
+    boom = ValueError("boom in forward")
+    in_step, go = threading.Event(), threading.Event()
+
+    def failing_step(loop):
+        if loop.steps == 3:
+            in_step.set()
+            go.wait(WAIT)
+            raise boom
+
+    loop = FakeLoop(make(), hooks={"step": failing_step}).start()
+    assert in_step.wait(WAIT)
+    loop.wake.clear()
+    holder, box = run_thread(lambda: loop.status.acquire_pause(loop.wake))
+    assert loop.wake.wait(WAIT)  # the holder's request is pending
+    go.set()
+    holder.join(JOIN_TIMEOUT)
+    assert not holder.is_alive()
+    assert isinstance(box.get("error"), RuntimeError)
+    assert box["error"].__cause__ is boom
+    loop.thread.join(JOIN_TIMEOUT)
+    with pytest.raises(RuntimeError) as info:
+        loop.status.acquire_pause(loop.wake)
+    assert info.value.__cause__ is boom
+
+
+@pytest.mark.parametrize("make", IMPLS)
+def test_interrupted_waiter_drops_its_request(make):
+    """Upstream's behaviour: the request is dropped and the interrupt propagates (here via SIGINT)."""
+    status = make()
+    status.clear()  # a running loop that never reaches its all-reduce: the waiter waits
+    assert threading.current_thread() is threading.main_thread()
+    requested = threading.Event()  # acquire_pause sets the loop's wake-up event once it has asked
+
+    def interrupter():
+        assert requested.wait(WAIT)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    thread, _ = run_thread(interrupter, name="interrupter")
+    with pytest.raises(KeyboardInterrupt):
+        status.acquire_pause(requested)
+    thread.join(JOIN_TIMEOUT)
+    assert not status.is_pause_requested(local=True)
+    assert not status.is_pause_requested()
+
+
+# ------------------------------------------------------------------------------------------------ defects
+
+
+@upstream_fails("D1")
+def test_d1_withdrawn_request_does_not_park_the_loop(make):
+    """The loop read a pending request; then the only requester gets SIGINT and withdraws."""
+    withdrawn = threading.Event()
+    main = threading.main_thread().ident
+    fired = []
+
+    def interrupt_requester(loop):
+        if loop.last_observed and not fired:
+            fired.append(True)
+            signal.pthread_kill(main, signal.SIGINT)
+            assert withdrawn.wait(WAIT)
+
+    loop = FakeLoop(make(), hooks={"observed": interrupt_requester}).start()
+    assert loop.stepped.wait(WAIT)
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            loop.status.acquire_pause(loop.wake)
+        finally:
+            withdrawn.set()
+    assert fired
+    loop.stepped.clear()
+    resumed = loop.stepped.wait(2.0)
+    stopped = loop.stop(hard=True, timeout=2.0)
+    assert resumed and stopped, "the loop parked with nobody to release it (D1)"
+
+
+@upstream_fails("D2")
+def test_d2_stray_release_raises_and_changes_nothing(make):
+    loop = started(make)
+    status = loop.status
+    with pytest.raises(RuntimeError):
+        status.release_pause()
+    # The next pause still works.
+    holder, box = run_thread(lambda: (status.acquire_pause(loop.wake), status.release_pause()))
+    holder.join(2.0)
+    entered = not holder.is_alive() and "error" not in box
+    stopped = loop.stop(hard=True, timeout=2.0)
+    assert entered and stopped, "after a stray release the next pause waits for ever (D2)"
+
+
+@upstream_fails("D4")
+def test_d4_pause_from_the_loop_thread_raises_at_once(make):
+    outcome = {}
+
+    def pause_from_loop(loop):
+        if loop.steps == 2 and not outcome:
+            try:
+                loop.status.acquire_pause(loop.wake)
+                outcome["entered"] = True
+            except RuntimeError as exc:
+                outcome["error"] = exc
+
+    loop = FakeLoop(make(), hooks={"step": pause_from_loop}).start()
+    assert loop.stepped.wait(WAIT)
+    stopped = loop.stop(hard=True, timeout=2.0)
+    assert stopped and isinstance(outcome.get("error"), RuntimeError), "pause() from the loop thread deadlocks (D4)"
+    assert loop.steps > 2  # generation went on
+
+
+# ----------------------------------------------------------------------------------------- ours: new API
+
+
+def test_pause_timeout_withdraws_the_request():
+    status = ours()
+    status.clear()  # running, but no loop thread reaches the all-reduce
+    with pytest.raises(TimeoutError):
+        status.acquire_pause(None, timeout=0.01)
+    assert status.state.count == 0 and not status.is_pause_requested(local=True)
+
+
+@pytest.mark.parametrize("bad", [-1, -0.5, math.nan, "1", True])
+def test_invalid_timeouts_raise_value_error(bad):
+    status = ours()
+    status.clear()
+    with pytest.raises(ValueError):
+        status.acquire_pause(None, timeout=bad)
+    assert status.state.count == 0
+
+
+@pytest.mark.parametrize("bad", [0, 3, -1, 7, True])
+def test_invalid_stop_status_raises_value_error(bad):
+    status = ours()
+    status.clear()
+    with pytest.raises(ValueError):
+        status.request_stop(bad, 0)
+    assert status.local_status == status.DONT_STOP
+
+
+def test_pause_refused_when_never_started_stopped_or_hard_stopping():
+    status = ours()
+    with pytest.raises(RuntimeError, match="never started"):
+        status.acquire_pause(None)
+    status.clear()
+    status.request_stop(status.HARD_STOP, 0)
+    with pytest.raises(RuntimeError, match="hard-stopping"):
+        status.acquire_pause(None)
+    status.mark_as_stopped()
+    with pytest.raises(RuntimeError, match="stopped"):
+        status.acquire_pause(None)
+    assert status.state.count == 0
+
+
+def test_release_from_another_thread_than_the_holder_raises():
+    loop = started(ours)
+    status = loop.status
+    status.acquire_pause(loop.wake)
+    other, box = run_thread(status.release_pause)
+    other.join(JOIN_TIMEOUT)
+    assert isinstance(box.get("error"), RuntimeError)
+    assert status.state.inside == 1
+    status.release_pause()
+    assert loop.stop()
+
+
+def test_clear_with_holders_inside_raises_and_changes_nothing():
+    loop = started(ours)
+    status = loop.status
+    status.acquire_pause(loop.wake)
+    before = status.state
+    with pytest.raises(RuntimeError):
+        status.clear()
+    assert status.state == before
+    status.release_pause()
+    assert loop.stop()
+
+
+def test_metrics_snapshot():
+    loop = started(ours)
+    status = loop.status
+    for _ in range(3):
+        status.acquire_pause(loop.wake)
+        m = status.metrics()
+        assert m.holders_inside == 1 and m.requests_waiting == 0
+        status.release_pause()
+    m = status.metrics()
+    assert m.pauses_taken == 3 and m.windows_opened == 3 and m.holders_inside == 0
+    assert m.last_paused_s is not None and m.total_paused_s >= m.last_paused_s >= 0
+    assert m.last_entry_latency_s is not None and m.last_entry_latency_s >= 0
+    assert loop.stop()
+
+
+# ---------------------------------------------------------------------------- several ranks, explicit API
+
+
+class Group:
+    """A TP group in one process: each rank's loop uses the explicit API; collectives via barriers."""
+
+    def __init__(self, n: int, peer_park_timeout: float):
+        self.ranks = [PauseProtocol(peer_park_timeout=peer_park_timeout) for _ in range(n)]
+        self.sent = [None] * n
+        self.reduce_barrier = threading.Barrier(n)
+        self.window_barrier = threading.Barrier(n)
+        self.steps = [0] * n
+        self.errors: list[BaseException | None] = [None] * n
+        self.windows = [0] * n
+        self.threads = [threading.Thread(target=self.loop, args=(r,), daemon=True) for r in range(n)]
+
+    def start(self):
+        for p in self.ranks:
+            p.clear()
+        for th in self.threads:
+            th.start()
+        return self
+
+    def loop(self, r: int) -> None:
+        p = self.ranks[r]
+        try:
+            while True:
+                self.sent[r] = p.observe()
+                self.reduce_barrier.wait(WAIT)
+                tp_stop = max(s for s, _ in self.sent)
+                tp_pause = any(q for _, q in self.sent)
+                self.reduce_barrier.wait(WAIT)
+                p.all_reduce(tp_stop, tp_pause)
+                if tp_stop == p.HARD_STOP:
+                    p.exit_loop()
+                    return
+                if tp_pause:
+                    p.pause_window()
+                    self.windows[r] += 1
+                    self.window_barrier.wait(WAIT)
+                    p.barrier()
+                else:
+                    p.no_pause()
+                if tp_stop == p.FLUSH_AND_STOP:
+                    p.exit_loop()
+                    return
+                p.start_step()
+                self.steps[r] += 1
+                p.end_step()
+        except BaseException as exc:  # noqa: BLE001
+            self.errors[r] = exc
+            for b in (self.reduce_barrier, self.window_barrier):
+                b.abort()
+        finally:
+            p.mark_as_stopped()
+
+    def join(self) -> bool:
+        for th in self.threads:
+            th.join(JOIN_TIMEOUT)
+        return not any(th.is_alive() for th in self.threads)
+
+
+def test_tp_every_rank_pauses_in_the_same_window():
+    group = Group(2, peer_park_timeout=WAIT).start()
+    inside = threading.Barrier(3)
+
+    def holder(r):
+        p = group.ranks[r]
+        p.acquire_pause(None)
+        try:
+            inside.wait(WAIT)  # both holders inside at once: the windows overlap
+            assert all(q.state.phase in ("window", "peer", "barrier", "decided") for q in group.ranks)
+        finally:
+            p.release_pause()
+
+    threads = [run_thread(lambda r=r: holder(r)) for r in range(2)]
+    inside.wait(WAIT)
+    for th, box in threads:
+        th.join(JOIN_TIMEOUT)
+        assert "error" not in box, box
+    group.ranks[0].request_stop(PauseProtocol.HARD_STOP, 0)
+    assert group.join()
+    assert group.errors == [None, None]
+    assert group.windows[0] == group.windows[1] >= 1
+
+
+def test_d3_rank_parked_for_a_peer_leaves_with_an_error():
+    """Rank 0's holder pauses; rank 1's pauser never comes: rank 1 fails after its bound, no hang."""
+    group = Group(2, peer_park_timeout=0.2).start()
+    p0 = group.ranks[0]
+    p0.acquire_pause(None)
+    # Rank 1 gives up on its own; its peers' barrier is then broken and the group stops.
+    group.threads[1].join(JOIN_TIMEOUT)
+    assert not group.threads[1].is_alive()
+    assert isinstance(group.errors[1], PeerPauseTimeout)
+    assert isinstance(group.ranks[1].fatal_error, PeerPauseTimeout)
+    p0.release_pause()
+    assert group.join()
+    assert group.errors[0] is not None  # the broken barrier: a clear error, not a hang
+
+
+def test_d3_late_local_holder_joins_the_peer_pause():
+    group = Group(2, peer_park_timeout=WAIT).start()
+    p0, p1 = group.ranks
+    p0.acquire_pause(None)
+    # Rank 1 is parked for rank 0's pause; its holder arrives late and enters.
+    p1.acquire_pause(None)
+    assert p1.state.phase == "window"
+    p1.release_pause()
+    p0.release_pause()
+    p0.request_stop(PauseProtocol.HARD_STOP, 0)
+    assert group.join()
+    assert group.errors == [None, None]
