@@ -1,8 +1,11 @@
-"""Sessions: `nox -s tlc` (the main job), `tlc_deep`, `tests`, `lint`.
+"""Sessions: `nox -s tlc` (the main job), `tlc_deep`, `tests`, `lint`, `crosshair`, `fuzz`.
 
 Virtual environments are reused between runs, so a session installs its
-dependencies once; `tlc` needs no torch and installs none.
+dependencies once (torch included, for `tests`); `tlc`, `crosshair` and
+`fuzz` need no torch and install none.
 """
+
+import random
 
 import nox
 
@@ -29,8 +32,35 @@ def tlc_deep(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The test suite (includes the fast TLC models and the mutation checks)."""
-    session.install("-e", ".[dev]")
+    # transformers (and the CPU torch 2.13.0 its pin admits) for the upstream side-by-side tests.
+    session.install("-e", ".[dev,transformers]")
     session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def crosshair(session: nox.Session) -> None:
+    """CrossHair checks every contract of the pure transitions; fails on any counterexample."""
+    session.install("-e", ".", "crosshair-tool")
+    session.run(
+        "crosshair", "check", "--analysis_kind=PEP316", "--per_condition_timeout=3", "--per_path_timeout=1",
+        "src/cbpause/transitions.py", *session.posargs,
+    )  # fmt: skip
+
+
+@nox.session(python=PYTHON)
+def fuzz(session: nox.Session) -> None:
+    """A long Hypothesis campaign over the pure transitions: at least 100,000 steps, seed printed.
+
+    `nox -s fuzz -- SEED [STEPS]` reproduces a campaign.
+    """
+    session.install("-e", ".", "pytest", "hypothesis")
+    seed = session.posargs[0] if session.posargs else str(random.randrange(2**32))
+    steps = session.posargs[1] if len(session.posargs) > 1 else "100000"
+    session.log(f"fuzz seed {seed}, {steps} steps")
+    session.run(
+        "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/test_transitions_machine.py::test_fuzz_campaign",
+        env={"CBPAUSE_FUZZ_SEED": seed, "CBPAUSE_FUZZ_STEPS": steps},
+    )
 
 
 @nox.session(python=PYTHON)

@@ -6,12 +6,23 @@ TLA+ invariant; Hypothesis picks the interleaving and shrinks a failure to a min
 """
 
 import os
+import random
 import re
+import time
 
-from hypothesis import HealthCheck, settings
+import pytest
+from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
+from cbpause import transitions
 from cbpause.transitions import GROUP_INVARIANTS, group_actions, initial_group, monotone_stop_inv
 
 from .conftest import TLA_DIR
@@ -34,6 +45,9 @@ SHAPES = [
 FAULTS = frozenset({"interrupt", "timeout", "error", "crash", "stop"})
 
 
+STEPS = [0]  # steps taken by every machine of this process, for the fuzz report
+
+
 def action_name(label: str) -> str:
     return label.split("(", 1)[0]
 
@@ -46,26 +60,47 @@ class PauseProtocolMachine(RuleBasedStateMachine):
         self.g = None
         self.steps_taken = 0
 
-    @initialize(shape=st.sampled_from(SHAPES), max_restarts=st.integers(0, 2))
-    def init(self, shape, max_restarts):
+    @initialize(
+        shape=st.sampled_from(SHAPES),
+        max_restarts=st.integers(0, 2),
+        faults=st.sets(st.sampled_from(sorted(FAULTS))),
+        timeouts=st.booleans(),
+    )
+    def init(self, shape, max_restarts, faults, timeouts):
         n_ranks, rank_of, n_requests = shape
         self.g = initial_group(n_ranks, rank_of, n_requests)
         self.max_restarts = max_restarts
+        # Each run explores the behaviours with a subset of the faults (all of them in some runs): with every
+        # fault on, a crash or a collective timeout ends most runs before a pause window opens.
+        self.faults = frozenset(faults)
+        self.timeouts = timeouts
+        self._cache = None
+
+    def steps(self):
+        if self._cache is None or self._cache[0] is not self.g:
+            steps = group_actions(self.g, self.faults, self.max_restarts)
+            if not self.timeouts:
+                timeouts = ("CollectiveTimeout", "PeerParkTimeout")
+                calm = [(lbl, g) for lbl, g in steps if action_name(lbl) not in timeouts]
+                steps = calm or steps  # a timeout is the only way on: take it
+            self._cache = (self.g, steps)
+        return self._cache[1]
 
     def enabled(self, action: str):
         if action == "Terminated":
             # The stuttering step TLA+ allows once every loop has ended for good.
             done = all(s.phase in ("stopped", "dead") for s in self.g.ranks)
             return [("Terminated", self.g)] if done else []
-        return [(label, succ) for label, succ in group_actions(self.g, FAULTS, self.max_restarts)
-                if action_name(label) == action]
+        return [(label, succ) for label, succ in self.steps() if action_name(label) == action]
 
     def take(self, action: str, data) -> None:
         choices = self.enabled(action)
         label, succ = data.draw(st.sampled_from(choices), label=action)
         assert monotone_stop_inv(self.g, succ), f"MonotoneStopInv broken by {label}"
         self.g = succ
-        self.steps_taken += 1
+        if action != "Terminated":  # a stutter, not a step
+            self.steps_taken += 1
+            STEPS[0] += 1
 
     # One rule per TLA+ action, with its enabling condition as precondition.
     for _name in ACTIONS:
@@ -127,3 +162,45 @@ def test_machine_mirrors_the_tla():
     machine_invariants = {f.__name__ for f in members if getattr(f, "hypothesis_stateful_invariant", None)}
     assert machine_invariants == state_invariants
     assert set(GROUP_INVARIANTS) == state_invariants
+
+
+def run_campaign(min_steps: int, master_seed: int, examples_per_round: int = 200) -> tuple[int, int]:
+    """Run the machine with seeds drawn from ``master_seed`` until ``min_steps`` steps were taken."""
+    rng = random.Random(master_seed)
+    start, rounds = STEPS[0], 0
+    while STEPS[0] - start < min_steps:
+        factory = seed(rng.randrange(2**32))(PauseProtocolMachine)
+        run_state_machine_as_test(
+            factory,
+            settings=settings(
+                max_examples=examples_per_round,
+                stateful_step_count=100,
+                deadline=None,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            ),
+        )
+        rounds += 1
+    return STEPS[0] - start, rounds
+
+
+def test_fuzz_campaign():
+    """A campaign of at least CBPAUSE_FUZZ_STEPS steps (``nox -s fuzz`` runs 100,000); prints its seed."""
+    min_steps = int(os.environ.get("CBPAUSE_FUZZ_STEPS", "3000"))
+    master_seed = int(os.environ.get("CBPAUSE_FUZZ_SEED", str(random.randrange(2**32))))
+    began = time.monotonic()
+    print(f"fuzz: seed={master_seed} (CBPAUSE_FUZZ_SEED={master_seed} reproduces this campaign)")
+    steps, rounds = run_campaign(min_steps, master_seed)
+    print(f"fuzz: seed={master_seed} steps={steps} rounds={rounds} seconds={time.monotonic() - began:.1f}")
+    assert steps >= min_steps
+
+
+def test_fuzzing_finds_a_planted_bug(monkeypatch):
+    """LeavePause that forgets to close the window: the machine must find CountsInv broken."""
+
+    def leave_pause_keeps_window_open(s):
+        return s._replace(inside=s.inside - 1, count=s.count - 1)
+
+    monkeypatch.setattr(transitions, "leave_pause", leave_pause_keeps_window_open)
+    with pytest.raises(AssertionError, match="RankState"):
+        run_campaign(20_000, master_seed=1)

@@ -466,14 +466,15 @@ ExclusionInv == AnyInside => \A r \in Ranks : pc[r] # "step"
 
 \* R-SAME-WINDOW: a holder is inside only while its own window is open and
 \* every live rank of the group is parked between the pause decision and
-\* the barrier.
+\* the barrier; a window is open only while its loop is parked in it.
 SameWindowInv ==
-    \A h \in Holders :
-        (hs[h] = "inside" /\ pc[RankOf[h]] # "dead") =>
-            /\ paused[RankOf[h]]
-            /\ pc[RankOf[h]] = "window"
-            /\ \A q \in Ranks :
-                  Live(q) => pc[q] \in {"decided", "window", "peer", "barrier"}
+    /\ \A r \in Ranks : paused[r] => pc[r] \in {"window", "dead"}
+    /\ \A h \in Holders :
+          (hs[h] = "inside" /\ pc[RankOf[h]] # "dead") =>
+              /\ paused[RankOf[h]]
+              /\ pc[RankOf[h]] = "window"
+              /\ \A q \in Ranks :
+                    Live(q) => pc[q] \in {"decided", "window", "peer", "barrier"}
 
 \* R-COUNTS: the count is never negative and is exactly the holders waiting
 \* or inside; an open window always has a holder to close it.

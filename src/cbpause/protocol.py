@@ -27,11 +27,12 @@ them, which is the strong fairness the spec assumes for ``EnterPause``.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from . import transitions as t
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankState
@@ -94,10 +95,15 @@ class PauseProtocol:
         self.peer_park_timeout = _check_timeout(peer_park_timeout, "peer_park_timeout")
         self.fatal_error: BaseException | None = None
         self._clock = clock
-        self._condition = threading.Condition()
+        # A plain (non-reentrant) lock: no method re-enters it, and `with self._lock` is cheaper than going
+        # through the Condition on the loop's hot path.
+        self._lock = threading.Lock()
+        self._condition = threading.Condition(self._lock)
         self._state = RankState()
         self._local = threading.local()
         self._loop_thread: int | None = None
+        self._observe_memo: tuple[RankState | None, RankState | None] = (None, None)
+        self._reduce_memo: tuple[RankState | None, int, RankState | None] = (None, -1, None)
         # metrics
         self._pauses_taken = 0
         self._windows_opened = 0
@@ -250,16 +256,26 @@ class PauseProtocol:
 
         Raises ``ValueError`` if the group status goes down (MonotoneStopInv) or is unknown.
         """
-        if tp_status not in t.STOP_STATUSES or isinstance(tp_status, bool):
+        if tp_status.__class__ is not int or not DONT_STOP <= tp_status <= STOPPED:
             raise ValueError(f"Unknown TP stop status {tp_status!r}")
-        with self._condition:
-            self._bind_loop()
+        # The group never agrees on STOPPED (a stopped loop no longer all-reduces); take it as HARD_STOP.
+        if tp_status > HARD_STOP:
+            tp_status = HARD_STOP
+        with self._lock:
+            if self._loop_thread is None:
+                self._loop_thread = threading.get_ident()
             s = self._state
             if tp_status < s.tp_stop:
                 raise ValueError(f"TP communicated a lower stop status: tp_status = {tp_status}, {s.tp_stop = }")
-            if s.phase == "reduce" and tp_status < STOPPED:
-                self._apply(t.all_reduce, tp_status, False)
-            else:
+            if s.phase == "reduce" and s.obs_stop <= tp_status:
+                # AllReduce enables no waiter: stop grows at most to HARD_STOP and no window opens.
+                memo = self._reduce_memo
+                if s is memo[0] and tp_status == memo[1]:
+                    self._state = memo[2]
+                else:
+                    out = self._state = _all_reduce(s, tp_status, False)
+                    self._reduce_memo = (s, tp_status, out)
+            elif tp_status > s.tp_stop:
                 self._state = _take_tp_status(s, tp_status)
 
     # ------------------------------------------------------------------------------------------- holders
@@ -347,15 +363,23 @@ class PauseProtocol:
         """
         if local:
             return self._holds().requested > 0
-        with self._condition:
-            self._bind_loop()
+        me = threading.get_ident()
+        with self._lock:
+            loop = self._loop_thread
+            if loop is None:
+                self._loop_thread = loop = me
             s = self._state
-            if not self._is_loop_thread() or not t.is_live(s):
+            if loop != me or s.phase not in _OBSERVE_FROM:
                 return s.count > 0
-            if s.phase not in ("read", "window", "peer"):
-                # The drop-in loop does not report the end of its iteration: this call starts the next one.
-                s = self._state = _at_read(s)
-            return self._apply(t.observe).obs_pause
+            # Observe enables no waiter (it neither opens a window nor stops the loop): no notify.  In a
+            # steady loop the states cycle through the same memoised objects: remember the last one.
+            if s is self._observe_memo[0]:
+                s = self._state = self._observe_memo[1]
+            else:
+                out = self._state = _observe(s)
+                self._observe_memo = (s, out)
+                s = out
+            return s.obs_pause
 
     def pause_and_wait(self) -> None:
         """Drop-in pause window: the group decided to pause; park as the spec says, then return.
@@ -483,33 +507,50 @@ class PauseProtocol:
             self._apply(t.collective_timeout)
 
 
+# ------------------------------------------------------------------------------------------------ hot paths
+# The loop calls these every iteration.  The transitions are pure functions of a small hashable state, so
+# their results are memoised: the per-iteration cost is a lock and a cache hit (see docs/performance.md).
+
+_OBSERVE_FROM = frozenset({"read", "reduce", "decided", "barrier", "body", "step"})
+
+
+@functools.lru_cache(maxsize=4096)
+def _observe(s: RankState) -> RankState:
+    # The drop-in loop does not report the end of its iteration: this call starts the next one.
+    return t.observe(s if s.phase == "read" else s._replace(phase="read"))
+
+
+_all_reduce = functools.lru_cache(maxsize=4096)(t.all_reduce)
+
+
 # ------------------------------------------------------------------------------ lenient drop-in adjustments
 # transformers' loop does not report every step of its iteration; these bring the state to where the spec
 # says the loop is when the next drop-in call arrives.  They keep every inv: of RankState.
 
 
 def _with_fatal(s: RankState) -> RankState:
-    return replace(s, fatal=True)
+    return s._replace(fatal=True)
 
 
 def _stopped(s: RankState) -> RankState:
-    return replace(s, phase="stopped", stop=STOPPED, paused=False)
+    return s._replace(phase="stopped", stop=STOPPED, paused=False)
 
 
 def _take_tp_status(s: RankState, tp_status: int) -> RankState:
-    return replace(s, tp_stop=tp_status, stop=max(s.stop, tp_status))
+    phase = "decided" if s.phase in ("read", "barrier", "body", "step") else s.phase
+    return s._replace(phase=phase, tp_stop=tp_status, stop=max(s.stop, tp_status))
 
 
 def _at_read(s: RankState) -> RankState:
-    return replace(s, phase="read")
+    return s._replace(phase="read")
 
 
 def _decided(s: RankState) -> RankState:
-    return replace(s, phase="decided")
+    return s._replace(phase="decided")
 
 
 def _with_tp_pause(s: RankState) -> RankState:
-    return replace(s, tp_pause=True)
+    return s._replace(tp_pause=True)
 
 
 def _refusal(s: RankState) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 # Stop statuses, in increasing order of urgency (transformers' constants).
 DONT_STOP = 0
@@ -41,20 +42,12 @@ PARKED_PHASES = frozenset({"decided", "window", "peer", "barrier"})
 REQUEST_STATES = ("new", "queued", "active", "done", "delivered", "rejected")
 
 
-@dataclass(frozen=True)
-class RankState:
+class RankState(NamedTuple):
     """One rank's protocol state (the TLA+ variables indexed by one rank).
 
     ``waiting`` and ``inside`` count the holders of this rank in each state;
-    ``count`` is upstream's ``_pauses_requested``.
-
-    inv: self.phase in PHASES
-    inv: self.stop in STOP_STATUSES and self.tp_stop in STOP_STATUSES and self.obs_stop in STOP_STATUSES
-    inv: self.tp_stop <= self.stop
-    inv: self.waiting >= 0 and self.inside >= 0
-    inv: self.count == self.waiting + self.inside
-    inv: (not self.paused) or self.count > 0
-    inv: self.inside == 0 or (self.paused and self.phase == "window")
+    ``count`` is upstream's ``_pauses_requested``.  :func:`rank_invariant`
+    states what always holds.
     """
 
     phase: str = "new"
@@ -70,14 +63,40 @@ class RankState:
     inside: int = 0
 
 
+def rank_invariant(s: RankState) -> bool:
+    """The per-rank parts of TypeOK, CountsInv and SameWindowInv, plus what the loop's iteration implies:
+    ``stop >= tp_stop``, the group never agrees on STOPPED, and a hard-stopping group opens no window and
+    runs no step.
+
+    Every transition below has it as ``pre:`` and ``post:``.  (It is not a class ``inv:``: CrossHair
+    discards a path on which a constructor's invariant fails, as the callee's fault, and would so hide the
+    very bugs a transition could introduce.)
+    """
+    return (
+        s.phase in PHASES
+        and s.stop in STOP_STATUSES
+        and s.tp_stop in STOP_STATUSES
+        and s.obs_stop in STOP_STATUSES
+        and s.tp_stop <= s.stop
+        and s.tp_stop <= HARD_STOP
+        and (s.phase not in ("window", "peer", "barrier", "body", "step") or s.tp_stop < HARD_STOP)
+        and s.waiting >= 0
+        and s.inside >= 0
+        and s.count == s.waiting + s.inside
+        and (not s.paused or s.count > 0)
+        and (not s.paused or s.phase in ("window", "dead"))
+        and (s.inside == 0 or s.phase == "dead" or (s.paused and s.phase == "window"))
+    )
+
+
 def _drop_waiting(s: RankState) -> RankState:
     count = s.count - 1
-    return replace(s, waiting=s.waiting - 1, count=count, paused=s.paused and count > 0)
+    return s._replace(waiting=s.waiting - 1, count=count, paused=s.paused and count > 0)
 
 
 def _drop_inside(s: RankState) -> RankState:
     count = s.count - 1
-    return replace(s, inside=s.inside - 1, count=count, paused=s.paused and count > 0)
+    return s._replace(inside=s.inside - 1, count=count, paused=s.paused and count > 0)
 
 
 def is_live(s: RankState) -> bool:
@@ -91,25 +110,29 @@ def is_live(s: RankState) -> bool:
 def observe(s: RankState) -> RankState:
     """P-OBSERVE (``Observe``): send the stop status and the pending pause request.
 
+    pre: rank_invariant(s)
     pre: s.phase == "read"
     post: __return__.phase == "reduce"
     post: __return__.obs_pause == (s.count > 0) and __return__.obs_stop == s.stop
+    post: rank_invariant(__return__)
     """
-    return replace(s, phase="reduce", obs_stop=s.stop, obs_pause=s.count > 0)
+    return s._replace(phase="reduce", obs_stop=s.stop, obs_pause=s.count > 0)
 
 
 def all_reduce(s: RankState, tp_stop: int, tp_pause: bool) -> RankState:
     """P-ALL-REDUCE (``AllReduce``), this rank's part: take the group's MAX.
 
+    pre: rank_invariant(s)
     pre: s.phase == "reduce"
     pre: tp_stop in STOP_STATUSES and s.obs_stop <= tp_stop < STOPPED and s.tp_stop <= tp_stop
     pre: tp_pause or not s.obs_pause
     post: __return__.phase == "decided"
     post: __return__.tp_stop == tp_stop and __return__.stop == max(s.stop, tp_stop)
     post: __return__.stop >= s.stop
+    post: rank_invariant(__return__)
     """
-    return replace(
-        s, phase="decided", tp_stop=tp_stop, tp_pause=tp_pause, stop=max(s.stop, tp_stop), obs_stop=DONT_STOP
+    return s._replace(
+        phase="decided", tp_stop=tp_stop, tp_pause=tp_pause, stop=max(s.stop, tp_stop), obs_stop=DONT_STOP
     )
 
 
@@ -123,53 +146,65 @@ def open_window(s: RankState) -> RankState:
 
     Keeps CountsInv: an open window has a holder to close it (the D1 guard).
 
+    pre: rank_invariant(s)
     pre: pause_decided(s) and s.count > 0
     post: __return__.paused and __return__.phase == "window"
+    post: rank_invariant(__return__)
     """
-    return replace(s, paused=True, phase="window")
+    return s._replace(paused=True, phase="window")
 
 
 def skip_window(s: RankState) -> RankState:
     """P-SKIP-WINDOW (``SkipWindow``): this rank's request was withdrawn; no window (fixes D1).
 
+    pre: rank_invariant(s)
     pre: pause_decided(s) and s.count == 0 and s.obs_pause
     post: __return__.phase == "barrier" and not __return__.paused
+    post: rank_invariant(__return__)
     """
-    return replace(s, phase="barrier")
+    return s._replace(phase="barrier")
 
 
 def park_for_peer(s: RankState) -> RankState:
     """P-PARK-FOR-PEER (``ParkForPeer``): a peer asked; wait, bounded, for the local holder.
 
+    pre: rank_invariant(s)
     pre: pause_decided(s) and s.count == 0 and not s.obs_pause
     post: __return__.phase == "peer"
+    post: rank_invariant(__return__)
     """
-    return replace(s, phase="peer")
+    return s._replace(phase="peer")
 
 
 def join_peer_pause(s: RankState) -> RankState:
     """P-JOIN-PEER-PAUSE (``JoinPeerPause``): the local holder came; open the window.
 
+    pre: rank_invariant(s)
     pre: s.phase == "peer" and s.count > 0
     post: __return__.paused and __return__.phase == "window"
+    post: rank_invariant(__return__)
     """
-    return replace(s, paused=True, phase="window")
+    return s._replace(paused=True, phase="window")
 
 
 def fail_loop(s: RankState) -> RankState:
     """P-FAIL-LOOP: record a fatal error and stop; no further collective.
 
+    pre: rank_invariant(s)
     pre: s.inside == 0
     post: __return__.fatal and __return__.stop == STOPPED and __return__.phase == "stopped"
+    post: rank_invariant(__return__)
     """
-    return replace(s, fatal=True, stop=STOPPED, phase="stopped")
+    return s._replace(fatal=True, stop=STOPPED, phase="stopped")
 
 
 def peer_park_timeout(s: RankState) -> RankState:
     """P-PEER-PARK-TIMEOUT (``PeerParkTimeout``): no local holder came in time (fixes D3).
 
+    pre: rank_invariant(s)
     pre: s.phase == "peer" and s.count == 0
     post: __return__.fatal and __return__.phase == "stopped"
+    post: rank_invariant(__return__)
     """
     return fail_loop(s)
 
@@ -177,8 +212,10 @@ def peer_park_timeout(s: RankState) -> RankState:
 def collective_timeout(s: RankState) -> RankState:
     """P-COLLECTIVE-TIMEOUT (``CollectiveTimeout``): a peer never joined the all-reduce or barrier.
 
+    pre: rank_invariant(s)
     pre: s.phase in ("reduce", "barrier")
     post: __return__.fatal and __return__.phase == "stopped"
+    post: rank_invariant(__return__)
     """
     return fail_loop(s)
 
@@ -186,64 +223,78 @@ def collective_timeout(s: RankState) -> RankState:
 def close_window(s: RankState) -> RankState:
     """P-CLOSE-WINDOW (``CloseWindow``): the last holder left; go to the barrier.
 
+    pre: rank_invariant(s)
     pre: s.phase == "window" and not s.paused
     post: __return__.phase == "barrier"
+    post: rank_invariant(__return__)
     """
-    return replace(s, phase="barrier")
+    return s._replace(phase="barrier")
 
 
 def barrier(s: RankState) -> RankState:
     """P-BARRIER (``Barrier``), this rank's part: leave the pause window with the group.
 
+    pre: rank_invariant(s)
     pre: s.phase == "barrier"
     post: __return__.phase == "body"
+    post: rank_invariant(__return__)
     """
-    return replace(s, phase="body")
+    return s._replace(phase="body")
 
 
 def no_pause(s: RankState) -> RankState:
     """P-NO-PAUSE (``NoPause``).
 
+    pre: rank_invariant(s)
     pre: s.phase == "decided" and s.tp_stop < HARD_STOP and not s.tp_pause
     post: __return__.phase == "body"
+    post: rank_invariant(__return__)
     """
-    return replace(s, phase="body")
+    return s._replace(phase="body")
 
 
 def start_step(s: RankState) -> RankState:
     """P-START-STEP (``StartStep``): the forward step runs.  Keeps ExclusionInv: no holder inside.
 
+    pre: rank_invariant(s)
     pre: s.phase == "body"
     post: __return__.phase == "step" and __return__.inside == 0
+    post: rank_invariant(__return__)
     """
-    return replace(s, phase="step")
+    return s._replace(phase="step")
 
 
 def end_step(s: RankState) -> RankState:
     """P-END-STEP (``EndStep``).
 
+    pre: rank_invariant(s)
     pre: s.phase == "step"
     post: __return__.phase == "read"
+    post: rank_invariant(__return__)
     """
-    return replace(s, phase="read")
+    return s._replace(phase="read")
 
 
 def idle(s: RankState) -> RankState:
     """P-IDLE (``Idle``): no work and no stop; go round.
 
+    pre: rank_invariant(s)
     pre: s.phase == "body" and s.tp_stop == DONT_STOP
     post: __return__.phase == "read"
+    post: rank_invariant(__return__)
     """
-    return replace(s, phase="read")
+    return s._replace(phase="read")
 
 
 def exit_loop(s: RankState) -> RankState:
     """P-EXIT-LOOP (``ExitLoop``): hard stop before any window, or flush with nothing left.
 
+    pre: rank_invariant(s)
     pre: (s.phase == "decided" and s.tp_stop == HARD_STOP) or (s.phase == "body" and s.tp_stop == FLUSH_AND_STOP)
     post: __return__.phase == "stopped" and __return__.stop == STOPPED
+    post: rank_invariant(__return__)
     """
-    return replace(s, phase="stopped", stop=STOPPED)
+    return s._replace(phase="stopped", stop=STOPPED)
 
 
 # --------------------------------------------------------------------------------------------------- holders
@@ -257,27 +308,33 @@ def can_request_pause(s: RankState) -> bool:
 def request_pause(s: RankState) -> RankState:
     """P-REQUEST-PAUSE (``RequestPause``).  Keeps CountsInv.
 
+    pre: rank_invariant(s)
     pre: can_request_pause(s)
     post: __return__.count == s.count + 1 and __return__.waiting == s.waiting + 1
+    post: rank_invariant(__return__)
     """
-    return replace(s, count=s.count + 1, waiting=s.waiting + 1)
+    return s._replace(count=s.count + 1, waiting=s.waiting + 1)
 
 
 def enter_pause(s: RankState) -> RankState:
     """P-ENTER-PAUSE (``EnterPause``): the window is open.  Keeps SameWindowInv.
 
+    pre: rank_invariant(s)
     pre: s.waiting > 0 and s.paused
     post: __return__.inside == s.inside + 1 and __return__.count == s.count
+    post: rank_invariant(__return__)
     """
-    return replace(s, waiting=s.waiting - 1, inside=s.inside + 1)
+    return s._replace(waiting=s.waiting - 1, inside=s.inside + 1)
 
 
 def leave_pause(s: RankState) -> RankState:
     """P-LEAVE-PAUSE (``LeavePause``): the last one out closes the window.  Keeps CountsInv.
 
+    pre: rank_invariant(s)
     pre: s.inside > 0
     post: __return__.count == s.count - 1
     post: __return__.paused == (s.paused and __return__.count > 0)
+    post: rank_invariant(__return__)
     """
     return _drop_inside(s)
 
@@ -285,8 +342,10 @@ def leave_pause(s: RankState) -> RankState:
 def pause_fails(s: RankState) -> RankState:
     """P-PAUSE-FAILS (``PauseFails``): the loop is gone; the waiting holder raises.
 
+    pre: rank_invariant(s)
     pre: s.waiting > 0 and not s.paused and (s.stop == STOPPED or s.fatal)
     post: __return__.count == s.count - 1
+    post: rank_invariant(__return__)
     """
     return _drop_waiting(s)
 
@@ -294,8 +353,10 @@ def pause_fails(s: RankState) -> RankState:
 def interrupt(s: RankState) -> RankState:
     """P-INTERRUPT (``Interrupt``): a waiting holder is interrupted and withdraws.
 
+    pre: rank_invariant(s)
     pre: s.waiting > 0
     post: __return__.count == s.count - 1 and __return__.waiting == s.waiting - 1
+    post: rank_invariant(__return__)
     """
     return _drop_waiting(s)
 
@@ -303,8 +364,10 @@ def interrupt(s: RankState) -> RankState:
 def pause_timeout(s: RankState) -> RankState:
     """P-PAUSE-TIMEOUT (``PauseTimeout``): a waiting holder's timeout ran out; it withdraws.
 
+    pre: rank_invariant(s)
     pre: s.waiting > 0
     post: __return__.count == s.count - 1 and __return__.waiting == s.waiting - 1
+    post: rank_invariant(__return__)
     """
     return _drop_waiting(s)
 
@@ -315,36 +378,44 @@ def pause_timeout(s: RankState) -> RankState:
 def request_stop(s: RankState, status: int) -> RankState:
     """P-REQUEST-STOP (``RequestStop``): the status only grows (R-MONOTONE-STOP).
 
+    pre: rank_invariant(s)
     pre: status in (FLUSH_AND_STOP, HARD_STOP)
     pre: is_live(s) and s.stop < status
     post: __return__.stop == max(status, s.tp_stop) and __return__.stop >= s.stop
+    post: rank_invariant(__return__)
     """
-    return replace(s, stop=max(status, s.tp_stop))
+    return s._replace(stop=max(status, s.tp_stop))
 
 
 def fatal_error(s: RankState) -> RankState:
     """P-FATAL-ERROR (``FatalError``): hard-stop and join the group's next all-reduce with HARD_STOP.
 
+    pre: rank_invariant(s)
     pre: s.phase == "step"
     post: __return__.fatal and __return__.stop == HARD_STOP and __return__.phase == "reduce"
+    post: rank_invariant(__return__)
     """
-    return replace(s, fatal=True, stop=HARD_STOP, obs_stop=HARD_STOP, obs_pause=False, phase="reduce")
+    return s._replace(fatal=True, stop=HARD_STOP, obs_stop=HARD_STOP, obs_pause=False, phase="reduce")
 
 
 def crash(s: RankState) -> RankState:
     """P-CRASH (``Crash``): the process dies.
 
+    pre: rank_invariant(s)
     pre: is_live(s)
     post: __return__.phase == "dead"
+    post: rank_invariant(__return__)
     """
-    return replace(s, phase="dead")
+    return s._replace(phase="dead")
 
 
 def restart(s: RankState) -> RankState:
     """P-RESTART (``Restart``, ``clear()``): start afresh; only with no holder waiting or inside.
 
+    pre: rank_invariant(s)
     pre: s.phase in ("new", "stopped") and s.count == 0
     post: __return__ == RankState(phase="read")
+    post: rank_invariant(__return__)
     """
     return RankState(phase="read")
 
@@ -526,6 +597,8 @@ def exclusion_inv(g: GroupState) -> bool:
 
 def same_window_inv(g: GroupState) -> bool:
     """R-SAME-WINDOW (``SameWindowInv``)."""
+    if any(s.paused and s.phase not in ("window", "dead") for s in g.ranks):
+        return False
     for h, x in enumerate(g.hs):
         own = g.ranks[g.rank_of[h]]
         if x == "inside" and own.phase != "dead":

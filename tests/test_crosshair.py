@@ -1,0 +1,56 @@
+"""CrossHair checks the contracts of the pure transitions; a planted bug must be found.
+
+The whole module is checked by `nox -s crosshair` (minutes); here, one mutated transition (seconds).
+"""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import ROOT
+
+SOURCE = ROOT / "src" / "cbpause" / "transitions.py"
+
+
+def crosshair(cwd, target: str, timeout: int = 10) -> subprocess.CompletedProcess:
+    if shutil.which("crosshair") is None and subprocess.run(
+        [sys.executable, "-c", "import crosshair"], capture_output=True
+    ).returncode:
+        pytest.skip("crosshair-tool is not installed")
+    return subprocess.run(
+        [sys.executable, "-m", "crosshair", "check", "--analysis_kind=PEP316",
+         f"--per_condition_timeout={timeout}", target],
+        cwd=cwd, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def planted(tmp_path, old: str, new: str) -> None:
+    text = SOURCE.read_text()
+    assert text.count(old) == 1
+    (tmp_path / "planted.py").write_text(text.replace(old, new))
+
+
+def test_crosshair_finds_a_leave_pause_that_keeps_the_window_open(tmp_path):
+    planted(
+        tmp_path,
+        "    return _drop_inside(s)\n",
+        "    return s._replace(inside=s.inside - 1, count=s.count - 1)\n",
+    )
+    result = crosshair(tmp_path, "planted.leave_pause")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "leave_pause" in result.stdout and "false when calling" in result.stdout
+
+
+def test_crosshair_finds_an_open_window_without_a_holder(tmp_path):
+    """OpenWindow without its D1 guard: the contract (an open window has a holder) is broken."""
+    planted(tmp_path, "    pre: pause_decided(s) and s.count > 0\n", "    pre: pause_decided(s)\n")
+    result = crosshair(tmp_path, "planted.open_window")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "open_window" in result.stdout
+
+
+def test_crosshair_accepts_the_real_transition(tmp_path):
+    result = crosshair(ROOT / "src", "cbpause.transitions.leave_pause")
+    assert result.returncode == 0, result.stdout + result.stderr
