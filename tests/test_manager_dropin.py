@@ -1,0 +1,240 @@
+"""PauseProtocol swapped into transformers' own ContinuousBatchingManager keeps upstream's pause behaviours.
+
+A tiny random Llama built from a config (no download) drives the real continuous-batching loop on CPU.
+Each behaviour runs with upstream's BackgroundThreadStatus too, as the reference.  A forward pre-hook
+records any forward step that starts while a test's holder is inside a pause (R-EXCLUSION), and can hold a
+forward step (a gate) or make it fail, so interleavings are forced with events.
+"""
+
+import signal
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from transformers import ContinuousBatchingConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers.generation.continuous_batching.continuous_api import BackgroundThreadStatus  # noqa: E402
+
+from cbpause import PauseProtocol  # noqa: E402
+
+from .fakeloop import JOIN_TIMEOUT, run_thread  # noqa: E402
+
+WAIT = 30.0
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+    )  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
+class Probe:
+    """Forward pre-hook: exclusion check, a gate to hold one forward step, and fault injection."""
+
+    def __init__(self):
+        self.inside = 0
+        self.violations = 0
+        self.forwards = 0
+        self.hold = None  # (reached, release): block the next forward step until release is set
+        self.fail_with = None
+
+    def __call__(self, module, args, kwargs):
+        self.forwards += 1
+        if self.inside:
+            self.violations += 1
+        if self.hold is not None:
+            reached, release = self.hold
+            self.hold = None
+            reached.set()
+            release.wait(WAIT)
+        if self.fail_with is not None:
+            error, self.fail_with = self.fail_with, None
+            raise error
+
+
+@pytest.fixture(params=["cbpause", "upstream"])
+def manager(request, model):
+    gen = GenerationConfig(max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
+    cb = ContinuousBatchingConfig(
+        use_cuda_graph=False, use_async_batching=False, num_blocks=128, page_size=16, max_batch_tokens=256
+    )
+    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+    manager.background_thread_status = (
+        PauseProtocol(peer_park_timeout=WAIT) if request.param == "cbpause" else BackgroundThreadStatus()
+    )
+    probe = Probe()
+    handle = model.register_forward_pre_hook(probe, with_kwargs=True)
+    manager.probe = probe
+    yield manager
+    handle.remove()
+    if manager.is_running():
+        manager.stop(block=True, timeout=JOIN_TIMEOUT)
+
+
+def submit(manager, n=4):
+    return [manager.add_request([1, 2, 3, 4, 5], max_new_tokens=MAX_NEW) for _ in range(n)]
+
+
+def results(manager, ids):
+    return [manager.get_result(request_id=i, timeout=WAIT) for i in ids]
+
+
+def test_pauses_during_generation_lose_nothing(manager):
+    manager.start()
+    ids = submit(manager)
+    for _ in range(5):
+        with manager.pause():
+            manager.probe.inside += 1
+            manager.probe.inside -= 1
+    outs = results(manager, ids)
+    assert all(o is not None and len(o.generated_tokens) == MAX_NEW for o in outs)
+    assert manager.probe.violations == 0
+    manager.stop(block=True, timeout=JOIN_TIMEOUT)
+    assert not manager.is_running()
+
+
+def test_several_holders_and_direct_entry(manager):
+    manager.start()
+    ids = submit(manager)
+    probe = manager.probe
+    second_in, leave_second = threading.Event(), threading.Event()
+
+    def second_holder():
+        with manager.pause():  # arrives on an already paused loop: enters directly
+            probe.inside += 1
+            second_in.set()
+            leave_second.wait(WAIT)
+            probe.inside -= 1
+
+    with manager.pause():
+        probe.inside += 1
+        thread, box = run_thread(second_holder)
+        assert second_in.wait(WAIT)
+        probe.inside -= 1
+    # The first holder left; the second keeps the loop paused (probe.inside is still 1).
+    assert probe.inside == 1
+    leave_second.set()
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive() and "error" not in box
+    assert all(len(o.generated_tokens) == MAX_NEW for o in results(manager, ids))
+    assert probe.violations == 0
+
+
+def test_stop_from_inside_a_pause_raises(manager):
+    manager.start()
+    with manager.pause():
+        with pytest.raises(RuntimeError, match="inside a pause"):
+            manager.stop(block=True)
+    manager.stop(block=True, timeout=JOIN_TIMEOUT)
+    assert not manager.is_running()
+
+
+def test_stop_from_another_thread_waits_for_the_pause(manager):
+    manager.start()
+    submit(manager)
+    probe = manager.probe
+    with manager.pause():
+        probe.inside += 1
+        stopper, box = run_thread(lambda: manager.stop(block=True, timeout=WAIT), name="stopper")
+        # The loop cannot exit while we are inside: it is parked in its pause window.
+        assert manager.is_running()
+        probe.inside -= 1
+    stopper.join(JOIN_TIMEOUT)
+    assert not stopper.is_alive() and "error" not in box
+    assert not manager.is_running() and probe.violations == 0
+
+
+def test_interrupted_waiter_drops_its_request(manager):
+    manager.start()
+    ids = submit(manager)
+    probe = manager.probe
+    reached, release = threading.Event(), threading.Event()
+    probe.hold = (reached, release)
+    assert reached.wait(WAIT)  # the loop is inside a forward step: a pause must wait
+    manager._wake_up_loop.clear()
+
+    def interrupter():
+        assert manager._wake_up_loop.wait(WAIT)  # pause() has asked and is waiting
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    thread, _ = run_thread(interrupter, name="interrupter")
+    with pytest.raises(KeyboardInterrupt):
+        with manager.pause():
+            pass
+    thread.join(JOIN_TIMEOUT)
+    release.set()
+    assert not manager.background_thread_status.is_pause_requested(local=True)
+    # Nothing is lost, and the next pause still works.
+    with manager.pause():
+        pass
+    assert all(len(o.generated_tokens) == MAX_NEW for o in results(manager, ids))
+
+
+def test_pause_raises_with_the_fatal_error_as_cause(manager):
+    manager.start()
+    ids = submit(manager)
+    probe = manager.probe
+    reached, release = threading.Event(), threading.Event()
+    boom = RuntimeError("boom in forward")
+    probe.hold = (reached, release)
+    assert reached.wait(WAIT)
+    probe.fail_with = boom
+    manager._wake_up_loop.clear()
+
+    def pauser():
+        with manager.pause():
+            pass
+
+    thread, box = run_thread(pauser)
+    assert manager._wake_up_loop.wait(WAIT)  # the pause is pending
+    release.set()  # the held forward step now fails
+    thread.join(JOIN_TIMEOUT)
+    assert isinstance(box.get("error"), RuntimeError) and box["error"].__cause__ is boom
+    # Every request gets a terminal output (failed).
+    outs = results(manager, ids)
+    assert all(o is not None and o.error is not None for o in outs)
+    manager.join(0, JOIN_TIMEOUT)
+    with pytest.raises(RuntimeError):
+        with manager.pause():
+            pass
+
+
+def test_pause_raises_when_never_started_or_stopped(manager):
+    with pytest.raises(RuntimeError):
+        with manager.pause():
+            pass
+    manager.start()
+    manager.stop(block=True, timeout=JOIN_TIMEOUT)
+    with pytest.raises(RuntimeError):
+        with manager.pause():
+            pass
+
+
+def test_pause_raises_when_hard_stopped_while_waiting(manager):
+    manager.start()
+    submit(manager)
+    probe = manager.probe
+    reached, release = threading.Event(), threading.Event()
+    probe.hold = (reached, release)
+    assert reached.wait(WAIT)
+    manager._wake_up_loop.clear()
+
+    def pauser():
+        with manager.pause():
+            pass
+
+    thread, box = run_thread(pauser)
+    assert manager._wake_up_loop.wait(WAIT)
+    stopper, _ = run_thread(lambda: manager.stop(block=True, hard_stop=True, timeout=WAIT), name="stopper")
+    release.set()
+    thread.join(JOIN_TIMEOUT)
+    stopper.join(JOIN_TIMEOUT)
+    assert isinstance(box.get("error"), RuntimeError)
+    assert not manager.is_running()
