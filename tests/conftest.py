@@ -1,4 +1,5 @@
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -37,3 +38,17 @@ def tla_copy(tmp_path: Path) -> Path:
     dest = tmp_path / "tla"
     shutil.copytree(TLA_DIR, dest)
     return dest
+
+
+@pytest.fixture(autouse=True)
+def sigint_raises_keyboard_interrupt():
+    """Tests deliver real SIGINTs; make sure SIGINT raises KeyboardInterrupt in the main thread.
+
+    A process started in the background by a non-interactive shell inherits SIGINT as ignored, and Python
+    then leaves it ignored: the interrupt would never arrive and the waiter would wait for ever.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
