@@ -419,3 +419,15 @@ def test_d3_late_local_holder_joins_the_peer_pause():
     p0.request_stop(PauseProtocol.HARD_STOP, 0)
     assert group.join()
     assert group.errors == [None, None]
+
+
+def test_a_stray_observer_thread_does_not_become_the_loop():
+    """Another thread reads is_pause_requested() before the loop's first iteration: pause() still works."""
+    loop = FakeLoop(ours())
+    loop.status.clear()
+    loop.status.is_pause_requested()  # the main thread looks first
+    loop.thread.start()
+    assert loop.stepped.wait(WAIT)
+    loop.status.acquire_pause(loop.wake)  # no D4 error: the loop's update_with_tp_status settled it
+    loop.status.release_pause()
+    assert loop.stop()

@@ -262,8 +262,9 @@ class PauseProtocol:
         if tp_status > HARD_STOP:
             tp_status = HARD_STOP
         with self._lock:
-            if self._loop_thread is None:
-                self._loop_thread = threading.get_ident()
+            # Only the loop calls this: it settles which thread is the loop's, should another thread's
+            # is_pause_requested() have come first.
+            self._loop_thread = threading.get_ident()
             s = self._state
             if tp_status < s.tp_stop:
                 raise ValueError(f"TP communicated a lower stop status: tp_status = {tp_status}, {s.tp_stop = }")
@@ -359,7 +360,8 @@ class PauseProtocol:
         With ``local=True``: by the calling thread (it waits for or holds a pause).  Otherwise, called by
         the loop before its all-reduce, it is P-OBSERVE (``Observe``): the answer is recorded, so that the
         protocol knows later whether a pause window was asked for locally (D1).  The first thread to call
-        it after ``clear()`` is taken to be the loop's thread.
+        it after ``clear()`` is taken to be the loop's thread until ``update_with_tp_status()``, which only
+        the loop calls, settles it.
         """
         if local:
             return self._holds().requested > 0
@@ -402,7 +404,7 @@ class PauseProtocol:
     def observe(self) -> tuple[int, bool]:
         """P-OBSERVE (``Observe``): what this rank sends to the all-reduce: (stop status, pause requested)."""
         with self._condition:
-            self._bind_loop()
+            self._loop_thread = threading.get_ident()
             self._require(self._state.phase == "read", "Observe")
             s = self._apply(t.observe)
             return s.obs_stop, s.obs_pause
