@@ -431,3 +431,22 @@ def test_a_stray_observer_thread_does_not_become_the_loop():
     loop.status.acquire_pause(loop.wake)  # no D4 error: the loop's update_with_tp_status settled it
     loop.status.release_pause()
     assert loop.stop()
+
+
+@pytest.mark.parametrize("bad", [-1, 4, 1.5, "2", True, None])
+def test_update_with_invalid_tp_status_raises_value_error(bad):
+    status = ours()
+    status.clear()
+    before = status.state
+    with pytest.raises(ValueError):
+        status.update_with_tp_status(bad)
+    assert status.state == before
+
+
+def test_update_with_lower_tp_status_raises_value_error():
+    status = ours()
+    status.clear()
+    status.update_with_tp_status(PauseProtocol.FLUSH_AND_STOP)
+    with pytest.raises(ValueError, match="lower stop status"):
+        status.update_with_tp_status(PauseProtocol.DONT_STOP)
+    assert status.tp_status == PauseProtocol.FLUSH_AND_STOP

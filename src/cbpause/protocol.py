@@ -4,7 +4,7 @@ Every state change is a pure function of :mod:`cbpause.transitions` (one per
 TLA+ action of ``tla/PauseProtocol.tla``) applied under ``self._condition``;
 this module adds what pure functions cannot: waiting, threads, errors and
 clocks.  Invariants kept by every method, under the lock (the per-rank parts
-of the TLA+ invariants, written as ``inv:`` on :class:`RankState`):
+of the TLA+ invariants, :func:`cbpause.transitions.rank_invariant`):
 
 * ``CountsInv``: ``count == waiting + inside >= 0``; an open window has a holder.
 * ``SameWindowInv``: a holder is inside only while ``phase == "window"`` and
@@ -256,7 +256,11 @@ class PauseProtocol:
 
         Raises ``ValueError`` if the group status goes down (MonotoneStopInv) or is unknown.
         """
-        if tp_status.__class__ is not int or not DONT_STOP <= tp_status <= STOPPED:
+        if tp_status.__class__ is not int:  # the hot path takes plain ints; accept any integer type
+            if isinstance(tp_status, bool) or not hasattr(tp_status, "__index__"):
+                raise ValueError(f"Unknown TP stop status {tp_status!r}")
+            tp_status = tp_status.__index__()
+        if not DONT_STOP <= tp_status <= STOPPED:
             raise ValueError(f"Unknown TP stop status {tp_status!r}")
         # The group never agrees on STOPPED (a stopped loop no longer all-reduces); take it as HARD_STOP.
         if tp_status > HARD_STOP:
