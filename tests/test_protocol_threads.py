@@ -14,7 +14,7 @@ import pytest
 
 from cbpause import PauseProtocol, PeerPauseTimeout
 
-from .fakeloop import JOIN_TIMEOUT, FakeLoop, run_thread
+from .fakeloop import JOIN_TIMEOUT, FakeLoop, Group, run_thread
 
 try:
     from transformers.generation.continuous_batching.continuous_api import BackgroundThreadStatus
@@ -307,65 +307,6 @@ def test_metrics_snapshot():
 
 
 # ---------------------------------------------------------------------------- several ranks, explicit API
-
-
-class Group:
-    """A TP group in one process: each rank's loop uses the explicit API; collectives via barriers."""
-
-    def __init__(self, n: int, peer_park_timeout: float):
-        self.ranks = [PauseProtocol(peer_park_timeout=peer_park_timeout) for _ in range(n)]
-        self.sent = [None] * n
-        self.reduce_barrier = threading.Barrier(n)
-        self.window_barrier = threading.Barrier(n)
-        self.steps = [0] * n
-        self.errors: list[BaseException | None] = [None] * n
-        self.windows = [0] * n
-        self.threads = [threading.Thread(target=self.loop, args=(r,), daemon=True) for r in range(n)]
-
-    def start(self):
-        for p in self.ranks:
-            p.clear()
-        for th in self.threads:
-            th.start()
-        return self
-
-    def loop(self, r: int) -> None:
-        p = self.ranks[r]
-        try:
-            while True:
-                self.sent[r] = p.observe()
-                self.reduce_barrier.wait(WAIT)
-                tp_stop = max(s for s, _ in self.sent)
-                tp_pause = any(q for _, q in self.sent)
-                self.reduce_barrier.wait(WAIT)
-                p.all_reduce(tp_stop, tp_pause)
-                if tp_stop == p.HARD_STOP:
-                    p.exit_loop()
-                    return
-                if tp_pause:
-                    p.pause_window()
-                    self.windows[r] += 1
-                    self.window_barrier.wait(WAIT)
-                    p.barrier()
-                else:
-                    p.no_pause()
-                if tp_stop == p.FLUSH_AND_STOP:
-                    p.exit_loop()
-                    return
-                p.start_step()
-                self.steps[r] += 1
-                p.end_step()
-        except BaseException as exc:  # noqa: BLE001
-            self.errors[r] = exc
-            for b in (self.reduce_barrier, self.window_barrier):
-                b.abort()
-        finally:
-            p.mark_as_stopped()
-
-    def join(self) -> bool:
-        for th in self.threads:
-            th.join(JOIN_TIMEOUT)
-        return not any(th.is_alive() for th in self.threads)
 
 
 def test_tp_every_rank_pauses_in_the_same_window():

@@ -33,9 +33,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import transitions as t
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankState
+
+if TYPE_CHECKING:
+    from .traces import TraceRecorder
 
 __all__ = ["PauseMetrics", "PauseProtocol", "PeerPauseTimeout"]
 
@@ -91,8 +95,17 @@ class PauseProtocol:
     HARD_STOP = HARD_STOP
     STOPPED = STOPPED
 
-    def __init__(self, *, peer_park_timeout: float | None = 300.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        *,
+        peer_park_timeout: float | None = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+        trace: TraceRecorder | None = None,
+    ):
         self.peer_park_timeout = _check_timeout(peer_park_timeout, "peer_park_timeout")
+        # Opt-in trace recording (cbpause.traces); None costs one attribute test per transition.
+        self._trace = trace
+        self.trace_rank = trace.attach(self) if trace is not None else 0
         self.fatal_error: BaseException | None = None
         self._clock = clock
         # A plain (non-reentrant) lock: no method re-enters it, and `with self._lock` is cheaper than going
@@ -158,6 +171,8 @@ class PauseProtocol:
         before = self._state
         after = fn(before, *args)
         self._state = after
+        if self._trace is not None:
+            self._trace.record(self.trace_rank, fn.__name__, args, before, after)
         now = None
         if after.paused and not before.paused:
             now = self._clock()

@@ -1,0 +1,73 @@
+"""Trace validation: traces of real threaded runs are behaviours of the TLA+ spec; a wrong one is not."""
+
+import dataclasses
+import threading
+
+import pytest
+
+from cbpause import PauseProtocol
+from cbpause.traces import TraceRecorder, validate
+
+from .conftest import TLA_DIR
+from .fakeloop import Group
+from .trace_scenarios import run_scenario
+
+pytestmark = pytest.mark.tlc
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13, 14, 15, 16])
+def test_random_threaded_scenarios_are_accepted(seed, tmp_path, tlc_ready):
+    recorder, info = run_scenario(seed)
+    result = validate(recorder, TLA_DIR, tmp_path)
+    assert result.accepted, (info, result.matched, result.steps)
+    assert result.steps == len(recorder.events) > 0
+
+
+def paused_group_trace():
+    """Two ranks, a holder pausing each, then a hard stop: a small trace with a pause window."""
+    recorder = TraceRecorder()
+    group = Group(2, peer_park_timeout=5.0, trace=recorder).start()
+    inside = threading.Barrier(3)
+    done = threading.Event()
+
+    def holder(p):
+        p.acquire_pause(None)
+        inside.wait(10)
+        done.wait(10)
+        p.release_pause()
+
+    threads = [threading.Thread(target=holder, args=(p,), daemon=True) for p in group.ranks]
+    for th in threads:
+        th.start()
+    inside.wait(10)
+    done.set()
+    for th in threads:
+        th.join(10)
+    group.ranks[0].request_stop(PauseProtocol.HARD_STOP, 0)
+    assert group.join()
+    return recorder
+
+
+def test_a_pause_window_trace_is_accepted(tmp_path, tlc_ready):
+    recorder = paused_group_trace()
+    actions = [e.action for e in recorder.events]
+    assert "OpenWindow" in actions and "EnterPause" in actions and "Barrier" in actions
+    assert validate(recorder, TLA_DIR, tmp_path).accepted
+
+
+def test_a_forward_step_while_a_holder_is_inside_is_rejected(tmp_path, tlc_ready):
+    recorder = paused_group_trace()
+    events = list(recorder.events)
+    k = next(i for i, e in enumerate(events) if e.action == "EnterPause")
+    rank = events[k].rank
+    own = [e for e in events[:k] if e.rank == rank and e.action not in ("RequestPause", "EnterPause")]
+    # Forge a step of the holder's rank right after it entered: the spec forbids it (ExclusionInv).
+    forged = dataclasses.replace(events[k], action="StartStep", holder=0, state=own[-1].state._replace(phase="step"))
+    events.insert(k + 1, forged)
+    result = validate(recorder, TLA_DIR, tmp_path, events=events)
+    assert not result.accepted
+    assert result.matched == k + 1  # everything before the forged step matched
+
+
+def test_recording_is_off_by_default():
+    assert PauseProtocol()._trace is None
