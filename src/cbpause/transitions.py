@@ -3,9 +3,10 @@
 This module is the Python transcription of ``tla/PauseProtocol.tla``.  Each
 function is one TLA+ action, same name in snake case (``OpenWindow`` ->
 :func:`open_window`), and each ``pre:`` line is the action's enabling
-condition.  The ``inv:`` lines of :class:`RankState` are the per-rank parts of
-``CountsInv``, ``SameWindowInv`` and ``TypeOK``.  The contracts are PEP 316
-docstrings, which CrossHair checks (``nox -s crosshair``).
+condition.  :func:`rank_invariant`, the per-rank parts of ``CountsInv``,
+``SameWindowInv`` and ``TypeOK``, is every function's ``pre:`` and ``post:``.
+The contracts are PEP 316 docstrings, which CrossHair checks
+(``nox -s crosshair``).
 
 :class:`RankState` is what one rank's :class:`cbpause.PauseProtocol` holds
 and changes under its lock.  :class:`GroupState` puts ranks, holders and
@@ -20,7 +21,6 @@ functions.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -494,7 +494,6 @@ def group_actions(g: GroupState, faults: frozenset[str], max_restarts: int) -> l
     e.g. ``"OpenWindow(1)"``.  ``Terminated`` (a stuttering step) is left out.
     """
     steps: list[tuple[str, GroupState]] = []
-    n = len(g.ranks)
 
     def add(label: str, succ: GroupState) -> None:
         steps.append((label, succ))
@@ -579,7 +578,6 @@ def group_actions(g: GroupState, faults: frozenset[str], max_restarts: int) -> l
             add(f"Submit({i + 1})", replace(g, req=g.req[:i] + (new,) + g.req[i + 1 :]))
         if q == "done" and driver.phase != "dead":
             add(f"Deliver({i + 1})", replace(g, req=g.req[:i] + ("delivered",) + g.req[i + 1 :]))
-    del n
     return steps
 
 
@@ -657,5 +655,13 @@ GROUP_INVARIANTS = {
     "NothingLostInv": nothing_lost_inv,
 }
 
-__all__ = [name for name in dir() if not name.startswith("_") and name not in ("annotations", "dataclasses")]
-del dataclasses
+__all__ = [
+    "DONT_STOP", "FLUSH_AND_STOP", "HARD_STOP", "STOPPED", "STOP_STATUSES", "PHASES", "LIVE_PHASES",
+    "PARKED_PHASES", "REQUEST_STATES", "DRIVER", "GROUP_INVARIANTS", "RankState", "GroupState", "rank_invariant",
+    "is_live", "pause_decided", "can_request_pause", "has_work", "initial_group", "group_actions",
+    "observe", "all_reduce", "open_window", "skip_window", "park_for_peer", "join_peer_pause", "fail_loop",
+    "peer_park_timeout", "collective_timeout", "close_window", "barrier", "no_pause", "start_step", "end_step",
+    "idle", "exit_loop", "request_pause", "enter_pause", "leave_pause", "pause_fails", "interrupt",
+    "pause_timeout", "request_stop", "fatal_error", "crash", "restart", "any_inside", "exclusion_inv",
+    "same_window_inv", "counts_inv", "nothing_lost_inv", "type_ok", "monotone_stop_inv",
+]  # fmt: skip
