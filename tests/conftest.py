@@ -52,3 +52,12 @@ def sigint_raises_keyboard_interrupt():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture(autouse=True)
+def end_leftover_fake_loops():
+    """A test that fails (or xfails) before stopping its fake loop must not leave it stepping."""
+    yield
+    from .fakeloop import end_leftover_loops
+
+    end_leftover_loops()

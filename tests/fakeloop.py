@@ -8,7 +8,9 @@ loop at a chosen point of its iteration, so that interleavings are forced with e
 
 from __future__ import annotations
 
+import signal
 import threading
+import time
 from collections.abc import Callable
 
 from cbpause import PauseProtocol
@@ -17,6 +19,11 @@ JOIN_TIMEOUT = 10.0
 
 
 class FakeLoop:
+    # Every loop started and not yet ended, so that the test fixture can end what a failing (or
+    # xfailing) test left running: upstream's D2 leaves a loop stepping for ever, which starves
+    # every later test of CPU and turns their bounded waits into failures.
+    live: set[FakeLoop] = set()
+
     def __init__(self, status, *, work: int = 10**9, hooks: dict[str, Callable[[FakeLoop], None]] | None = None):
         self.status = status
         self.work = work  # forward steps left to do; the loop idles when it reaches 0
@@ -38,6 +45,7 @@ class FakeLoop:
 
     def start(self) -> FakeLoop:
         self.status.clear()
+        FakeLoop.live.add(self)
         self.thread.start()
         return self
 
@@ -78,6 +86,7 @@ class FakeLoop:
             status.record_fatal_error(exc)
         finally:
             status.mark_as_stopped()
+            FakeLoop.live.discard(self)
 
     def stop(self, hard: bool = False, timeout: float = JOIN_TIMEOUT) -> bool:
         """Request a stop and join; True if the loop thread ended within ``timeout``.
@@ -89,6 +98,74 @@ class FakeLoop:
         self.wake.set()
         self.thread.join(timeout)
         return not self.thread.is_alive()
+
+
+def end_leftover_loops(timeout: float = 2.0) -> list[str]:
+    """Hard-stop every loop a test left running; the names of those that would not end.
+
+    A loop blocked for ever in upstream's untimed wait (D1, D4) cannot be ended from outside; it is a
+    daemon thread that waits without using the CPU, so it is reported and left.
+    """
+    stuck = []
+    for loop in list(FakeLoop.live):
+        loop.work = 0
+        try:
+            loop.status.request_stop(loop.status.HARD_STOP, 0)
+        except Exception:  # noqa: BLE001 - a status left broken by the test must not hide the rest
+            pass
+        loop.wake.set()
+        loop.thread.join(timeout)
+        if loop.thread.is_alive():
+            stuck.append(f"{type(loop.status).__name__} loop {loop.thread.ident}")
+        FakeLoop.live.discard(loop)
+    return stuck
+
+
+class Interrupter:
+    """Delivers exactly one ``KeyboardInterrupt`` to the main thread, with real SIGINTs.
+
+    CPython can leave a SIGINT unhandled: when it lands after the main thread released the GIL to block on
+    a lock and before the block starts, the block is not interrupted, and the handler only runs when
+    something else wakes the thread.  An untimed wait (upstream's) then waits for ever.  So ``fire`` sends
+    SIGINT again until the handler has run, and the handler raises only the first time; the signals that
+    follow it are absorbed, also after ``__exit__`` (which sends nothing more and waits for the last one).
+    """
+
+    RESEND = 0.2  # seconds between SIGINTs while the first one has not been handled
+
+    def __init__(self):
+        self.handled = threading.Event()
+        self._sending = threading.Lock()
+        self._previous = None
+
+    def _handler(self, signum, frame):
+        if not self.handled.is_set():
+            self.handled.set()
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> Interrupter:
+        assert threading.current_thread() is threading.main_thread()
+        self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def fire(self, timeout: float = JOIN_TIMEOUT) -> bool:
+        """From another thread: SIGINT the main thread until its handler ran; False after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._sending:
+            while not self.handled.is_set():
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+                if self.handled.wait(self.RESEND) or time.monotonic() > deadline:
+                    break
+        return self.handled.is_set()
+
+    def __exit__(self, *exc) -> None:
+        self.handled.set()  # fire() sends nothing more ...
+        with self._sending:  # ... once it holds no more sending turn
+            pass
+        # A SIGINT sent just before is pending for this thread; signal.signal() runs pending handlers
+        # first, so it is absorbed by ours rather than raised in a later test.
+        signal.signal(signal.SIGINT, self._handler)
+        signal.signal(signal.SIGINT, self._previous)
 
 
 def run_thread(target: Callable[[], object], name: str = "holder") -> tuple[threading.Thread, dict]:

@@ -6,7 +6,6 @@ records any forward step that starts while a test's holder is inside a pause (R-
 forward step (a gate) or make it fail, so interleavings are forced with events.
 """
 
-import signal
 import threading
 
 import pytest
@@ -19,7 +18,7 @@ from transformers.generation.continuous_batching.continuous_api import Backgroun
 
 from cbpause import PauseProtocol  # noqa: E402
 
-from .fakeloop import JOIN_TIMEOUT, run_thread  # noqa: E402
+from .fakeloop import JOIN_TIMEOUT, Interrupter, run_thread  # noqa: E402
 
 WAIT = 30.0
 MAX_NEW = 24
@@ -146,7 +145,7 @@ def test_stop_from_another_thread_waits_for_the_pause(manager):
         # The loop cannot exit while we are inside: it is parked in its pause window.
         assert manager.is_running()
         probe.inside -= 1
-    stopper.join(JOIN_TIMEOUT)
+    stopper.join(WAIT + JOIN_TIMEOUT)
     assert not stopper.is_alive() and "error" not in box
     assert not manager.is_running() and probe.violations == 0
 
@@ -159,16 +158,18 @@ def test_interrupted_waiter_drops_its_request(manager):
     probe.hold = (reached, release)
     assert reached.wait(WAIT)  # the loop is inside a forward step: a pause must wait
     manager._wake_up_loop.clear()
+    with Interrupter() as interrupter:
 
-    def interrupter():
-        assert manager._wake_up_loop.wait(WAIT)  # pause() has asked and is waiting
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        def interrupt():
+            assert manager._wake_up_loop.wait(WAIT)  # pause() has asked and is waiting
+            return interrupter.fire()
 
-    thread, _ = run_thread(interrupter, name="interrupter")
-    with pytest.raises(KeyboardInterrupt):
-        with manager.pause():
-            pass
-    thread.join(JOIN_TIMEOUT)
+        thread, box = run_thread(interrupt, name="interrupter")
+        with pytest.raises(KeyboardInterrupt):
+            with manager.pause():
+                pass
+        thread.join(JOIN_TIMEOUT)
+    assert box.get("result") is True
     release.set()
     assert not manager.background_thread_status.is_pause_requested(local=True)
     # Nothing is lost, and the next pause still works.

@@ -2,19 +2,19 @@
 
 The regression tests for D1, D2 and D4 run against upstream's ``BackgroundThreadStatus`` too (when
 transformers is installed), where they must fail: ``xfail(strict=True)`` proves the tests detect the
-defects.  Interrupts are real SIGINTs delivered to the waiting (main) thread with ``signal.pthread_kill``.
+defects.  Interrupts are real SIGINTs delivered to the waiting (main) thread with ``signal.pthread_kill``
+(``fakeloop.Interrupter``).
 Every thread is joined with a timeout; interleavings are forced with events in the loop's hooks.
 """
 
 import math
-import signal
 import threading
 
 import pytest
 
 from cbpause import PauseProtocol, PeerPauseTimeout
 
-from .fakeloop import JOIN_TIMEOUT, FakeLoop, Group, run_thread
+from .fakeloop import JOIN_TIMEOUT, FakeLoop, Group, Interrupter, run_thread
 
 try:
     from transformers.generation.continuous_batching.continuous_api import BackgroundThreadStatus
@@ -146,17 +146,18 @@ def test_interrupted_waiter_drops_its_request(make):
     """Upstream's behaviour: the request is dropped and the interrupt propagates (here via SIGINT)."""
     status = make()
     status.clear()  # a running loop that never reaches its all-reduce: the waiter waits
-    assert threading.current_thread() is threading.main_thread()
     requested = threading.Event()  # acquire_pause sets the loop's wake-up event once it has asked
+    with Interrupter() as interrupter:
 
-    def interrupter():
-        assert requested.wait(WAIT)
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        def interrupt():
+            assert requested.wait(WAIT)
+            return interrupter.fire()
 
-    thread, _ = run_thread(interrupter, name="interrupter")
-    with pytest.raises(KeyboardInterrupt):
-        status.acquire_pause(requested)
-    thread.join(JOIN_TIMEOUT)
+        thread, box = run_thread(interrupt, name="interrupter")
+        with pytest.raises(KeyboardInterrupt):
+            status.acquire_pause(requested)
+        thread.join(JOIN_TIMEOUT)
+    assert box.get("result") is True
     assert not status.is_pause_requested(local=True)
     assert not status.is_pause_requested()
 
@@ -168,23 +169,22 @@ def test_interrupted_waiter_drops_its_request(make):
 def test_d1_withdrawn_request_does_not_park_the_loop(make):
     """The loop read a pending request; then the only requester gets SIGINT and withdraws."""
     withdrawn = threading.Event()
-    main = threading.main_thread().ident
     fired = []
 
     def interrupt_requester(loop):
         if loop.last_observed and not fired:
-            fired.append(True)
-            signal.pthread_kill(main, signal.SIGINT)
+            fired.append(interrupter.fire())
             assert withdrawn.wait(WAIT)
 
-    loop = FakeLoop(make(), hooks={"observed": interrupt_requester}).start()
-    assert loop.stepped.wait(WAIT)
-    with pytest.raises(KeyboardInterrupt):
-        try:
-            loop.status.acquire_pause(loop.wake)
-        finally:
-            withdrawn.set()
-    assert fired
+    with Interrupter() as interrupter:
+        loop = FakeLoop(make(), hooks={"observed": interrupt_requester}).start()
+        assert loop.stepped.wait(WAIT)
+        with pytest.raises(KeyboardInterrupt):
+            try:
+                loop.status.acquire_pause(loop.wake)
+            finally:
+                withdrawn.set()
+    assert fired == [True]
     loop.stepped.clear()
     resumed = loop.stepped.wait(2.0)
     stopped = loop.stop(hard=True, timeout=2.0)

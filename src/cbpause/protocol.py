@@ -43,6 +43,11 @@ if TYPE_CHECKING:
 
 __all__ = ["PauseMetrics", "PauseProtocol", "PeerPauseTimeout"]
 
+# CPython loses a SIGINT that lands after the main thread released the GIL to block on a lock and before
+# the block starts: the handler runs only when the thread wakes.  A holder waiting on the main thread
+# therefore wakes at least this often, so Ctrl-C reaches it within this bound (P-INTERRUPT).
+MAIN_THREAD_WAKE_S = 0.1
+
 
 class PeerPauseTimeout(RuntimeError):
     """A rank was parked for a peer's pause and no local holder came in time (P-PEER-PARK-TIMEOUT)."""
@@ -307,7 +312,8 @@ class PauseProtocol:
         thread (D4) or when the loop is not running, is hard-stopping or has failed (chaining the fatal
         error); ``RuntimeError`` if the loop stops before the window opens; ``TimeoutError`` after
         ``timeout`` seconds.  On any of these, and on an interrupt while waiting, the request is withdrawn
-        before the exception propagates (CountsInv).
+        before the exception propagates (CountsInv).  On the main thread the wait wakes every
+        ``MAIN_THREAD_WAKE_S`` seconds, so that a SIGINT CPython left pending still interrupts it.
         """
         timeout = _check_timeout(timeout)
         if self._is_loop_thread():
@@ -322,6 +328,7 @@ class PauseProtocol:
                 raise RuntimeError(_refusal(before)) from self.fatal_error
             requested_at = self._clock()
             deadline = None if timeout is None else requested_at + timeout
+            on_main = threading.current_thread() is threading.main_thread()
             settled = False
             try:
                 # Until the first wait() nobody else can change the state (we hold the lock), so an interrupt
@@ -350,6 +357,8 @@ class PauseProtocol:
                         settled = True
                         local.requested -= 1
                         raise TimeoutError(f"the generation loop did not pause within {timeout} s")
+                    if on_main:
+                        remaining = MAIN_THREAD_WAKE_S if remaining is None else min(remaining, MAIN_THREAD_WAKE_S)
                     self._condition.wait(remaining)
             except BaseException:
                 if not settled and self._state is not before:
