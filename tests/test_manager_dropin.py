@@ -13,58 +13,22 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from transformers import ContinuousBatchingConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.generation.continuous_batching.continuous_api import BackgroundThreadStatus  # noqa: E402
 
 from cbpause import PauseProtocol  # noqa: E402
 
 from .fakeloop import JOIN_TIMEOUT, Interrupter, run_thread  # noqa: E402
-
-WAIT = 30.0
-MAX_NEW = 24
+from .tinymodel import MAX_NEW, WAIT, Probe, cb_config, gen_config, tiny_llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-    )  # fmt: skip
-    return LlamaForCausalLM(config).eval()
-
-
-class Probe:
-    """Forward pre-hook: exclusion check, a gate to hold one forward step, and fault injection."""
-
-    def __init__(self):
-        self.inside = 0
-        self.violations = 0
-        self.forwards = 0
-        self.hold = None  # (reached, release): block the next forward step until release is set
-        self.fail_with = None
-
-    def __call__(self, module, args, kwargs):
-        self.forwards += 1
-        if self.inside:
-            self.violations += 1
-        if self.hold is not None:
-            reached, release = self.hold
-            self.hold = None
-            reached.set()
-            release.wait(WAIT)
-        if self.fail_with is not None:
-            error, self.fail_with = self.fail_with, None
-            raise error
+    return tiny_llama()
 
 
 @pytest.fixture(params=["cbpause", "upstream"])
 def manager(request, model):
-    gen = GenerationConfig(max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
-    cb = ContinuousBatchingConfig(
-        use_cuda_graph=False, use_async_batching=False, num_blocks=128, page_size=16, max_batch_tokens=256
-    )
-    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+    manager = model.init_continuous_batching(generation_config=gen_config(), continuous_batching_config=cb_config())
     manager.background_thread_status = (
         PauseProtocol(peer_park_timeout=WAIT) if request.param == "cbpause" else BackgroundThreadStatus()
     )

@@ -207,6 +207,15 @@ class PauseProtocol:
         if self._loop_thread is None:
             self._loop_thread = me
 
+    def bind_loop_thread(self) -> None:
+        """Declare the calling thread the generation loop's, until the next ``clear()``.
+
+        A loop that calls this first needs no inference from ``is_pause_requested()`` (see there); D4's
+        check (``acquire_pause()`` from the loop's own thread raises) then holds from the first iteration.
+        """
+        with self._lock:
+            self._loop_thread = threading.get_ident()
+
     def _is_loop_thread(self) -> bool:
         return self._loop_thread is not None and self._loop_thread == threading.get_ident()
 

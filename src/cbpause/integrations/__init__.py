@@ -1,0 +1,1 @@
+"""Integrations of :class:`cbpause.PauseProtocol` with generation loops; each needs its own extra."""

@@ -1,0 +1,281 @@
+"""``PauseProtocol`` driving transformers' own continuous-batching loop (transformers 5.23.x only).
+
+This is the only module of cbpause that knows transformers' internals.  It returns transformers' own
+``ContinuousBatchingManager`` (a subclass, same methods) whose status object is a
+:class:`~cbpause.PauseProtocol`, and changes the loop only where the protocol needs it:
+
+* ``pause(timeout=None)`` keeps upstream's signature and adds a timeout (P-PAUSE-TIMEOUT); from the loop's
+  own thread (a logits processor, a callback) it raises at once (D4).
+* The TP group step (``ContinuousBatchProcessor._update_tp_group_state``) tells the protocol what this rank
+  observed before the all-reduce (P-OBSERVE) and what the group decided (P-ALL-REDUCE, then the pause
+  window and P-BARRIER), so a withdrawn request no longer parks the loop (D1) and a rank parked for a peer's
+  pause leaves after ``peer_park_timeout`` seconds (D3).  A collective that fails (a peer died or never
+  came) is P-COLLECTIVE-TIMEOUT: the loop stops with the error recorded, and every waiter is told.
+
+Everything else is upstream's: the queues, the scheduler, ``DistributedHelper`` with its
+``tp_all_reduce_state`` MAX all-reduce, its CPU (gloo) group and its monitored barrier.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+from ..protocol import PauseProtocol
+
+SUPPORTED = "5.23"
+
+
+def check_transformers_version(version: str) -> None:
+    """Raise ``ImportError`` unless ``version`` is a transformers 5.23.x release.
+
+    The integration overrides a private method of transformers' batch processor, whose shape changes
+    between minor releases; running it on another one could silently lose the pause guarantees.
+    """
+    parts = version.split(".")
+    if parts[:2] != SUPPORTED.split("."):
+        raise ImportError(
+            f"cbpause.integrations.transformers supports transformers {SUPPORTED}.x only, found {version}: "
+            f"install it with `pip install 'transformers=={SUPPORTED}.*'` (or `pip install 'cbpause[transformers]'`)"
+        )
+
+
+try:
+    import transformers as _transformers
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "cbpause.integrations.transformers needs transformers: `pip install 'cbpause[transformers]'`"
+    ) from exc
+
+check_transformers_version(_transformers.__version__)
+
+from transformers import ContinuousBatchingConfig, GenerationConfig  # noqa: E402
+from transformers.generation.continuous_batching import continuous_api as _api  # noqa: E402
+from transformers.generation.continuous_batching.distributed import dist as _dist  # noqa: E402
+
+__all__ = ["PausableBatchProcessor", "PausableContinuousBatchingManager", "init_continuous_batching"]
+
+
+class PausableBatchProcessor(_api.ContinuousBatchProcessor):
+    """transformers' batch processor whose TP group step reports to a :class:`PauseProtocol`.
+
+    It adds no state: :meth:`PausableContinuousBatchingManager._create_batch_processor` turns the processor
+    upstream builds into this class, so the construction code (cache, scheduler, IO buffers) stays upstream's.
+    """
+
+    background_thread_status: PauseProtocol
+
+    def _update_tp_group_state(self) -> bool:
+        """Upstream's TP group step with the protocol told of each of its actions.
+
+        Observe (``is_pause_requested``, recorded), AllReduce (``update_with_tp_status``), then, if the group
+        decided to pause, the window (``pause_and_wait``: open, skip for a withdrawn request, or park for a
+        peer for at most ``peer_park_timeout``) and Barrier.  Returns True if the group is hard-stopping.
+        Unlike upstream, requests drained from the queue before a failure or a hard stop are failed, not lost.
+        """
+        status = self.background_thread_status
+        if self.input_queue is not None and self.cancel_queue is not None:
+            payload = (_api.drain_queue(self.input_queue), _api.drain_queue(self.cancel_queue))
+        else:
+            payload = ([], [])
+        try:
+            payload_size, hard_stopping = self._group_decision(status, len(payload[0]) + len(payload[1]))
+        except BaseException as error:
+            self._fail_drained(payload[0], error if isinstance(error, Exception) else RuntimeError(repr(error)))
+            raise
+        if hard_stopping:
+            self._fail_drained(payload[0], RuntimeError("The generation loop hard-stopped before this request ran."))
+            return True
+
+        if payload_size == 0:
+            return False
+        new_states, cancellations = self.distributed_helper.tp_broadcast_object_from_rank_0(payload)
+        for state in new_states:
+            try:
+                self.logit_processor.check_kwargs(state.logit_processor_kwargs)
+                self.scheduler.add_waiting_request(state)
+            except Exception as e:  # noqa: BLE001 - upstream fails the one request and goes on
+                _api.logger.error(f"Error processing new request: {e}", exc_info=True)
+                self._handle_request_error(e, state)
+        for request_id in cancellations:
+            self.scheduler.set_request_cancellation(request_id)
+        return False
+
+    def _fail_drained(self, states: list, error: Exception) -> None:
+        """Give each request drained from the input queue its terminal failed output.
+
+        Drained requests are in no queue and no scheduler yet, so the loop's exit path cannot see them:
+        upstream 5.23.0 loses them when a collective or the pause window raises, or on a hard stop
+        (R-NOTHING-LOST).
+        """
+        for state in states:
+            self.output_router.fail_and_deliver(state, error)
+
+    def _group_decision(self, status: PauseProtocol, payload_size: int) -> tuple[int, bool]:
+        """Observe, AllReduce, and the pause window with its Barrier if the group decided to pause.
+
+        Returns the group's payload size and whether the group is hard-stopping.
+        """
+        observed_pause = status.is_pause_requested()  # P-OBSERVE: recorded by the protocol (D1)
+        try:
+            payload_size, tp_status, tp_pause = self.distributed_helper.tp_all_reduce_state(
+                payload_size=payload_size, stop_status=status.local_status, pause_requested=observed_pause
+            )
+        except Exception as error:
+            _collective_failed(status, error)
+            raise
+        status.update_with_tp_status(tp_status)  # P-ALL-REDUCE
+        if status.tp_status == status.HARD_STOP:
+            return payload_size, True
+        if tp_pause:
+            if self.inputs_and_outputs.compute_stream is not None:
+                self.inputs_and_outputs.compute_stream.synchronize()
+            status.pause_and_wait()  # P-OPEN-WINDOW / P-SKIP-WINDOW / P-PARK-FOR-PEER; raises on D3
+            if self.distributed_helper.cpu_comm_group is not None:
+                timeout = self.cb_config.cpu_group_timeout
+                try:
+                    _dist.monitored_barrier(
+                        group=self.distributed_helper.cpu_comm_group,
+                        timeout=timedelta(seconds=timeout) if timeout is not None else None,
+                        wait_all_ranks=True,
+                    )
+                except Exception as error:
+                    _collective_failed(status, error)
+                    raise
+            status.barrier()  # P-BARRIER: the group leaves the window together
+        return payload_size, False
+
+
+def _collective_failed(status: PauseProtocol, error: BaseException) -> None:
+    """P-COLLECTIVE-TIMEOUT: a peer died or never came.  Record ``error`` and stop, waking every waiter.
+
+    Should the protocol not be where the spec says a collective fails, the error is still recorded: the
+    collective's own error is what the caller must see, not a protocol complaint.
+    """
+    try:
+        status.collective_timeout(error)
+    except RuntimeError:
+        status.record_fatal_error(error)
+
+
+class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
+    """transformers' ``ContinuousBatchingManager`` driven by :class:`PauseProtocol`.
+
+    Build it with :func:`init_continuous_batching`.  Same methods as upstream's; ``pause()`` adds
+    ``timeout=``.  ``background_thread_status`` is the manager's :class:`PauseProtocol` (its ``metrics()``
+    tell how many pauses were taken and how long the loop was paused).
+    """
+
+    background_thread_status: PauseProtocol
+
+    def __init__(
+        self,
+        model: Any,
+        generation_config: GenerationConfig,
+        continuous_batching_config: ContinuousBatchingConfig,
+        workload_hints: Any = None,
+        *,
+        peer_park_timeout: float | None = 300.0,
+        trace: Any = None,
+    ) -> None:
+        status = PauseProtocol(peer_park_timeout=peer_park_timeout, trace=trace)  # validates the timeout first
+        super().__init__(model, generation_config, continuous_batching_config, workload_hints)
+        self.background_thread_status = status
+
+    @contextmanager
+    def pause(self, timeout: float | None = None) -> Iterator[None]:
+        """Pause the generation loop while inside the ``with`` block; the loop resumes when the last holder leaves.
+
+        The loop keeps its cache and its requests: nothing is drained, nothing is lost (R-NOTHING-LOST).
+        While any holder is inside, no forward step runs on any rank (R-EXCLUSION, R-SAME-WINDOW).  Under TP
+        every rank must pause; a rank whose pauser never comes fails after ``peer_park_timeout`` seconds
+        instead of hanging (D3).
+
+        Raises ``RuntimeError`` (the fatal error as ``__cause__``) when the loop is not running, is
+        hard-stopping, has failed or stops before pausing; ``RuntimeError`` at once from the loop's own thread
+        (D4); ``TimeoutError`` when the loop has not paused within ``timeout`` seconds; ``ValueError`` for a
+        negative or non-numeric ``timeout``.  In every case, and on ``KeyboardInterrupt`` while waiting, the
+        request is withdrawn first (P-INTERRUPT, P-PAUSE-TIMEOUT).
+        """
+        if not self.is_running():
+            # A loop that died says why: its fatal error is the cause, as when it dies during the wait.
+            raise RuntimeError("Cannot pause generation while no generation loop is running.") from (
+                self.background_thread_status.fatal_error
+            )
+        self.background_thread_status.acquire_pause(self._wake_up_loop, timeout=timeout)
+        try:
+            yield
+        finally:
+            self.background_thread_status.release_pause()
+
+    def start(self) -> None:
+        """Start the loop thread (upstream's ``start``), named so that it shows in thread dumps."""
+        super().start()
+        thread = self._generation_thread
+        if isinstance(thread, threading.Thread) and thread.name.startswith("Thread-"):
+            thread.name = "cbpause-generation-loop"
+
+    def _run_generation_loop(self) -> None:
+        # Settle which thread is the loop's before anything else can ask (D4's check relies on it).
+        self.background_thread_status.bind_loop_thread()
+        super()._run_generation_loop()
+
+    def _create_batch_processor(self) -> _api.ContinuousBatchProcessor:
+        processor = super()._create_batch_processor()
+        if type(processor) is _api.ContinuousBatchProcessor:
+            # Same object, our TP group step; the class adds no state.  Avoids copying upstream's constructor.
+            processor.__class__ = PausableBatchProcessor
+        return processor
+
+
+def init_continuous_batching(
+    model: Any,
+    generation_config: GenerationConfig | None = None,
+    continuous_batching_config: ContinuousBatchingConfig | None = None,
+    **kwargs: Any,
+) -> PausableContinuousBatchingManager:
+    """A transformers ``ContinuousBatchingManager`` for ``model``, driven by :class:`PauseProtocol`.
+
+    Takes what ``model.init_continuous_batching`` takes (``workload_hints=`` among ``kwargs``), and
+    ``peer_park_timeout=`` (seconds a rank parked for a peer's pause waits for its own pauser; default
+    300, ``None`` for ever) and ``trace=`` (a :class:`cbpause.traces.TraceRecorder`).  A cached manager
+    (``stop(keep_for_next_session=True)``) of this kind is reused, as upstream does.
+
+    Raises ``TypeError`` for a model that is not a transformers model, ``ValueError`` when no generation
+    config can be found or a cached manager is upstream's own, and ``TypeError`` for an unknown keyword.
+    """
+    unknown = set(kwargs) - {"workload_hints", "peer_park_timeout", "trace"}
+    if unknown:
+        raise TypeError(f"init_continuous_batching() got unexpected keyword argument(s): {sorted(unknown)}")
+    if not all(hasattr(model, a) for a in ("config", "device", "dtype", "_get_logits_processor")):
+        raise TypeError(f"expected a transformers generative model (PreTrainedModel), got {type(model).__name__}")
+
+    cached = getattr(model, "_cached_continuous_batching_manager", None)
+    if isinstance(cached, PausableContinuousBatchingManager):
+        cached.switch_to_cb_friendly_attn(model, cached.continuous_batching_config.auto_switch_to_flash)
+        return cached
+    if cached is not None:
+        raise ValueError(
+            "the model caches an upstream ContinuousBatchingManager (stop(keep_for_next_session=True)); call "
+            "model.destroy_cached_continuous_batching_manager() first"
+        )
+
+    gen = generation_config if generation_config is not None else getattr(model, "generation_config", None)
+    if gen is None:
+        raise ValueError("A GenerationConfig must be provided or set in the model.")
+    if gen.eos_token_id is None:
+        _api.logger.warning("`eos_token_id` not set in GenerationConfig. Setting to -1 (disabled).")
+        gen.eos_token_id = -1
+    if continuous_batching_config is None:
+        continuous_batching_config = ContinuousBatchingConfig()
+    return PausableContinuousBatchingManager(
+        model,
+        gen,
+        continuous_batching_config,
+        kwargs.get("workload_hints"),
+        peer_park_timeout=kwargs.get("peer_park_timeout", 300.0),
+        trace=kwargs.get("trace"),
+    )

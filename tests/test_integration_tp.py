@@ -1,0 +1,113 @@
+"""Tensor parallelism over the real loop: two ranks, gloo on the CPU (issue 5, tests 8 and 9).
+
+Each test spawns two processes (``torch.multiprocessing``, a free port) that run a scenario of
+``tests/tp_workers.py`` and write what they saw to JSON; the parent joins them with a deadline, so a hang
+fails the test.  NCCL over two CUDA devices runs the same scenario where two GPUs exist.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+import torch.multiprocessing as mp  # noqa: E402
+
+from . import tp_workers  # noqa: E402
+from .tinymodel import MAX_NEW, tiny_llama  # noqa: E402
+
+pytestmark = pytest.mark.tp
+DEADLINE = 240.0  # seconds for a whole group, load included; the fault bounds are far below it
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_llama().save_pretrained(path)
+    return str(path)
+
+
+def run_group(scenario: str, checkpoint: str, outdir, backend: str = "gloo") -> dict[int, dict]:
+    ctx = mp.start_processes(
+        tp_workers.run, args=(2, free_port(), checkpoint, scenario, str(outdir), backend),
+        nprocs=2, join=False, start_method="spawn",
+    )  # fmt: skip
+    deadline = time.monotonic() + DEADLINE
+    for process in ctx.processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    alive = [p.pid for p in ctx.processes if p.is_alive()]
+    for process in ctx.processes:
+        if process.is_alive():
+            process.kill()
+            process.join(5)
+    assert not alive, f"{scenario}: ranks still running after {DEADLINE} s (a hang): {alive}"
+    records = {}
+    for rank in range(2):
+        path = outdir / f"rank{rank}.json"
+        assert path.exists(), f"rank {rank} wrote nothing (exit code {ctx.processes[rank].exitcode})"
+        records[rank] = json.loads(path.read_text())
+        assert "worker_error" not in records[rank], records[rank]["worker_error"]
+    return records
+
+
+def check_pauses(records):
+    r0, r1 = records[0], records[1]
+    for r in (r0, r1):
+        # The i-th pause of each rank met the i-th pause of the other inside the same window.
+        assert r["probes"] == [[3.0, 2.0 * i] for i in range(5)]
+        assert r["violations"] == 0 and r["metrics"] == 5
+        assert r["running_after_stop"] is False
+    assert len(r0["ids"]) == tp_workers.N_REQUESTS
+    assert sorted(r0["outputs"]) == sorted(r0["ids"]) == sorted(r1["outputs"])
+    for rid in r0["ids"]:
+        assert len(r0["outputs"][rid]["tokens"]) == MAX_NEW
+        assert r0["outputs"][rid]["tokens"] == r1["outputs"][rid]["tokens"]
+
+
+def test_8_every_rank_pauses_in_the_same_window(checkpoint, tmp_path):
+    check_pauses(run_group("pauses", checkpoint, tmp_path))
+
+
+def test_9a_peer_never_pauses_both_ranks_end_with_a_clear_error(checkpoint, tmp_path):
+    records = run_group("peer_never_pauses", checkpoint, tmp_path)
+    r0, r1 = records[0], records[1]
+    assert r0["entered"] is True
+    # The parked rank left with PeerPauseTimeout (D3) instead of waiting for ever.
+    assert r1["fatal"] == "PeerPauseTimeout" and "P-PEER-PARK-TIMEOUT" in r1["fatal_message"]
+    assert r1["pause_after_cause"] == "PeerPauseTimeout"
+    # The pausing rank's group step failed at the barrier its peer never reached: a recorded error.
+    assert r0["fatal"] is not None and r0["pause_after_cause"] is not None
+    for r in (r0, r1):
+        assert r["loop_alive"] is False and r["stop_returned"] is True
+        assert r["pause_after"].startswith("RuntimeError")
+    # Nothing lost: every request of the driver got exactly one terminal output.
+    assert sorted(r0["outputs"]) == sorted(r0["ids"])
+
+
+def test_9b_rank_killed_mid_pause_survivor_errors(checkpoint, tmp_path):
+    records = run_group("rank_killed_mid_pause", checkpoint, tmp_path)
+    r0, r1 = records[0], records[1]
+    assert r1.get("killed") is True and r0["probe"] == 2.0
+    assert r0["fatal"] is not None and r0["pause_after_cause"] is not None
+    assert r0["loop_alive"] is False and r0["stop_returned"] is True
+    assert r0["pause_after"].startswith("RuntimeError")
+    assert sorted(r0["outputs"]) == sorted(r0["ids"])
+    assert all(o["status"] != "RequestStatus.FINISHED" or len(o["tokens"]) == MAX_NEW for o in r0["outputs"].values())
+
+
+@pytest.mark.nccl
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL TP needs two CUDA devices")
+def test_8_nccl_every_rank_pauses_in_the_same_window(checkpoint, tmp_path):
+    check_pauses(run_group("pauses", checkpoint, tmp_path, backend="nccl"))

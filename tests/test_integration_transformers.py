@@ -1,0 +1,307 @@
+"""``cbpause.integrations.transformers`` drives transformers' real continuous-batching loop (issue 5, tests 1-7).
+
+A tiny random Llama (no download) runs on the CPU; the same tests run on CUDA where a GPU exists (marked
+``cuda``, skipped otherwise).  The probe (a forward pre-hook) counts any forward step that starts while a
+holder is inside (R-EXCLUSION), holds one forward step on request, injects a fault, or runs a callback on
+the loop's own thread; interleavings are forced with events, never sleeps.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from transformers.generation.continuous_batching.requests import RequestStatus  # noqa: E402
+
+from cbpause.integrations import transformers as cbt  # noqa: E402
+
+from .fakeloop import JOIN_TIMEOUT, Interrupter, run_thread  # noqa: E402
+from .tinymodel import MAX_NEW, PROMPT, WAIT, Probe, cb_config, gen_config, tiny_llama  # noqa: E402
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")],
+    ),
+]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+@pytest.fixture
+def model(device):
+    return tiny_llama(device)
+
+
+@pytest.fixture
+def manager(model):
+    manager = cbt.init_continuous_batching(model, gen_config(), cb_config(), peer_park_timeout=WAIT)
+    probe = Probe()
+    handle = model.register_forward_pre_hook(probe, with_kwargs=True)
+    manager.probe = probe
+    yield manager
+    handle.remove()
+    if manager.is_running():
+        manager.stop(block=True, timeout=WAIT)
+
+
+def submit(manager, n=4, prompt=PROMPT):
+    return [manager.add_request(list(prompt), max_new_tokens=MAX_NEW) for _ in range(n)]
+
+
+def results(manager, ids):
+    outs = {}
+    for _ in ids:
+        out = manager.get_result(timeout=WAIT)
+        assert out is not None, f"no output within {WAIT} s; have {sorted(outs)}"
+        outs[out.request_id] = out
+    assert sorted(outs) == sorted(ids)
+    return [outs[i] for i in ids]
+
+
+def generate(model, prompts, pauses=0, touch=False):
+    """Greedy tokens for ``prompts``; with ``pauses`` holders pausing while it generates."""
+    manager = cbt.init_continuous_batching(model, gen_config(), cb_config())
+    manager.start()
+    try:
+        ids = [manager.add_request(list(p), max_new_tokens=MAX_NEW) for p in prompts]
+        for _ in range(pauses):
+            with manager.pause(timeout=WAIT), torch.no_grad():
+                if touch:
+                    for p in model.parameters():
+                        p.copy_(p.clone())  # a no-op update in place, as a trainer would write
+        return [o.generated_tokens for o in results(manager, ids)]
+    finally:
+        manager.stop(block=True, timeout=WAIT)
+
+
+# --------------------------------------------------------------------------------------------------- API
+
+
+def test_returns_transformers_own_manager_driven_by_pause_protocol(manager):
+    from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
+
+    from cbpause import PauseProtocol
+
+    assert isinstance(manager, ContinuousBatchingManager)
+    assert isinstance(manager.background_thread_status, PauseProtocol)
+    manager.start()
+    submit(manager, 1)
+    with manager.pause(timeout=WAIT):
+        assert type(manager.batch_processor) is cbt.PausableBatchProcessor
+
+
+def test_other_transformers_versions_are_refused():
+    cbt.check_transformers_version("5.23.0")
+    cbt.check_transformers_version("5.23.7.dev0")
+    for version in ("5.22.1", "5.24.0", "6.0.0", "4.57.1"):
+        with pytest.raises(ImportError, match="5.23.x only"):
+            cbt.check_transformers_version(version)
+
+
+def test_bad_arguments_raise_clear_errors(model):
+    with pytest.raises(TypeError, match="transformers generative model"):
+        cbt.init_continuous_batching(object())
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        cbt.init_continuous_batching(model, gen_config(), cb_config(), peer_park_timout=3)
+    with pytest.raises(ValueError, match="peer_park_timeout"):
+        cbt.init_continuous_batching(model, gen_config(), cb_config(), peer_park_timeout=-1)
+
+
+def test_pause_timeout_argument_is_checked(manager):
+    manager.start()
+    for bad in (-1, float("nan"), "1"):
+        with pytest.raises(ValueError):
+            with manager.pause(timeout=bad):
+                pass
+    assert not manager.background_thread_status.is_pause_requested(local=True)
+    with manager.pause(timeout=WAIT):
+        pass
+
+
+# ------------------------------------------------------------------------------------------ behaviours
+
+
+def test_1_pauses_during_generation_lose_nothing(manager):
+    """While a holder is inside, no step runs; every request completes with its full length."""
+    manager.start()
+    ids = submit(manager, 8)
+    probe = manager.probe
+    for _ in range(10):
+        with manager.pause(timeout=WAIT):
+            probe.inside += 1
+            before = probe.forwards
+            assert manager.background_thread_status.state.paused
+            assert probe.forwards == before
+            probe.inside -= 1
+    outs = results(manager, ids)
+    assert all(o.status == RequestStatus.FINISHED and len(o.generated_tokens) == MAX_NEW for o in outs)
+    assert probe.violations == 0
+    assert manager.background_thread_status.metrics().pauses_taken == 10
+
+
+def test_2_loop_stays_paused_until_the_last_holder_leaves(manager):
+    manager.start()
+    ids = submit(manager)
+    probe = manager.probe
+    second_in, leave_second = threading.Event(), threading.Event()
+
+    def second_holder():
+        with manager.pause(timeout=WAIT):  # arrives on a paused loop: enters directly
+            probe.inside += 1
+            second_in.set()
+            leave_second.wait(WAIT)
+            probe.inside -= 1
+
+    with manager.pause(timeout=WAIT):
+        probe.inside += 1
+        thread, box = run_thread(second_holder)
+        assert second_in.wait(WAIT)
+        probe.inside -= 1
+        forwards = probe.forwards
+    # The first holder left; the second keeps the loop paused.
+    assert manager.background_thread_status.state.paused
+    assert probe.forwards == forwards
+    leave_second.set()
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive() and "error" not in box
+    outs = results(manager, ids)
+    assert all(len(o.generated_tokens) == MAX_NEW for o in outs)
+    assert probe.violations == 0 and probe.forwards > forwards
+
+
+def test_3_pauses_and_a_no_op_weight_touch_do_not_change_greedy_tokens(model):
+    prompts = [PROMPT, [7, 8, 9], [3, 1, 4, 1, 5, 9, 2, 6]]
+    plain = generate(model, prompts)
+    paused = generate(model, prompts, pauses=8, touch=True)
+    assert paused == plain
+    assert all(len(tokens) == MAX_NEW for tokens in plain)
+
+
+def test_4_a_weight_change_inside_a_pause_steers_later_tokens(manager, model):
+    """A zeroed LM head makes every token generated after the pause 0 (argmax of all-zero logits)."""
+    probe = manager.probe
+    reached, release = threading.Event(), threading.Event()
+    probe.hold = (reached, release)  # hold the first forward step: the pause lands after it
+    manager.start()
+    (rid,) = submit(manager, 1)
+    assert reached.wait(WAIT)
+    manager._wake_up_loop.clear()
+
+    def trainer():
+        with manager.pause(timeout=WAIT), torch.no_grad():
+            box["before"] = probe.forwards
+            model.lm_head.weight.zero_()
+
+    box: dict = {}
+    thread, errors = run_thread(trainer, name="trainer")
+    assert manager._wake_up_loop.wait(WAIT)  # the pause is requested before the held step ends
+    release.set()
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive() and "error" not in errors
+    (out,) = results(manager, [rid])
+    k = box["before"]  # tokens generated before the pause: one per forward step
+    assert 1 <= k < MAX_NEW
+    assert out.generated_tokens[k:] == [0] * (MAX_NEW - k)
+    assert any(tok != 0 for tok in out.generated_tokens[:k]) or k == 1
+
+
+def test_5_d1_withdrawn_request_after_the_loop_read_it(manager):
+    """The loop observed the pending request, then its only requester gets a real SIGINT and withdraws."""
+    status = manager.background_thread_status
+    observed, go_on = threading.Event(), threading.Event()
+    real_is_pause_requested = status.is_pause_requested
+
+    def is_pause_requested(local=False):
+        answer = real_is_pause_requested(local)
+        if answer and not local and threading.current_thread() is manager._generation_thread:
+            observed.set()  # the loop has read "a pause is requested" for its all-reduce
+            go_on.wait(WAIT)
+        return answer
+
+    status.is_pause_requested = is_pause_requested
+    manager.start()
+    ids = submit(manager)
+    with Interrupter() as interrupter:
+
+        def interrupt_after_the_loop_read_it():
+            assert observed.wait(WAIT)
+            return interrupter.fire()
+
+        thread, box = run_thread(interrupt_after_the_loop_read_it, name="interrupter")
+        with pytest.raises(KeyboardInterrupt):
+            with manager.pause():
+                pass
+        thread.join(JOIN_TIMEOUT)
+    assert box.get("result") is True
+    status.is_pause_requested = real_is_pause_requested
+    go_on.set()  # the all-reduce says "pause"; nobody is left to hold it
+    outs = results(manager, ids)
+    assert all(len(o.generated_tokens) == MAX_NEW for o in outs)
+    metrics = status.metrics()
+    assert metrics.windows_opened == 0 and metrics.requests_waiting == 0  # P-SKIP-WINDOW, not a parked loop
+    manager.stop(block=True, timeout=WAIT)
+    assert not manager.is_running()
+
+
+def test_6_d4_pause_from_the_loop_thread_raises_at_once(manager):
+    """A callback on the loop thread (here the forward hook, where a logits processor would run) pauses."""
+    probe = manager.probe
+    raised: list[BaseException] = []
+
+    def callback():
+        if not raised:
+            try:
+                with manager.pause(timeout=WAIT):
+                    raised.append(AssertionError("entered a pause from the loop thread"))
+            except RuntimeError as error:
+                raised.append(error)
+
+    probe.callback = callback
+    manager.start()
+    ids = submit(manager)
+    outs = results(manager, ids)  # generation continued
+    assert len(raised) == 1 and isinstance(raised[0], RuntimeError)
+    assert "own thread" in str(raised[0])
+    assert all(len(o.generated_tokens) == MAX_NEW for o in outs)
+    assert manager.background_thread_status.metrics().requests_waiting == 0
+
+
+def test_7_fatal_error_while_a_pause_is_pending(manager):
+    """The pauser gets RuntimeError with the error as __cause__; every request gets a failed output."""
+    probe = manager.probe
+    reached, release = threading.Event(), threading.Event()
+    boom = RuntimeError("boom in forward")
+    probe.hold = (reached, release)
+    manager.start()
+    ids = submit(manager, 6)
+    assert reached.wait(WAIT)
+    probe.fail_with = boom
+    manager._wake_up_loop.clear()
+
+    def pauser():
+        with manager.pause(timeout=WAIT):
+            pass
+
+    thread, box = run_thread(pauser)
+    assert manager._wake_up_loop.wait(WAIT)  # the pause is pending
+    release.set()  # the held forward step now fails
+    thread.join(JOIN_TIMEOUT)
+    assert isinstance(box.get("error"), RuntimeError) and box["error"].__cause__ is boom
+    outs = results(manager, ids)  # exactly one terminal output each: nothing lost
+    assert all(o.status == RequestStatus.FAILED and "boom" in (o.error or "") for o in outs)
+    assert manager.get_result(timeout=0.2) is None  # and nothing twice
+    manager.join(0, WAIT)
+    assert not manager.is_running()
+    with pytest.raises(RuntimeError) as info:
+        with manager.pause(timeout=WAIT):
+            pass
+    assert info.value.__cause__ is boom
