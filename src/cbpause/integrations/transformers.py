@@ -223,6 +223,21 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         self.background_thread_status.bind_loop_thread()
         super()._run_generation_loop()
 
+    def _handle_critical_error(self, error: Exception, batch_processor: Any) -> None:
+        """Upstream's fatal-error path, without its group all-reduce when the group is already broken.
+
+        A fatal error of this rank's own (P-FATAL-ERROR) tells the group through one more all-reduce, as
+        upstream does.  After P-PEER-PARK-TIMEOUT or P-COLLECTIVE-TIMEOUT the protocol has already stopped
+        the rank (phase ``stopped``): a collective could only wait for peers that are elsewhere, so none
+        is attempted (spec section 5, "A fatal error"); the peers fail at their own barrier or all-reduce.
+        """
+        status = self.background_thread_status
+        if status.state.phase != "stopped":
+            super()._handle_critical_error(error, batch_processor)
+            return
+        self._fail_all_remaining_requests(error, batch_processor)
+        status.record_fatal_error(error)
+
     def _create_batch_processor(self) -> _api.ContinuousBatchProcessor:
         processor = super()._create_batch_processor()
         if type(processor) is _api.ContinuousBatchProcessor:
