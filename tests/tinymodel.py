@@ -36,7 +36,7 @@ def cb_config(**overrides) -> ContinuousBatchingConfig:
 
 
 class Probe:
-    """Forward pre-hook: exclusion check, a gate to hold one forward step, fault injection, a callback.
+    """Forward pre-hook: exclusion check, a gate to hold one forward step, and fault injection.
 
     ``inside`` is counted in and out by the tests' holders; a forward step that starts while it is positive
     breaks R-EXCLUSION and is counted in ``violations``.
@@ -48,14 +48,11 @@ class Probe:
         self.forwards = 0
         self.hold: tuple[threading.Event, threading.Event] | None = None  # (reached, release)
         self.fail_with: BaseException | None = None
-        self.callback = None  # called on the loop thread at each forward step
 
     def __call__(self, module, args, kwargs):
         self.forwards += 1
         if self.inside:
             self.violations += 1
-        if self.callback is not None:
-            self.callback()
         if self.hold is not None:
             reached, release = self.hold
             self.hold = None
