@@ -148,12 +148,13 @@ class StepClock:
                 first = x
             return first
 
-    def step_time(self, n: int = 20) -> float:
-        """Median time between consecutive forward starts over the next ``n`` steps (a busy loop)."""
+    def step_times(self, n: int = 40) -> list[float]:
+        """Times between consecutive forward starts over the next ``n`` steps of a busy loop: one whole
+        iteration each (the forward step, the batch update, the next batch's preparation)."""
         start = self.count()
         self.wait_steps(n)
         xs = self.times[start : start + n]
-        return statistics.median(b - a for a, b in zip(xs, xs[1:], strict=False))
+        return [b - a for a, b in zip(xs, xs[1:], strict=False)]
 
 
 class Bench:
@@ -193,7 +194,7 @@ class Bench:
         return self.model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
 
     @contextmanager
-    def running(self, impl: str, *, busy: bool, max_new: int = 256, in_flight: int = 4) -> Iterator:
+    def running(self, impl: str, *, busy: bool, max_new: int = 1024, in_flight: int = 4) -> Iterator:
         """A started manager; with ``busy``, a feeder keeps ``in_flight`` requests generating."""
         manager = self.manager(impl, max_new, in_flight)
         manager.start()
@@ -211,6 +212,9 @@ class Bench:
             feeder = threading.Thread(target=feed, name="bench-feeder", daemon=True)
             feeder.start()
             self.clock.wait_steps(3)
+        # One pause, not measured: the first one waits for the loop to build its cache and scheduler.
+        with _pause(manager, impl):
+            pass
         try:
             yield manager
         finally:
@@ -267,11 +271,13 @@ def case_entry_and_resume(bench: Bench, reps: int, quick: bool) -> list[Row]:
     busy = Row("2", "pause entry, busy loop", "ms")
     idle = Row("2", "pause entry, idle loop", "ms")
     resume = Row("3", "resume (last out to next step)", "ms")
-    steps: list[float] = []
+    step = Row("2", "loop iteration (step to step)", "ms", note="a busy loop's forward starts, no pause between")
     for _ in range(reps):
         for impl in IMPLS:
             with bench.running(impl, busy=True) as manager:
-                steps.append(bench.clock.step_time())
+                times = [1e3 * x for x in bench.clock.step_times()]
+                step.samples.setdefault(impl, []).extend(times)
+                step.reps.setdefault(impl, []).append(statistics.median(times))
                 entries, resumes = [], []
                 for _ in range(n):
                     bench.clock.wait_steps(2)
@@ -293,13 +299,14 @@ def case_entry_and_resume(bench: Bench, reps: int, quick: bool) -> list[Row]:
                         entries.append(time.perf_counter() - asked)
                 idle.samples.setdefault(impl, []).extend(1e3 * x for x in entries)
                 idle.reps.setdefault(impl, []).append(1e3 * statistics.median(entries))
-    step_ms = 1e3 * statistics.median(steps)
+    step_ms = statistics.median(step.samples["upstream"] + step.samples["cbpause"])
     for row in (busy, idle):
-        p99 = max(percentile(row.samples[i], 99) for i in IMPLS)
-        row.note = f"p99 / forward step ({step_ms:.2f} ms) = {p99 / step_ms:.2f}"
-    busy.note += f"; target p99 <= step + 1 ms = {step_ms + 1:.2f} ms"
+        row.note = "p99 / median iteration ({:.2f} ms): upstream {:.2f}, cbpause {:.2f}".format(
+            step_ms, *(percentile(row.samples[i], 99) / step_ms for i in IMPLS)
+        )
+    busy.note += f"; target p99 <= iteration + 1 ms = {step_ms + 1:.2f} ms"
     idle.note += "; target p99 <= 1 ms"
-    return [busy, idle, resume]
+    return [busy, idle, resume, step]
 
 
 def case_contention(bench: Bench, reps: int, quick: bool) -> list[Row]:

@@ -172,7 +172,7 @@ class PauseProtocol:
     # ------------------------------------------------------------------------------------------- internals
 
     def _apply(self, fn: Callable[..., RankState], *args: object) -> RankState:
-        """Apply one transition under the lock (the caller holds it) and wake every waiter."""
+        """Apply one transition under the lock (the caller holds it) and wake the waiters it may enable."""
         before = self._state
         after = fn(before, *args)
         self._state = after
@@ -188,6 +188,12 @@ class PauseProtocol:
             self._last_paused = now - self._window_opened_at
             self._total_paused += self._last_paused
             self._window_opened_at = None
+        # Wake the waiters only when this step can enable one of them (holders wait for an open window or a
+        # stopped loop; the loop waits for its last holder to leave, or, parked for a peer, for a request).
+        # EnterPause enables nobody, nor does RequestPause unless the loop is parked for a peer: with many
+        # holders, waking them all on each of these made every pause O(holders) wake-ups.
+        if fn is t.enter_pause or (fn is t.request_pause and before.phase != "peer"):
+            return after
         self._condition.notify_all()
         return after
 
