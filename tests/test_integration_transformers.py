@@ -315,3 +315,32 @@ def test_7_fatal_error_while_a_pause_is_pending(manager):
         with manager.pause(timeout=WAIT):
             pass
     assert info.value.__cause__ is boom
+
+
+# -------------------------------------------------------------------------------- nothing lost, beyond upstream
+
+
+def test_a_cancelled_request_gets_one_terminal_output(manager):
+    """Upstream delivers nothing for a cancelled request; its caller would wait for ever."""
+    probe = manager.probe
+    reached, release = threading.Event(), threading.Event()
+    probe.hold = (reached, release)
+    manager.start()
+    (rid,) = submit(manager, 1)
+    assert reached.wait(WAIT)  # the request is in the batch
+    manager.cancel_request(rid)
+    release.set()
+    (out,) = results(manager, [rid])
+    assert out.status == RequestStatus.FAILED and out.error == "cancelled by cancel_request()"
+    assert manager.get_result(timeout=0.2) is None  # exactly one
+
+
+def test_a_request_is_refused_or_delivered_never_lost_around_a_stop(manager):
+    manager.start()
+    ids = submit(manager, 3)
+    manager.stop(block=True, timeout=WAIT, hard_stop=True, keep_for_next_session=True)
+    assert manager.add_request(list(PROMPT), max_new_tokens=MAX_NEW) is None  # refused, as upstream does
+    outs = results(manager, ids)  # failed by the hard stop, each exactly once
+    assert all(o.status in (RequestStatus.FINISHED, RequestStatus.FAILED) for o in outs)
+    assert manager.get_result(timeout=0.2) is None
+    manager.model.destroy_cached_continuous_batching_manager()

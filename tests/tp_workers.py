@@ -59,7 +59,7 @@ def _collect(manager) -> dict[str, dict]:
         out = manager.get_result(timeout=WAIT)
         if out is None:
             break
-        outs[out.request_id] = {"tokens": list(out.generated_tokens), "status": str(out.status), "error": out.error}
+        outs[out.request_id] = {"tokens": list(out.generated_tokens), "status": out.status.name, "error": out.error}
     return outs
 
 
@@ -160,6 +160,31 @@ def rank_killed_mid_pause(rank, world, port, ckpt, backend, record):
     record["ids"] = ids
 
 
+def rank_killed_mid_step(rank, world, port, ckpt, backend, record):
+    """Reliability: rank 1's process is killed inside a forward step (its TP collectives never come)."""
+    torch, dist, manager, probe = _setup(rank, world, port, ckpt, backend)
+    if rank == 1:
+        steps = [0]
+
+        def die_in_the_fifth_step(module, args):
+            steps[0] += 1
+            if steps[0] == 5:
+                _write(record_dir[0], rank, {"rank": rank, "killed": True})
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        manager.model.register_forward_pre_hook(die_in_the_fifth_step)
+    manager.start()
+    ids = _submit(manager, rank)
+    _outcome(manager, record)
+    record["outputs"] = _collect(manager) if ids else {}
+    record["ids"] = ids
+
+
 record_dir: list[str] = [""]
 
-SCENARIOS = {"pauses": pauses, "peer_never_pauses": peer_never_pauses, "rank_killed_mid_pause": rank_killed_mid_pause}
+SCENARIOS = {
+    "pauses": pauses,
+    "peer_never_pauses": peer_never_pauses,
+    "rank_killed_mid_pause": rank_killed_mid_pause,
+    "rank_killed_mid_step": rank_killed_mid_step,
+}

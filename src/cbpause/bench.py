@@ -314,7 +314,8 @@ def case_contention(bench: Bench, reps: int, quick: bool) -> list[Row]:
     rows = []
     for k in (1, 4, 16, 64):
         row = Row("4", f"{k} threads pausing", "pauses/s", higher_is_better=True)
-        per_thread = max(2, (16 if quick else 64) // k)
+        # Enough pauses that a measurement lasts well over the scheduler's noise (a few hundred ms).
+        per_thread = max(4, (128 if quick else 1024) // k)
         for _ in range(reps):
             for impl in IMPLS:
                 with bench.running(impl, busy=True) as manager:
@@ -345,14 +346,15 @@ def case_contention(bench: Bench, reps: int, quick: bool) -> list[Row]:
     return rows
 
 
-def _next_steps(clock: StepClock, instants: list[float]) -> list[float]:
-    """For each instant, the time to the first forward step after it (instants with none are dropped)."""
+def _next_steps(clock: StepClock, updates: list[tuple[float, float]]) -> list[float]:
+    """For each update (decided at, done at), the time from its decision to the first forward step that
+    starts after it is done, i.e. with the new weights (updates with no such step are dropped)."""
     times = list(clock.times)
     out = []
-    for t in instants:
-        later = [x for x in times if x > t]
+    for decided, done in updates:
+        later = [x for x in times if x > done]
         if later:
-            out.append(min(later) - t)
+            out.append(min(later) - decided)
     return out
 
 
@@ -363,19 +365,21 @@ def _generate(bench: Bench, impl: str, n: int, max_new: int, every: int | None, 
     """
     manager = bench.manager(impl, max_new, n)
     done = threading.Event()
-    decisions: list[float] = []
+    decisions: list[tuple[float, float]] = []
 
     def trainer():
         while not done.is_set():
             if not bench.clock.wait_steps(every, timeout=1.0) or done.is_set():
                 continue
-            decisions.append(time.perf_counter())
+            decided = time.perf_counter()
             try:
                 with _pause(manager, impl):
                     if update is not None:
                         update()
+                    updated = time.perf_counter()
             except RuntimeError:
                 return  # the loop stopped
+            decisions.append((decided, updated))
 
     manager.start()
     started = time.perf_counter()
@@ -443,14 +447,14 @@ def _stop_restart(bench: Bench, n: int, max_new: int, every: int, updates: int) 
         prompt = bench.prompt()
         owed[manager.add_request(prompt, max_new_tokens=max_new)] = (prompt, [])
     tokens = done = made = 0
-    decisions: list[float] = []
+    decisions: list[tuple[float, float]] = []
     next_update = bench.clock.count() + every
     try:
         while done < n:
             if time.perf_counter() > deadline:
                 raise RuntimeError("stop/restart case: requests did not come back")
             if made < updates and bench.clock.count() >= next_update:
-                decisions.append(time.perf_counter())
+                decided = time.perf_counter()
                 manager.stop(block=True, timeout=WAIT, hard_stop=True, keep_for_next_session=True)
                 unfinished = []
                 while (out := manager.get_result(timeout=0)) is not None:
@@ -465,6 +469,7 @@ def _stop_restart(bench: Bench, n: int, max_new: int, every: int, updates: int) 
                 manager.start()
                 for prompt, got in unfinished:
                     owed[manager.add_request(prompt + got, max_new_tokens=max_new - len(got))] = (prompt, got)
+                decisions.append((decided, time.perf_counter()))
                 made += 1
                 next_update = bench.clock.count() + every
                 continue
@@ -483,7 +488,7 @@ def case_weight_update(bench: Bench, reps: int, quick: bool) -> list[Row]:
     """Case 6: pause, update in place, resume, against stop/update/restart/resubmit; 20 updates per run."""
     n, max_new = (8, 96) if quick else (16, 256)
     updates = 10 if quick else 20
-    gap = Row("6", "update: decision to next step", "ms")
+    gap = Row("6", "update: decision to next step", "ms", note="to the first forward step with the new weights")
     rate = Row("6", f"tokens/s over a run with {updates} updates", "tokens/s", higher_is_better=True)
     restart_gaps: list[float] = []
     restart_rates: list[float] = []
@@ -501,7 +506,7 @@ def case_weight_update(bench: Bench, reps: int, quick: bool) -> list[Row]:
     stop_restart.samples["upstream"] = restart_gaps
     ours = percentile(gap.samples["cbpause"], 50)
     theirs = percentile(restart_gaps, 50)
-    gap.note = f"stop/restart p50 {theirs:.2f} ms = {theirs / ours:.1f}x cbpause's pause (target >= 10x)"
+    gap.note += f"; stop/restart p50 {theirs:.2f} ms = {theirs / ours:.1f}x cbpause's pause (target >= 10x)"
     rate.note = f"stop/restart: {statistics.median(restart_rates):,.0f} tokens/s"
     return [gap, rate, stop_restart]
 
@@ -631,6 +636,7 @@ def plot(rows: list[Row], path: Path) -> bool:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter
     except ImportError:
         return False
     restart = next((r for r in rows if r.metric.startswith("stop/")), None)
@@ -650,6 +656,7 @@ def plot(rows: list[Row], path: Path) -> bool:
             if xs:
                 ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=label, color=color)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(f"{row.case}: {row.metric}", fontsize=9)
         ax.set_xlabel("ms")
         ax.set_ylabel("fraction")

@@ -184,6 +184,23 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         status = PauseProtocol(peer_park_timeout=peer_park_timeout, trace=trace)  # validates the timeout first
         super().__init__(model, generation_config, continuous_batching_config, workload_hints)
         self.background_thread_status = status
+        # P-SUBMIT: the acceptance check and the enqueue happen under this lock, and so does the loop's last
+        # drain of the queue; a request is then either drained (and gets its output) or refused.
+        self._submit_lock = threading.Lock()
+
+    def add_request(self, input_ids: list[int], *args: Any, **kwargs: Any) -> str | None:
+        """Upstream's ``add_request``, atomic against the loop's exit (P-SUBMIT, R-NOTHING-LOST-DELIVERED).
+
+        Upstream checks that the loop accepts requests, then enqueues: a request enqueued after the loop's
+        last drain is never seen again.  Returns ``None`` (and logs why) when the loop does not accept
+        requests, as upstream does; ``add_requests`` goes through here too.
+        """
+        with self._submit_lock:
+            return super().add_request(input_ids, *args, **kwargs)
+
+    def _fail_all_remaining_requests(self, error: Exception, batch_processor: Any) -> None:
+        with self._submit_lock:  # the loop's last drain (see add_request)
+            super()._fail_all_remaining_requests(error, batch_processor)
 
     @contextmanager
     def pause(self, timeout: float | None = None) -> Iterator[None]:
@@ -243,7 +260,29 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         if type(processor) is _api.ContinuousBatchProcessor:
             # Same object, our TP group step; the class adds no state.  Avoids copying upstream's constructor.
             processor.__class__ = PausableBatchProcessor
+        scheduler = processor.scheduler
+        if not getattr(scheduler, "_cbpause_delivers_cancellations", False):  # a reused processor has it
+            _deliver_cancellations(scheduler, processor.output_router)
         return processor
+
+
+def _deliver_cancellations(scheduler: Any, router: Any) -> None:
+    """Give each cancelled request a terminal output: FAILED, error ``"cancelled by cancel_request()"``.
+
+    Upstream removes a cancelled request from the scheduler and delivers nothing, so a caller waiting for
+    it (``get_result``, ``request_id_iter``) waits for ever (R-NOTHING-LOST-DELIVERED).  The scheduler's
+    own method is wrapped on the instance, since its caller (``prepare_next_batch``) is upstream's.
+    """
+    clear = scheduler.clear_cancelled_requests
+
+    def clear_cancelled_requests() -> list:
+        states = clear()
+        for state in states:
+            router.fail_and_deliver(state, RuntimeError("cancelled by cancel_request()"))
+        return states
+
+    scheduler.clear_cancelled_requests = clear_cancelled_requests
+    scheduler._cbpause_delivers_cancellations = True
 
 
 def init_continuous_batching(

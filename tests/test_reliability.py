@@ -1,0 +1,145 @@
+"""Every misuse of docs/reliability.md on the real loop: a clear error, nothing changed, nothing lost.
+
+Each test names its row of the bad-input table.  After the misuse the manager must still pause, and every
+request must still get its one terminal output.  The 60-second soak (``python -m cbpause.soak``) runs last.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from transformers.generation.continuous_batching.requests import RequestStatus  # noqa: E402
+
+from cbpause import soak  # noqa: E402
+from cbpause.integrations import transformers as cbt  # noqa: E402
+
+from .fakeloop import JOIN_TIMEOUT, run_thread  # noqa: E402
+from .tinymodel import MAX_NEW, PROMPT, WAIT, cb_config, gen_config, tiny_llama  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama()
+
+
+@pytest.fixture
+def manager(model):
+    manager = cbt.init_continuous_batching(model, gen_config(), cb_config())
+    yield manager
+    if manager.is_running():
+        manager.stop(block=True, timeout=WAIT)
+
+
+def still_usable(manager, n=3):
+    """The protocol is unchanged: a pause works, the requests all come back finished."""
+    ids = [manager.add_request(list(PROMPT), max_new_tokens=MAX_NEW) for _ in range(n)]
+    with manager.pause(timeout=WAIT):
+        pass
+    outs = {}
+    for _ in ids:
+        out = manager.get_result(timeout=WAIT)
+        outs[out.request_id] = out
+    assert sorted(outs) == sorted(ids)
+    assert all(o.status == RequestStatus.FINISHED and len(o.generated_tokens) == MAX_NEW for o in outs.values())
+    state = manager.background_thread_status.state
+    assert state.count == 0 and state.inside == 0
+
+
+def test_release_without_acquire(manager):
+    manager.start()
+    with pytest.raises(RuntimeError, match="without a matching acquire_pause"):
+        manager.background_thread_status.release_pause()
+    still_usable(manager)
+
+
+def test_double_release(manager):
+    manager.start()
+    with pytest.raises(RuntimeError, match="without a matching acquire_pause"):
+        with manager.pause(timeout=WAIT):
+            manager.background_thread_status.release_pause()  # the first release; the context's is the second
+    still_usable(manager)
+
+
+def test_release_from_another_thread_than_the_one_that_acquired(manager):
+    manager.start()
+    inside, leave = threading.Event(), threading.Event()
+
+    def holder():
+        with manager.pause(timeout=WAIT):
+            inside.set()
+            leave.wait(WAIT)
+
+    thread, box = run_thread(holder)
+    assert inside.wait(WAIT)
+    with pytest.raises(RuntimeError, match="without a matching acquire_pause"):
+        manager.background_thread_status.release_pause()
+    assert manager.background_thread_status.state.inside == 1  # the holder is still inside
+    leave.set()
+    thread.join(JOIN_TIMEOUT)
+    assert "error" not in box
+    still_usable(manager)
+
+
+def test_stop_inside_a_pause(manager):
+    manager.start()
+    with manager.pause(timeout=WAIT):
+        with pytest.raises(RuntimeError, match="inside a pause"):
+            manager.stop(block=True)
+    still_usable(manager)
+
+
+def test_pause_on_a_never_started_or_stopped_manager(manager):
+    with pytest.raises(RuntimeError, match="no generation loop is running"):
+        with manager.pause(timeout=WAIT):
+            pass
+    manager.start()
+    manager.stop(block=True, timeout=WAIT)
+    with pytest.raises(RuntimeError, match="no generation loop is running") as info:
+        with manager.pause(timeout=WAIT):
+            pass
+    assert info.value.__cause__ is None  # stopped, not crashed: no fatal error to chain
+
+
+def test_invalid_stop_status(manager):
+    manager.start()
+    for bad in (0, 3, 7, -1, True):
+        with pytest.raises(ValueError, match="Invalid stop status"):
+            manager.background_thread_status.request_stop(bad, 0)
+    still_usable(manager)
+
+
+def test_negative_or_nan_timeouts(manager):
+    manager.start()
+    for bad in (-1, -0.5, float("nan"), "1"):
+        with pytest.raises(ValueError, match="timeout must be"):
+            with manager.pause(timeout=bad):
+                pass
+    with pytest.raises(ValueError, match="peer_park_timeout"):
+        cbt.init_continuous_batching(manager.model, gen_config(), cb_config(), peer_park_timeout=float("nan"))
+    still_usable(manager)
+
+
+def test_clear_while_holders_are_inside_or_the_loop_runs(manager):
+    manager.start()
+    status = manager.background_thread_status
+    with pytest.raises(RuntimeError, match="while the generation loop runs"):
+        status.clear()
+    with manager.pause(timeout=WAIT):
+        with pytest.raises(RuntimeError, match="let them leave first"):
+            status.clear()
+    still_usable(manager)
+
+
+def test_soak_60_seconds_loses_nothing_and_never_hangs(capsys):
+    assert soak.main(["--seconds", "60", "--seed", "7"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("soak: seconds=")
+    fields = dict(kv.split("=") for kv in last.split()[1:])
+    assert fields["lost"] == "0" and fields["duplicated"] == "0" and fields["hangs"] == "0"
+    for name in ("pauses", "interrupts", "timeouts", "stops", "errors_injected", "misuse", "requests"):
+        assert int(fields[name]) > 0, name  # the soak did exercise every kind of event
