@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import pytest
+
 from cbpause import PauseProtocol
 from cbpause.soak import Interrupter  # noqa: F401 - the tests take it from here
 
@@ -118,6 +120,31 @@ def end_leftover_loops(timeout: float = 2.0) -> list[str]:
             stuck.append(f"{type(loop.status).__name__} loop {loop.thread.ident}")
         FakeLoop.live.discard(loop)
     return stuck
+
+
+def interrupt_waiting_pause(wait_for_it: Callable[[], object], ready: Callable[[], bool]) -> None:
+    """On the main thread, call ``wait_for_it()`` (a pause that must wait) and interrupt it with one real
+    SIGINT, sent from another thread once ``ready()`` (a bounded wait) returns True.
+
+    Fails the test unless ``wait_for_it`` raised ``KeyboardInterrupt`` and the signal was handled.
+    """
+    with Interrupter() as interrupter:
+
+        def interrupt():
+            assert ready()
+            return interrupter.fire()
+
+        thread, box = run_thread(interrupt, name="interrupter")
+        with pytest.raises(KeyboardInterrupt):
+            wait_for_it()
+        thread.join(JOIN_TIMEOUT)
+    assert box.get("result") is True, box
+
+
+def enter_and_leave(pause_context) -> None:
+    """Enter a pause context and leave it at once (a lambda cannot hold a with statement)."""
+    with pause_context:
+        pass
 
 
 def run_thread(target: Callable[[], object], name: str = "holder") -> tuple[threading.Thread, dict]:

@@ -19,7 +19,7 @@ from transformers.generation.continuous_batching.requests import RequestStatus  
 
 from cbpause.integrations import transformers as cbt  # noqa: E402
 
-from .fakeloop import JOIN_TIMEOUT, Interrupter, run_thread  # noqa: E402
+from .fakeloop import JOIN_TIMEOUT, enter_and_leave, interrupt_waiting_pause, run_thread  # noqa: E402
 from .tinymodel import MAX_NEW, PROMPT, WAIT, Probe, cb_config, gen_config, tiny_llama  # noqa: E402
 
 DEVICES = [
@@ -230,18 +230,8 @@ def test_5_d1_withdrawn_request_after_the_loop_read_it(manager):
     status.is_pause_requested = is_pause_requested
     manager.start()
     ids = submit(manager)
-    with Interrupter() as interrupter:
-
-        def interrupt_after_the_loop_read_it():
-            assert observed.wait(WAIT)
-            return interrupter.fire()
-
-        thread, box = run_thread(interrupt_after_the_loop_read_it, name="interrupter")
-        with pytest.raises(KeyboardInterrupt):
-            with manager.pause():
-                pass
-        thread.join(JOIN_TIMEOUT)
-    assert box.get("result") is True
+    # SIGINT once the loop has read the request for its all-reduce
+    interrupt_waiting_pause(lambda: enter_and_leave(manager.pause()), lambda: observed.wait(WAIT))
     status.is_pause_requested = real_is_pause_requested
     go_on.set()  # the all-reduce says "pause"; nobody is left to hold it
     outs = results(manager, ids)

@@ -17,7 +17,7 @@ from transformers.generation.continuous_batching.continuous_api import Backgroun
 
 from cbpause import PauseProtocol  # noqa: E402
 
-from .fakeloop import JOIN_TIMEOUT, Interrupter, run_thread  # noqa: E402
+from .fakeloop import JOIN_TIMEOUT, enter_and_leave, interrupt_waiting_pause, run_thread  # noqa: E402
 from .tinymodel import MAX_NEW, WAIT, Probe, cb_config, gen_config, tiny_llama  # noqa: E402
 
 
@@ -122,18 +122,8 @@ def test_interrupted_waiter_drops_its_request(manager):
     probe.hold = (reached, release)
     assert reached.wait(WAIT)  # the loop is inside a forward step: a pause must wait
     manager._wake_up_loop.clear()
-    with Interrupter() as interrupter:
-
-        def interrupt():
-            assert manager._wake_up_loop.wait(WAIT)  # pause() has asked and is waiting
-            return interrupter.fire()
-
-        thread, box = run_thread(interrupt, name="interrupter")
-        with pytest.raises(KeyboardInterrupt):
-            with manager.pause():
-                pass
-        thread.join(JOIN_TIMEOUT)
-    assert box.get("result") is True
+    # pause() sets the wake-up event once it has asked and is about to wait
+    interrupt_waiting_pause(lambda: enter_and_leave(manager.pause()), lambda: manager._wake_up_loop.wait(WAIT))
     release.set()
     assert not manager.background_thread_status.is_pause_requested(local=True)
     # Nothing is lost, and the next pause still works.

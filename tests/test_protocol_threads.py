@@ -14,7 +14,7 @@ import pytest
 
 from cbpause import PauseProtocol, PeerPauseTimeout
 
-from .fakeloop import JOIN_TIMEOUT, FakeLoop, Group, Interrupter, run_thread
+from .fakeloop import JOIN_TIMEOUT, FakeLoop, Group, Interrupter, interrupt_waiting_pause, run_thread
 
 try:
     from transformers.generation.continuous_batching.continuous_api import BackgroundThreadStatus
@@ -147,17 +147,7 @@ def test_interrupted_waiter_drops_its_request(make):
     status = make()
     status.clear()  # a running loop that never reaches its all-reduce: the waiter waits
     requested = threading.Event()  # acquire_pause sets the loop's wake-up event once it has asked
-    with Interrupter() as interrupter:
-
-        def interrupt():
-            assert requested.wait(WAIT)
-            return interrupter.fire()
-
-        thread, box = run_thread(interrupt, name="interrupter")
-        with pytest.raises(KeyboardInterrupt):
-            status.acquire_pause(requested)
-        thread.join(JOIN_TIMEOUT)
-    assert box.get("result") is True
+    interrupt_waiting_pause(lambda: status.acquire_pause(requested), lambda: requested.wait(WAIT))
     assert not status.is_pause_requested(local=True)
     assert not status.is_pause_requested()
 

@@ -4,7 +4,7 @@ A tiny random Llama (built from a config: no download) serves a stream of reques
 thread pauses the loop every few forward steps and perturbs the weights in place, as an RL trainer
 pushing new weights would.  A progress bar shows the requests coming back; the summary at the end gives
 requests finished, tokens, pauses, how long a pause took to enter (p50/p99) and how many requests were
-lost (always 0: R-NOTHING-LOST).  Exits 1 if a request was lost or failed.
+lost (always 0: R-NOTHING-LOST-DELIVERED).  Exits 1 if a request was lost or failed.
 
 Needs the ``transformers`` extra (torch and transformers 5.23.x).
 """

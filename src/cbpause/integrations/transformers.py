@@ -109,7 +109,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
 
         Drained requests are in no queue and no scheduler yet, so the loop's exit path cannot see them:
         upstream 5.23.0 loses them when a collective or the pause window raises, or on a hard stop
-        (R-NOTHING-LOST).
+        (R-NOTHING-LOST-DELIVERED).
         """
         for state in states:
             self.output_router.fail_and_deliver(state, error)
@@ -206,7 +206,7 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
     def pause(self, timeout: float | None = None) -> Iterator[None]:
         """Pause the generation loop while inside the ``with`` block; the loop resumes when the last holder leaves.
 
-        The loop keeps its cache and its requests: nothing is drained, nothing is lost (R-NOTHING-LOST).
+        The loop keeps its cache and its requests: nothing is drained, nothing is lost (R-NOTHING-LOST-DELIVERED).
         While any holder is inside, no forward step runs on any rank (R-EXCLUSION, R-SAME-WINDOW).  Under TP
         every rank must pause; a rank whose pauser never comes fails after ``peer_park_timeout`` seconds
         instead of hanging (D3).
