@@ -8,7 +8,6 @@ fails the test.  NCCL over two CUDA devices runs the same scenario where two GPU
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 import pytest
@@ -19,17 +18,13 @@ pytest.importorskip("accelerate")
 
 import torch.multiprocessing as mp  # noqa: E402
 
+from cbpause.bench import free_port  # noqa: E402
+
 from . import tp_workers  # noqa: E402
 from .tinymodel import MAX_NEW, tiny_llama  # noqa: E402
 
 pytestmark = pytest.mark.tp
 DEADLINE = 240.0  # seconds for a whole group, load included; the fault bounds are far below it
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from transformers.generation.continuous_batching.requests import RequestStatus  
 from cbpause.integrations import transformers as cbt  # noqa: E402
 
 from .fakeloop import JOIN_TIMEOUT, enter_and_leave, interrupt_waiting_pause, run_thread  # noqa: E402
-from .tinymodel import MAX_NEW, PROMPT, WAIT, Probe, cb_config, gen_config, tiny_llama  # noqa: E402
+from .tinymodel import MAX_NEW, PROMPT, WAIT, cb_config, gen_config, probed, tiny_llama  # noqa: E402
 
 DEVICES = [
     "cpu",
@@ -44,13 +44,8 @@ def model(device):
 @pytest.fixture
 def manager(model):
     manager = cbt.init_continuous_batching(model, gen_config(), cb_config(), peer_park_timeout=WAIT)
-    probe = Probe()
-    handle = model.register_forward_pre_hook(probe, with_kwargs=True)
-    manager.probe = probe
-    yield manager
-    handle.remove()
-    if manager.is_running():
-        manager.stop(block=True, timeout=WAIT)
+    with probed(manager, model):
+        yield manager
 
 
 def submit(manager, n=4, prompt=PROMPT):

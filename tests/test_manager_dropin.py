@@ -18,7 +18,7 @@ from transformers.generation.continuous_batching.continuous_api import Backgroun
 from cbpause import PauseProtocol  # noqa: E402
 
 from .fakeloop import JOIN_TIMEOUT, enter_and_leave, interrupt_waiting_pause, run_thread  # noqa: E402
-from .tinymodel import MAX_NEW, WAIT, Probe, cb_config, gen_config, tiny_llama  # noqa: E402
+from .tinymodel import MAX_NEW, WAIT, cb_config, gen_config, probed, tiny_llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,13 +32,8 @@ def manager(request, model):
     manager.background_thread_status = (
         PauseProtocol(peer_park_timeout=WAIT) if request.param == "cbpause" else BackgroundThreadStatus()
     )
-    probe = Probe()
-    handle = model.register_forward_pre_hook(probe, with_kwargs=True)
-    manager.probe = probe
-    yield manager
-    handle.remove()
-    if manager.is_running():
-        manager.stop(block=True, timeout=JOIN_TIMEOUT)
+    with probed(manager, model, JOIN_TIMEOUT):
+        yield manager
 
 
 def submit(manager, n=4):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from transformers import ContinuousBatchingConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -61,3 +63,18 @@ class Probe:
         if self.fail_with is not None:
             error, self.fail_with = self.fail_with, None
             raise error
+
+
+@contextmanager
+def probed(manager, model, stop_timeout: float = WAIT) -> Iterator:
+    """``manager`` with a :class:`Probe` on ``model`` as ``manager.probe``; unhooked, and stopped if still
+    running, on exit."""
+    probe = Probe()
+    handle = model.register_forward_pre_hook(probe, with_kwargs=True)
+    manager.probe = probe
+    try:
+        yield manager
+    finally:
+        handle.remove()
+        if manager.is_running():
+            manager.stop(block=True, timeout=stop_timeout)

@@ -13,6 +13,7 @@ with matplotlib if installed) into ``--out``.  ``--quick`` finishes in under two
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import os
@@ -56,10 +57,6 @@ class Row:
     samples: dict[str, list[float]] = field(default_factory=dict)
     higher_is_better: bool = False
     note: str = ""
-
-    def value(self, impl: str) -> float:
-        xs = self.samples.get(impl) or self.reps.get(impl) or []
-        return statistics.median(xs) if xs else float("nan")
 
     def ratios(self) -> list[float]:
         up, ours = self.reps.get("upstream", []), self.reps.get("cbpause", [])
@@ -115,6 +112,12 @@ def format_table(rows: list[Row]) -> str:
 # ------------------------------------------------------------------------------------------- the model
 
 
+def _first_step_after(times: list[float], t: float) -> float | None:
+    """The first of the (sorted) forward-step start ``times`` after ``t``, or None."""
+    i = bisect.bisect_right(times, t)
+    return times[i] if i < len(times) else None
+
+
 class StepClock:
     """Forward pre-hook: the start time of every forward step, and a way to wait for the next ones."""
 
@@ -142,11 +145,7 @@ class StepClock:
             ok = self.cond.wait_for(lambda: bool(self.times) and self.times[-1] > t, timeout)
             if not ok:
                 raise TimeoutError("no forward step within the bound")
-            for x in reversed(self.times):
-                if x <= t:
-                    break
-                first = x
-            return first
+            return _first_step_after(self.times, t)
 
     def step_times(self, n: int = 40) -> list[float]:
         """Times between consecutive forward starts over the next ``n`` steps of a busy loop: one whole
@@ -346,12 +345,8 @@ def _next_steps(clock: StepClock, updates: list[tuple[float, float]]) -> list[fl
     """For each update (decided at, done at), the time from its decision to the first forward step that
     starts after it is done, i.e. with the new weights (updates with no such step are dropped)."""
     times = list(clock.times)
-    out = []
-    for decided, done in updates:
-        later = [x for x in times if x > done]
-        if later:
-            out.append(min(later) - decided)
-    return out
+    firsts = [(decided, _first_step_after(times, done)) for decided, done in updates]
+    return [first - decided for decided, first in firsts if first is not None]
 
 
 def _generate(bench: Bench, impl: str, n: int, max_new: int, every: int | None, update=None) -> tuple[float, list]:
@@ -507,7 +502,8 @@ def case_weight_update(bench: Bench, reps: int, quick: bool) -> list[Row]:
     return [gap, rate, stop_restart]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now (for a process group's rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -577,7 +573,7 @@ def case_tp(bench: Bench, reps: int, quick: bool) -> list[Row]:
                 outdir = Path(tmp, f"{impl}-{rep}")
                 outdir.mkdir()
                 ctx = mp.start_processes(
-                    tp_worker, args=(2, _free_port(), str(ckpt), impl, n, str(outdir)), nprocs=2, join=False,
+                    tp_worker, args=(2, free_port(), str(ckpt), impl, n, str(outdir)), nprocs=2, join=False,
                     start_method="spawn",
                 )  # fmt: skip
                 for p in ctx.processes:

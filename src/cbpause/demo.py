@@ -12,10 +12,11 @@ Needs the ``transformers`` extra (torch and transformers 5.23.x).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import threading
 import time
+
+from .bench import percentile
 
 
 def _positive(text: str) -> int:
@@ -43,15 +44,6 @@ def _cuda() -> bool:
     except ImportError:
         return False
     return torch.cuda.is_available()
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q``-th percentile (0..100) by nearest rank; ``nan`` for no values."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
-    return ordered[rank - 1]
 
 
 class Progress:
