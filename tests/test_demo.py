@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from cbpause.demo import main, parse_args, percentile
+from cbpause.demo import main, parse_args
+from cbpause.testing import percentile
 
 pytest.importorskip("transformers")
 

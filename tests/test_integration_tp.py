@@ -8,7 +8,6 @@ fails the test.  NCCL over two CUDA devices runs the same scenario where two GPU
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -16,12 +15,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-import torch.multiprocessing as mp  # noqa: E402
-
-from cbpause.bench import free_port  # noqa: E402
+from cbpause.testing import free_port, spawn_ranks, tiny_llama  # noqa: E402
 
 from . import tp_workers  # noqa: E402
-from .tinymodel import MAX_NEW, tiny_llama  # noqa: E402
+from .conftest import MAX_NEW  # noqa: E402
 
 pytestmark = pytest.mark.tp
 DEADLINE = 240.0  # seconds for a whole group, load included; the fault bounds are far below it
@@ -35,23 +32,12 @@ def checkpoint(tmp_path_factory):
 
 
 def run_group(scenario: str, checkpoint: str, outdir, backend: str = "gloo") -> dict[int, dict]:
-    ctx = mp.start_processes(
-        tp_workers.run, args=(2, free_port(), checkpoint, scenario, str(outdir), backend),
-        nprocs=2, join=False, start_method="spawn",
-    )  # fmt: skip
-    deadline = time.monotonic() + DEADLINE
-    for process in ctx.processes:
-        process.join(max(0.0, deadline - time.monotonic()))
-    alive = [p.pid for p in ctx.processes if p.is_alive()]
-    for process in ctx.processes:
-        if process.is_alive():
-            process.kill()
-            process.join(5)
-    assert not alive, f"{scenario}: ranks still running after {DEADLINE} s (a hang): {alive}"
+    hung = spawn_ranks(tp_workers.run, (2, free_port(), checkpoint, scenario, str(outdir), backend), 2, DEADLINE)
+    assert not hung, f"{scenario}: ranks {hung} still running after {DEADLINE} s (a hang)"
     records = {}
     for rank in range(2):
         path = outdir / f"rank{rank}.json"
-        assert path.exists(), f"rank {rank} wrote nothing (exit code {ctx.processes[rank].exitcode})"
+        assert path.exists(), f"rank {rank} wrote nothing"
         records[rank] = json.loads(path.read_text())
         assert "worker_error" not in records[rank], records[rank]["worker_error"]
     return records
@@ -80,9 +66,9 @@ def test_9a_peer_never_pauses_both_ranks_end_with_a_clear_error(checkpoint, tmp_
     records = run_group("peer_never_pauses", checkpoint, tmp_path)
     r0, r1 = records[0], records[1]
     assert r0["entered"] is True
-    # The parked rank left with PeerPauseTimeout (D3) instead of waiting for ever.
-    assert r1["fatal"] == "PeerPauseTimeout" and "P-PEER-PARK-TIMEOUT" in r1["fatal_message"]
-    assert r1["pause_after_cause"] == "PeerPauseTimeout"
+    # The parked rank left with PeerParkTimeout (D3) instead of waiting for ever.
+    assert r1["fatal"] == "PeerParkTimeout" and "P-PEER-PARK-TIMEOUT" in r1["fatal_message"]
+    assert r1["pause_after_cause"] == "PeerParkTimeout"
     # The pausing rank's group step failed at the barrier its peer never reached: a recorded error.
     assert r0["fatal"] is not None and r0["pause_after_cause"] is not None
     for r in (r0, r1):

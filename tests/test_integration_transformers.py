@@ -18,9 +18,19 @@ pytest.importorskip("transformers")
 from transformers.generation.continuous_batching.requests import RequestStatus  # noqa: E402
 
 from cbpause.integrations import transformers as cbt  # noqa: E402
+from cbpause.testing import (  # noqa: E402  # noqa: E402
+    JOIN_TIMEOUT,
+    batching_config,
+    call_interrupted,
+    enter_and_leave,
+    greedy_config,
+    pending_pause,
+    probed,
+    run_thread,
+    tiny_llama,
+)
 
-from .fakeloop import JOIN_TIMEOUT, enter_and_leave, interrupt_waiting_pause, run_thread  # noqa: E402
-from .tinymodel import MAX_NEW, PROMPT, WAIT, cb_config, gen_config, probed, tiny_llama  # noqa: E402
+from .conftest import MAX_NEW, PROMPT, WAIT, overlapping_holders, results, submit  # noqa: E402
 
 DEVICES = [
     "cpu",
@@ -43,28 +53,14 @@ def model(device):
 
 @pytest.fixture
 def manager(model):
-    manager = cbt.init_continuous_batching(model, gen_config(), cb_config(), peer_park_timeout=WAIT)
+    manager = cbt.init_continuous_batching(model, greedy_config(MAX_NEW), batching_config(), peer_park_timeout=WAIT)
     with probed(manager, model):
         yield manager
 
 
-def submit(manager, n=4, prompt=PROMPT):
-    return [manager.add_request(list(prompt), max_new_tokens=MAX_NEW) for _ in range(n)]
-
-
-def results(manager, ids):
-    outs = {}
-    for _ in ids:
-        out = manager.get_result(timeout=WAIT)
-        assert out is not None, f"no output within {WAIT} s; have {sorted(outs)}"
-        outs[out.request_id] = out
-    assert sorted(outs) == sorted(ids)
-    return [outs[i] for i in ids]
-
-
 def generate(model, prompts, pauses=0, touch=False):
     """Greedy tokens for ``prompts``; with ``pauses`` holders pausing while it generates."""
-    manager = cbt.init_continuous_batching(model, gen_config(), cb_config())
+    manager = cbt.init_continuous_batching(model, greedy_config(MAX_NEW), batching_config())
     manager.start()
     try:
         ids = [manager.add_request(list(p), max_new_tokens=MAX_NEW) for p in prompts]
@@ -106,9 +102,9 @@ def test_bad_arguments_raise_clear_errors(model):
     with pytest.raises(TypeError, match="transformers generative model"):
         cbt.init_continuous_batching(object())
     with pytest.raises(TypeError, match="unexpected keyword"):
-        cbt.init_continuous_batching(model, gen_config(), cb_config(), peer_park_timout=3)
+        cbt.init_continuous_batching(model, greedy_config(MAX_NEW), batching_config(), peer_park_timout=3)
     with pytest.raises(ValueError, match="peer_park_timeout"):
-        cbt.init_continuous_batching(model, gen_config(), cb_config(), peer_park_timeout=-1)
+        cbt.init_continuous_batching(model, greedy_config(MAX_NEW), batching_config(), peer_park_timeout=-1)
 
 
 def test_pause_timeout_argument_is_checked(manager):
@@ -147,21 +143,7 @@ def test_2_loop_stays_paused_until_the_last_holder_leaves(manager):
     manager.start()
     ids = submit(manager)
     probe = manager.probe
-    second_in, leave_second = threading.Event(), threading.Event()
-
-    def second_holder():
-        with manager.pause(timeout=WAIT):  # arrives on a paused loop: enters directly
-            probe.inside += 1
-            second_in.set()
-            leave_second.wait(WAIT)
-            probe.inside -= 1
-
-    with manager.pause(timeout=WAIT):
-        probe.inside += 1
-        thread, box = run_thread(second_holder)
-        assert second_in.wait(WAIT)
-        probe.inside -= 1
-        forwards = probe.forwards
+    thread, box, leave_second, forwards = overlapping_holders(manager, timeout=WAIT)
     # The first holder left; the second keeps the loop paused.
     assert manager.background_thread_status.state.paused
     assert probe.forwards == forwards
@@ -226,13 +208,13 @@ def test_5_d1_withdrawn_request_after_the_loop_read_it(manager):
     manager.start()
     ids = submit(manager)
     # SIGINT once the loop has read the request for its all-reduce
-    interrupt_waiting_pause(lambda: enter_and_leave(manager.pause()), lambda: observed.wait(WAIT))
+    assert call_interrupted(lambda: enter_and_leave(manager.pause()), observed, WAIT)
     status.is_pause_requested = real_is_pause_requested
     go_on.set()  # the all-reduce says "pause"; nobody is left to hold it
     outs = results(manager, ids)
     assert all(len(o.generated_tokens) == MAX_NEW for o in outs)
     metrics = status.metrics()
-    assert metrics.windows_opened == 0 and metrics.requests_waiting == 0  # P-SKIP-WINDOW, not a parked loop
+    assert metrics.windows_opened == 0 and metrics.holders_waiting == 0  # P-SKIP-WINDOW, not a parked loop
     manager.stop(block=True, timeout=WAIT)
     assert not manager.is_running()
 
@@ -267,27 +249,16 @@ def test_6_d4_pause_from_a_logits_processor_raises_at_once(manager):
     assert len(raised) == 1 and isinstance(raised[0], RuntimeError), raised
     assert "own thread" in str(raised[0])
     assert all(len(o.generated_tokens) == MAX_NEW for o in outs)
-    assert manager.background_thread_status.metrics().requests_waiting == 0
+    assert manager.background_thread_status.metrics().holders_waiting == 0
 
 
 def test_7_fatal_error_while_a_pause_is_pending(manager):
     """The pauser gets RuntimeError with the error as __cause__; every request gets a failed output."""
-    probe = manager.probe
-    reached, release = threading.Event(), threading.Event()
-    boom = RuntimeError("boom in forward")
-    probe.hold = (reached, release)
     manager.start()
     ids = submit(manager, 6)
-    assert reached.wait(WAIT)
-    probe.fail_with = boom
-    manager._wake_up_loop.clear()
-
-    def pauser():
-        with manager.pause(timeout=WAIT):
-            pass
-
-    thread, box = run_thread(pauser)
-    assert manager._wake_up_loop.wait(WAIT)  # the pause is pending
+    release, thread, box = pending_pause(manager, manager.probe, WAIT)
+    boom = RuntimeError("boom in forward")
+    manager.probe.fail_with = boom
     release.set()  # the held forward step now fails
     thread.join(JOIN_TIMEOUT)
     assert isinstance(box.get("error"), RuntimeError) and box["error"].__cause__ is boom

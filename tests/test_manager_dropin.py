@@ -6,7 +6,6 @@ records any forward step that starts while a test's holder is inside a pause (R-
 forward step (a gate) or make it fail, so interleavings are forced with events.
 """
 
-import threading
 
 import pytest
 
@@ -16,32 +15,26 @@ transformers = pytest.importorskip("transformers")
 from transformers.generation.continuous_batching.continuous_api import BackgroundThreadStatus  # noqa: E402
 
 from cbpause import PauseProtocol  # noqa: E402
+from cbpause import testing as kit  # noqa: E402
+from cbpause.testing import JOIN_TIMEOUT, run_thread  # noqa: E402
 
-from .fakeloop import JOIN_TIMEOUT, enter_and_leave, interrupt_waiting_pause, run_thread  # noqa: E402
-from .tinymodel import MAX_NEW, WAIT, cb_config, gen_config, probed, tiny_llama  # noqa: E402
+from .conftest import MAX_NEW, WAIT, overlapping_holders, results, submit  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_llama()
+    return kit.tiny_llama()
 
 
 @pytest.fixture(params=["cbpause", "upstream"])
 def manager(request, model):
-    manager = model.init_continuous_batching(generation_config=gen_config(), continuous_batching_config=cb_config())
+    gen, cb = kit.greedy_config(MAX_NEW), kit.batching_config()
+    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
     manager.background_thread_status = (
         PauseProtocol(peer_park_timeout=WAIT) if request.param == "cbpause" else BackgroundThreadStatus()
     )
-    with probed(manager, model, JOIN_TIMEOUT):
+    with kit.probed(manager, model, JOIN_TIMEOUT):
         yield manager
-
-
-def submit(manager, n=4):
-    return [manager.add_request([1, 2, 3, 4, 5], max_new_tokens=MAX_NEW) for _ in range(n)]
-
-
-def results(manager, ids):
-    return [manager.get_result(request_id=i, timeout=WAIT) for i in ids]
 
 
 def test_pauses_during_generation_lose_nothing(manager):
@@ -62,20 +55,7 @@ def test_several_holders_and_direct_entry(manager):
     manager.start()
     ids = submit(manager)
     probe = manager.probe
-    second_in, leave_second = threading.Event(), threading.Event()
-
-    def second_holder():
-        with manager.pause():  # arrives on an already paused loop: enters directly
-            probe.inside += 1
-            second_in.set()
-            leave_second.wait(WAIT)
-            probe.inside -= 1
-
-    with manager.pause():
-        probe.inside += 1
-        thread, box = run_thread(second_holder)
-        assert second_in.wait(WAIT)
-        probe.inside -= 1
+    thread, box, leave_second, _ = overlapping_holders(manager)
     # The first holder left; the second keeps the loop paused (probe.inside is still 1).
     assert probe.inside == 1
     leave_second.set()
@@ -112,13 +92,11 @@ def test_stop_from_another_thread_waits_for_the_pause(manager):
 def test_interrupted_waiter_drops_its_request(manager):
     manager.start()
     ids = submit(manager)
-    probe = manager.probe
-    reached, release = threading.Event(), threading.Event()
-    probe.hold = (reached, release)
+    reached, release = manager.probe.hold_next()
     assert reached.wait(WAIT)  # the loop is inside a forward step: a pause must wait
     manager._wake_up_loop.clear()
     # pause() sets the wake-up event once it has asked and is about to wait
-    interrupt_waiting_pause(lambda: enter_and_leave(manager.pause()), lambda: manager._wake_up_loop.wait(WAIT))
+    assert kit.call_interrupted(lambda: kit.enter_and_leave(manager.pause()), manager._wake_up_loop, WAIT)
     release.set()
     assert not manager.background_thread_status.is_pause_requested(local=True)
     # Nothing is lost, and the next pause still works.
@@ -130,20 +108,9 @@ def test_interrupted_waiter_drops_its_request(manager):
 def test_pause_raises_with_the_fatal_error_as_cause(manager):
     manager.start()
     ids = submit(manager)
-    probe = manager.probe
-    reached, release = threading.Event(), threading.Event()
+    release, thread, box = kit.pending_pause(manager, manager.probe, WAIT)
     boom = RuntimeError("boom in forward")
-    probe.hold = (reached, release)
-    assert reached.wait(WAIT)
-    probe.fail_with = boom
-    manager._wake_up_loop.clear()
-
-    def pauser():
-        with manager.pause():
-            pass
-
-    thread, box = run_thread(pauser)
-    assert manager._wake_up_loop.wait(WAIT)  # the pause is pending
+    manager.probe.fail_with = boom
     release.set()  # the held forward step now fails
     thread.join(JOIN_TIMEOUT)
     assert isinstance(box.get("error"), RuntimeError) and box["error"].__cause__ is boom
@@ -170,18 +137,7 @@ def test_pause_raises_when_never_started_or_stopped(manager):
 def test_pause_raises_when_hard_stopped_while_waiting(manager):
     manager.start()
     submit(manager)
-    probe = manager.probe
-    reached, release = threading.Event(), threading.Event()
-    probe.hold = (reached, release)
-    assert reached.wait(WAIT)
-    manager._wake_up_loop.clear()
-
-    def pauser():
-        with manager.pause():
-            pass
-
-    thread, box = run_thread(pauser)
-    assert manager._wake_up_loop.wait(WAIT)
+    release, thread, box = kit.pending_pause(manager, manager.probe, WAIT)
     stopper, _ = run_thread(lambda: manager.stop(block=True, hard_stop=True, timeout=WAIT), name="stopper")
     release.set()
     thread.join(JOIN_TIMEOUT)

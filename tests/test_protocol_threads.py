@@ -3,7 +3,7 @@
 The regression tests for D1, D2 and D4 run against upstream's ``BackgroundThreadStatus`` too (when
 transformers is installed), where they must fail: ``xfail(strict=True)`` proves the tests detect the
 defects.  Interrupts are real SIGINTs delivered to the waiting (main) thread with ``signal.pthread_kill``
-(``fakeloop.Interrupter``).
+(``cbpause.testing.Interrupter``).
 Every thread is joined with a timeout; interleavings are forced with events in the loop's hooks.
 """
 
@@ -12,9 +12,8 @@ import threading
 
 import pytest
 
-from cbpause import PauseProtocol, PeerPauseTimeout
-
-from .fakeloop import JOIN_TIMEOUT, FakeLoop, Group, Interrupter, interrupt_waiting_pause, run_thread
+from cbpause import PauseProtocol, PeerParkTimeout
+from cbpause.testing import JOIN_TIMEOUT, FakeLoop, Group, Interrupter, call_interrupted, run_thread
 
 try:
     from transformers.generation.continuous_batching.continuous_api import BackgroundThreadStatus
@@ -147,7 +146,7 @@ def test_interrupted_waiter_drops_its_request(make):
     status = make()
     status.clear()  # a running loop that never reaches its all-reduce: the waiter waits
     requested = threading.Event()  # acquire_pause sets the loop's wake-up event once it has asked
-    interrupt_waiting_pause(lambda: status.acquire_pause(requested), lambda: requested.wait(WAIT))
+    assert call_interrupted(lambda: status.acquire_pause(requested), requested, WAIT)
     assert not status.is_pause_requested(local=True)
     assert not status.is_pause_requested()
 
@@ -287,7 +286,7 @@ def test_metrics_snapshot():
     for _ in range(3):
         status.acquire_pause(loop.wake)
         m = status.metrics()
-        assert m.holders_inside == 1 and m.requests_waiting == 0
+        assert m.holders_inside == 1 and m.holders_waiting == 0
         status.release_pause()
     m = status.metrics()
     assert m.pauses_taken == 3 and m.windows_opened == 3 and m.holders_inside == 0
@@ -331,8 +330,8 @@ def test_d3_rank_parked_for_a_peer_leaves_with_an_error():
     # Rank 1 gives up on its own; its peers' barrier is then broken and the group stops.
     group.threads[1].join(JOIN_TIMEOUT)
     assert not group.threads[1].is_alive()
-    assert isinstance(group.errors[1], PeerPauseTimeout)
-    assert isinstance(group.ranks[1].fatal_error, PeerPauseTimeout)
+    assert isinstance(group.errors[1], PeerParkTimeout)
+    assert isinstance(group.ranks[1].fatal_error, PeerParkTimeout)
     p0.release_pause()
     assert group.join()
     assert group.errors[0] is not None  # the broken barrier: a clear error, not a hang
@@ -381,3 +380,77 @@ def test_update_with_lower_tp_status_raises_value_error():
     with pytest.raises(ValueError, match="lower stop status"):
         status.update_with_tp_status(PauseProtocol.DONT_STOP)
     assert status.tp_status == PauseProtocol.FLUSH_AND_STOP
+
+
+# ------------------------------------------------------------------------------------- explicit holder API
+
+
+def test_a_hold_belongs_to_the_protocol_not_to_the_thread():
+    """Requested on one thread, entered on a second, left on a third: the loop resumes."""
+    loop = started(ours)
+    p = loop.status
+    hold = p.request_pause(loop.wake)
+    entered, box = run_thread(lambda: p.enter_pause(hold, timeout=WAIT))
+    entered.join(JOIN_TIMEOUT)
+    assert "error" not in box and hold.state == "inside" and p.state.inside == 1
+    loop.stepped.clear()
+    leaver, box = run_thread(lambda: p.leave_pause(hold), name="leaver")
+    leaver.join(JOIN_TIMEOUT)
+    assert "error" not in box and hold.state == "idle" and p.state.count == 0
+    assert loop.stepped.wait(WAIT), "the loop did not resume"
+    assert loop.stop()
+
+
+def test_misused_holds_raise_and_change_nothing():
+    loop = started(ours)
+    p, other = loop.status, ours()
+    hold = p.request_pause(loop.wake)
+    with pytest.raises(ValueError, match="PauseHold of this protocol"):
+        other.enter_pause(hold)
+    with pytest.raises(RuntimeError, match="needs a hold that is inside"):
+        p.leave_pause(hold)  # still waiting
+    p.enter_pause(hold, timeout=WAIT)
+    with pytest.raises(RuntimeError, match="needs a hold that is waiting"):
+        p.interrupt(hold)  # already inside
+    before = p.state
+    p.leave_pause(hold)
+    with pytest.raises(RuntimeError, match="needs a hold that is inside"):
+        p.leave_pause(hold)  # D2 for holds: a second leave changes nothing
+    assert p.state == before._replace(count=0, inside=0, paused=False) or p.state.count == 0
+    assert loop.stop()
+
+
+def test_an_interrupted_or_timed_out_hold_is_withdrawn():
+    p = ours()
+    p.clear()  # running, but no loop reaches its all-reduce: the window never opens
+    hold = p.request_pause()
+    p.interrupt(hold)
+    assert hold.state == "idle" and p.state.count == 0
+    hold = p.request_pause()
+    with pytest.raises(TimeoutError):
+        p.enter_pause(hold, timeout=0.01)
+    assert hold.state == "idle" and p.state.count == 0
+
+    class Raising:
+        def set(self):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        p.request_pause(Raising())  # the caller never gets the hold: the request must not stay
+    assert p.state.count == 0
+
+
+def test_request_pause_from_the_loop_thread_raises():
+    outcome = {}
+
+    def from_loop(loop):
+        if loop.steps == 2 and not outcome:
+            try:
+                loop.status.request_pause()
+            except RuntimeError as error:
+                outcome["error"] = error
+
+    loop = FakeLoop(ours(), hooks={"step": from_loop}).start()
+    assert loop.stepped.wait(WAIT)
+    assert loop.stop(hard=True)
+    assert "own thread" in str(outcome.get("error")) and loop.status.state.count == 0

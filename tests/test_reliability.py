@@ -17,9 +17,9 @@ from transformers.generation.continuous_batching.requests import RequestStatus  
 
 from cbpause import soak  # noqa: E402
 from cbpause.integrations import transformers as cbt  # noqa: E402
+from cbpause.testing import JOIN_TIMEOUT, batching_config, greedy_config, run_thread, tiny_llama  # noqa: E402
 
-from .fakeloop import JOIN_TIMEOUT, run_thread  # noqa: E402
-from .tinymodel import MAX_NEW, PROMPT, WAIT, cb_config, gen_config, tiny_llama  # noqa: E402
+from .conftest import MAX_NEW, PROMPT, WAIT  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def model():
 
 @pytest.fixture
 def manager(model):
-    manager = cbt.init_continuous_batching(model, gen_config(), cb_config())
+    manager = cbt.init_continuous_batching(model, greedy_config(MAX_NEW), batching_config())
     yield manager
     if manager.is_running():
         manager.stop(block=True, timeout=WAIT)
@@ -120,7 +120,9 @@ def test_negative_or_nan_timeouts(manager):
             with manager.pause(timeout=bad):
                 pass
     with pytest.raises(ValueError, match="peer_park_timeout"):
-        cbt.init_continuous_batching(manager.model, gen_config(), cb_config(), peer_park_timeout=float("nan"))
+        cbt.init_continuous_batching(
+            manager.model, greedy_config(MAX_NEW), batching_config(), peer_park_timeout=float("nan")
+        )
     still_usable(manager)
 
 

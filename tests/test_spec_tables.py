@@ -2,7 +2,8 @@
 
 import re
 
-from cbpause.tlc import cfg_names, load_manifest
+from cbpause.tlc import Cfg, load_manifest
+from cbpause.tlc.tla import checked_definitions, definitions, next_actions
 
 from .conftest import ROOT, TLA_DIR
 
@@ -19,15 +20,6 @@ def table_rows(text: str, id_prefix: str) -> list[list[str]]:
     return rows
 
 
-def tla_definitions(text: str) -> set[str]:
-    return set(re.findall(r"^(\w+)(?:\([^)]*\))?\s*==", text, re.MULTILINE))
-
-
-def checked_definitions() -> set[str]:
-    """Invariants and properties of the spec: names ending in Inv or Prop, and TypeOK."""
-    return {d for d in tla_definitions(TLA) if d.endswith(("Inv", "Prop")) or d == "TypeOK"}
-
-
 def requirement_column() -> dict[str, set[str]]:
     table = {}
     for prefix in ("R-", "K-"):
@@ -40,7 +32,7 @@ def requirement_column() -> dict[str, set[str]]:
 def test_every_invariant_and_property_has_a_requirement_and_back():
     named = set().union(*requirement_column().values())
     named_checks = {n for n in named if n.endswith(("Inv", "Prop")) or n == "TypeOK"}
-    assert named_checks == checked_definitions()
+    assert named_checks == checked_definitions(TLA)
 
 
 def test_requirement_ids_are_unique_and_statements_normative():
@@ -52,7 +44,7 @@ def test_requirement_ids_are_unique_and_statements_normative():
 
 
 def test_every_name_in_the_tables_exists_in_the_tla():
-    defined = tla_definitions(TLA)
+    defined = definitions(TLA)
     for rid, names in requirement_column().items():
         assert names <= defined, f"{rid} names undefined TLA+: {names - defined}"
 
@@ -60,25 +52,32 @@ def test_every_name_in_the_tables_exists_in_the_tla():
 def test_every_action_has_its_p_requirement():
     """P-OPEN-WINDOW <-> OpenWindow: the ID is the action's name in kebab case."""
     rows = table_rows(SPEC, "P-")
-    defined = tla_definitions(TLA)
+    defined = definitions(TLA)
     for cells in rows:
         action = re.match(r"`(\w+)", cells[1]).group(1)
         assert action in defined, f"{cells[0]}: no TLA+ action {action}"
         kebab = "P-" + re.sub(r"(?<!^)(?=[A-Z])", "-", action).upper()
         assert cells[0] == kebab, f"{cells[0]} should be named {kebab} after {action}"
         assert f"\\* {cells[0]}" in TLA, f"the TLA+ action {action} should cite {cells[0]}"
-    next_body = TLA[TLA.index("LoopAction(r) =="): TLA.index("Spec ==")]
-    in_next = set(re.findall(r"\b([A-Z]\w+)\(", next_body)) | {"AllReduce", "Barrier", "Restart", "Terminated"}
-    in_next -= {"LoopAction", "HolderWakes", "WF_vars", "SF_vars"}
+    in_next = next_actions(TLA)
     in_spec = {re.match(r"`(\w+)", c[1]).group(1) for c in rows}
     assert in_next <= in_spec, f"actions of Next without a P- row: {in_next - in_spec}"
 
 
 def test_models_that_must_pass_check_every_requirement():
     """The fast liveness models check every invariant and property of the spec."""
-    wanted = checked_definitions()
+    wanted = checked_definitions(TLA)
     for m in load_manifest(TLA_DIR):
         if m.suite == "fast" and m.expect == "ok":
-            cfg = (TLA_DIR / m.cfg).read_text()
-            listed = set(cfg_names(cfg, "INVARIANT")) | set(cfg_names(cfg, "PROPERTY"))
+            cfg = Cfg.read(TLA_DIR / m.cfg)
+            listed = set(cfg.names("INVARIANT")) | set(cfg.names("PROPERTY"))
             assert wanted <= listed, f"{m.name} does not check {wanted - listed}"
+
+
+def test_budgets_live_in_the_model_wrappers():
+    """The protocol's actions carry no fault budget or bound: the MC* wrappers set them (as etcd-io/raft's and
+    microsoft/CCF's do)."""
+    assert not re.search(r"\b(Faults|MaxRestarts)\b|\bcrashes\s*[=']", TLA)
+    wrapper = (TLA_DIR / "MCPauseProtocol.tla").read_text()
+    for name in ("Faults", "MaxRestarts", "MCSpec"):
+        assert name in wrapper, name

@@ -2,25 +2,26 @@
 
 import pytest
 
-from cbpause.conformance import FAST_MODEL_SHAPES, Shape
+from cbpause import group as gr
 from cbpause.tlc import load_manifest
-from cbpause.transitions import GROUP_INVARIANTS, group_actions, initial_group, monotone_stop_inv
+from cbpause.tlc.conformance import FAST_MODEL_SHAPES, Shape
 
 from .conftest import TLA_DIR
 
 EXPECTED = {m.name: m.distinct_states for m in load_manifest(TLA_DIR)}
 
+
 def reachable(shape: Shape) -> int:
     """Every invariant holds in every reachable state; MonotoneStopInv on every step."""
-    start = initial_group(shape.n_ranks, shape.rank_of, shape.n_requests)
+    start = gr.initial_group(shape.n_ranks, shape.rank_of, shape.n_requests)
     seen, frontier = {start}, [start]
     while frontier:
         nxt = []
         for g in frontier:
-            for label, succ in group_actions(g, shape.faults, shape.max_restarts):
-                assert monotone_stop_inv(g, succ), label
+            for label, succ in gr.next_steps(g, shape.bounds):
+                assert gr.monotone_stop_inv(g, succ), label
                 if succ not in seen:
-                    for name, inv in GROUP_INVARIANTS.items():
+                    for name, inv in gr.GROUP_INVARIANTS.items():
                         assert inv(succ), f"{name} broken by {label}: {succ}"
                     seen.add(succ)
                     nxt.append(succ)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cbpause.tlc import load_manifest, run_model
+from cbpause.tlc import Cfg, load_manifest, run_model
 
 from .conftest import TLA_DIR
 
@@ -13,12 +13,11 @@ FAST = [m for m in load_manifest(TLA_DIR) if m.suite == "fast"]
 @pytest.mark.parametrize("model", FAST, ids=[m.name for m in FAST])
 def test_fast_model_gives_expected_result(model, tlc_ready):
     result = run_model(model, TLA_DIR, workers=2)
-    assert result.outcome == model.expect, result.output[-3000:]
-    if model.distinct_states is not None:
-        assert result.distinct_states == model.distinct_states
+    assert result.outcome == model.expect, result.run.output[-3000:]
+    assert result.count_mismatches() == []  # distinct and total states, depth
     if model.expect != "ok":
         # An expected failure must come with a readable counterexample.
-        assert result.trace, result.output[-3000:]
+        assert result.run.trace, result.run.output[-3000:]
 
 
 def test_manifest_has_the_models_the_design_requires():
@@ -28,4 +27,16 @@ def test_manifest_has_the_models_the_design_requires():
     assert any("2r2h" in m.name for m in deep) and any("3r" in m.name for m in deep)
     for m in load_manifest(TLA_DIR):
         if m.expect == "ok":
-            assert m.distinct_states is not None, f"{m.name}: record its distinct-state count"
+            assert None not in (m.distinct_states, m.total_states, m.state_depth), f"{m.name}: record its figures"
+
+
+def test_manifest_features_are_what_the_cfgs_check():
+    for m in load_manifest(TLA_DIR):
+        assert m.features == Cfg.read(TLA_DIR / m.cfg).features(m.options), m.name
+
+
+def test_every_witness_model_is_named_after_its_property():
+    """Witness_NeverX checks NeverXWitness, and must fail on it."""
+    for m in load_manifest(TLA_DIR):
+        if m.name.startswith("Witness_"):
+            assert m.expect.endswith(":" + m.name.removeprefix("Witness_") + "Witness"), m

@@ -30,14 +30,14 @@ CONSTANTS
     Requests = {}
     Faults = {"interrupt", "stop"}
     MaxRestarts = 0
-SPECIFICATION Spec
+SPECIFICATION MCSpec
 """
 
 
 def test_unmutated_small_model_passes(tla_copy, tlc_ready):
     cfg = write_cfg(tla_copy, "small.cfg", ONE_RANK_ONE_HOLDER + "INVARIANT CountsInv\nPROPERTY ResumeProp\n")
     result = run_model(Model("small", "MCPauseProtocol", cfg, "fast", "ok"), tla_copy, workers=1)
-    assert result.outcome == "ok", result.output[-2000:]
+    assert result.outcome == "ok", result.run.output[-2000:]
 
 
 def test_removing_the_d1_guard_brings_d1_back(tla_copy, tlc_ready):
@@ -48,8 +48,8 @@ def test_removing_the_d1_guard_brings_d1_back(tla_copy, tlc_ready):
     # property it breaks rather than reported as a deadlock.
     model = Model("d1", "MCPauseProtocol", cfg, "fast", "property:ResumeProp", options=("-deadlock",))
     result = run_model(model, tla_copy, workers=1)
-    assert result.outcome == "property:ResumeProp", result.output[-2000:]
-    text = format_trace(result.trace)
+    assert result.outcome == "property:ResumeProp", result.run.output[-2000:]
+    text = format_trace(result.run.trace)
     # The counterexample is D1: a withdrawn request, then a window opened for nobody.
     assert "Interrupt" in text and "OpenWindow" in text
 
@@ -60,7 +60,7 @@ def test_removing_the_d1_guard_breaks_the_counts_invariant(tla_copy, tlc_ready):
     result = run_model(
         Model("d1s", "MCPauseProtocol", cfg, "fast", "invariant:CountsInv"), tla_copy, workers=1
     )
-    assert result.outcome == "invariant:CountsInv", result.output[-2000:]
+    assert result.outcome == "invariant:CountsInv", result.run.output[-2000:]
 
 
 def test_removing_the_window_guard_breaks_exclusion(tla_copy, tlc_ready):
@@ -71,5 +71,5 @@ def test_removing_the_window_guard_breaks_exclusion(tla_copy, tlc_ready):
     result = run_model(
         Model("ex", "MCPauseProtocol", cfg, "fast", "invariant:ExclusionInv"), tla_copy, workers=1
     )
-    assert result.outcome == "invariant:ExclusionInv", result.output[-2000:]
-    assert "EnterPause" in format_trace(result.trace)
+    assert result.outcome == "invariant:ExclusionInv", result.run.output[-2000:]
+    assert "EnterPause" in format_trace(result.run.trace)

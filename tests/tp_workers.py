@@ -22,31 +22,27 @@ CPU_GROUP_TIMEOUT = 10.0
 
 
 def _setup(rank: int, world: int, port: int, ckpt: str, backend: str):
-    os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-    )
     import torch
     import torch.distributed as dist
-    from transformers import AutoModelForCausalLM
-    from transformers.distributed import DistributedConfig
 
     from cbpause.integrations.transformers import init_continuous_batching
+    from cbpause.testing import ForwardProbe, batching_config, greedy_config, join_tp_group, load_tp_model
 
-    from .tinymodel import Probe, cb_config, gen_config
+    from .conftest import MAX_NEW
 
-    torch.set_num_threads(1)  # two ranks on two cores
-    dist.init_process_group(backend, rank=rank, world_size=world)
-    model = AutoModelForCausalLM.from_pretrained(ckpt, distributed_config=DistributedConfig(tp_size=world)).eval()
+    join_tp_group(rank, world, port, backend)
+    model = load_tp_model(ckpt, world)
     manager = init_continuous_batching(
-        model, gen_config(), cb_config(cpu_group_timeout=CPU_GROUP_TIMEOUT), peer_park_timeout=PEER_PARK_TIMEOUT
-    )
-    probe = Probe()
-    model.register_forward_pre_hook(probe, with_kwargs=True)
+        model, greedy_config(MAX_NEW), batching_config(cpu_group_timeout=CPU_GROUP_TIMEOUT),
+        peer_park_timeout=PEER_PARK_TIMEOUT,
+    )  # fmt: skip
+    probe = ForwardProbe()
+    probe.attach(model)
     return torch, dist, manager, probe
 
 
 def _submit(manager, rank: int) -> list[str]:
-    from .tinymodel import MAX_NEW, PROMPT
+    from .conftest import MAX_NEW, PROMPT
 
     if rank != 0:  # only the TP driver takes requests; the group shares them
         return []

@@ -1,7 +1,42 @@
 -------------------------- MODULE MCPauseProtocol --------------------------
-(* Bounds and witnesses for the models of PauseProtocol; each .cfg picks   *)
-(* its constants from here.  See models.toml for the expected results.     *)
+(***************************************************************************)
+(* The model wrapper of PauseProtocol (as etcd-io/raft's MCetcdraft.tla    *)
+(* and microsoft/CCF's MCccfraft.tla): the budgets of the environment,     *)
+(* the holder-to-rank maps a .cfg cannot write, and the witnesses.  Each   *)
+(* .cfg picks its constants from here; models.toml lists the models and   *)
+(* the result each must give.                                              *)
+(*                                                                         *)
+(* MCSpec is Spec with every environment action strengthened by its       *)
+(* budget, and nothing else: the system's actions and the fairness are     *)
+(* PauseProtocol's own.  TLC names each bounded action after its wrapper   *)
+(* (MCInterrupt for Interrupt), in counterexamples and in state graphs.    *)
+(***************************************************************************)
 EXTENDS PauseProtocol, TLC
+
+CONSTANTS
+    Faults,       \* subset of {"interrupt", "timeout", "error", "crash", "stop"}
+                  \* ("stray" too, in the upstream models only)
+    MaxRestarts   \* how many times the group may be cleared and restarted
+
+ASSUME Faults \subseteq {"interrupt", "timeout", "error", "crash", "stop", "stray"}
+ASSUME MaxRestarts \in Nat
+
+\* The environment's actions, each within its budget.  One crash at most
+\* per behaviour: a dead rank stays dead, so this is "no rank has died".
+MCInterrupt(h) == "interrupt" \in Faults /\ Interrupt(h)
+MCPauseTimeout(h) == "timeout" \in Faults /\ PauseTimeout(h)
+MCRequestStop(r, s) == "stop" \in Faults /\ RequestStop(r, s)
+MCRecordFatalError(r) == "error" \in Faults /\ RecordFatalError(r)
+MCCrash(r) == "crash" \in Faults /\ (\A q \in Ranks : phase[q] # "dead") /\ Crash(r)
+MCRestart == restarts < MaxRestarts /\ Restart
+
+MCEnvironmentNext ==
+    \/ \E h \in Holders : MCInterrupt(h) \/ MCPauseTimeout(h)
+    \/ \E r \in Ranks : \E s \in {FLUSH_AND_STOP, HARD_STOP} : MCRequestStop(r, s)
+    \/ \E r \in Ranks : MCRecordFatalError(r) \/ MCCrash(r)
+    \/ MCRestart
+
+MCSpec == Init /\ [][SystemNext \/ MCEnvironmentNext]_vars /\ Fairness
 
 \* Holder-to-rank maps (a .cfg cannot write a function).
 OneHolderOnRankOne == [h \in {1} |-> 1]
@@ -9,20 +44,20 @@ OneRankTwoHolders == [h \in {1, 2} |-> 1]
 TwoRanksOneHolderEach == [h \in {1, 2} |-> h]
 ThreeRanksOneHolderEach == [h \in {1, 2, 3} |-> h]
 
-
 -----------------------------------------------------------------------------
 (* Witnesses: properties that must FAIL, to show the models are not       *)
-(* vacuous (as tlaplus/Examples keeps models that fail on purpose).        *)
+(* vacuous (as tlaplus/Examples keeps models that fail on purpose).  The   *)
+(* model that checks NeverXWitness is named Witness_NeverX.                *)
 
 \* A holder does get inside a pause.
 NeverInsideWitness == ~AnyInside
 
 \* A paused loop does resume.
 NeverResumesWitness ==
-    [][\A r \in Ranks : pc[r] = "window" => pc'[r] \in {"window", "dead"}]_vars
+    [][\A r \in Ranks : phase[r] = "window" => phase'[r] \in {"window", "dead"}]_vars
 
 \* A stop does complete, cleanly (not through a fatal error).
-NeverStopsWitness == \A r \in Ranks : ~(pc[r] = "stopped" /\ ~fatal[r])
+NeverStopsWitness == \A r \in Ranks : ~(phase[r] = "stopped" /\ ~fatal[r])
 
 \* A request is delivered, with no fatal error anywhere.
 NeverDeliveredWitness ==

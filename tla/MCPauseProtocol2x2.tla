@@ -2,7 +2,7 @@
 (* Two ranks, two holders each.  The holders are model values, so that TLC *)
 (* can use the symmetry of holders of the same rank; symmetry is unsound   *)
 (* with liveness, so models of this module check safety only.             *)
-EXTENDS PauseProtocol, TLC
+EXTENDS MCPauseProtocol
 
 CONSTANTS h1, h2, h3, h4
 

@@ -1,7 +1,7 @@
 ------------------------- MODULE TracePauseProtocol -------------------------
 (***************************************************************************)
 (* Trace validation (as etcd-raft and CCF do it): replay a log recorded    *)
-(* from PauseProtocol objects (cbpause.traces) against PauseProtocol.      *)
+(* from PauseProtocol objects (cbpause.recorder, written by cbpause.tlc.traces) against PauseProtocol.      *)
 (* Each log entry names the action, its rank and holder, and the rank's    *)
 (* state after the step; it must match an enabled action of the spec that  *)
 (* leads to that state.  TLC accepts the trace when it reaches the end of  *)
@@ -26,13 +26,11 @@ VARIABLE i
 TraceInit == Init /\ i = 0
 
 TraceStartStep(r) ==
-    /\ pc[r] = "body"
-    /\ pc' = [pc EXCEPT ![r] = "step"]
-    /\ UNCHANGED <<stop, tpStop, tpPause, obsStop, obsPause, fatal, paused,
-                   count, hs, req, out, restarts, crashes>>
+    /\ phase[r] = "body"
+    /\ Move(r, "step")
 
 \* A group step taken by the first rank to record it; later ranks stutter.
-GroupStep(A, r, before) == IF pc[r] = before THEN A ELSE UNCHANGED vars
+GroupStep(A, r, before) == IF phase[r] = before THEN A ELSE UNCHANGED vars
 
 Step(e) ==
     LET r == e.r
@@ -59,7 +57,7 @@ Step(e) ==
          [] e.a = "Interrupt"         -> Interrupt(h)
          [] e.a = "PauseTimeout"      -> PauseTimeout(h)
          [] e.a = "RequestStop"       -> RequestStop(r, e.s)
-         [] e.a = "FatalError"        -> FatalError(r)
+         [] e.a = "RecordFatalError"  -> RecordFatalError(r)
          [] e.a = "Restart"           -> GroupStep(Restart, r, "stopped")
          [] OTHER                     -> FALSE
 
@@ -71,9 +69,9 @@ OtherThreadActions ==
 \* The rank's variables after the step are the recorded ones.  A holder's or
 \* stopper's step is checked on the variables those threads share with the
 \* loop and no group step changes (count, paused, fatal): the loop of its rank
-\* may not have recorded its part of the last group step yet, so its pc,
-\* stop, tpStop, tpPause and obsStop may lag the spec's; the loop's own next
-\* record checks them.
+\* may not have recorded its part of the last group step yet, so its phase,
+\* localStatus, tpStatus, tpPause and obsStatus may lag the spec's; the
+\* loop's own next record checks them.
 Matches(e) ==
     LET r == e.r
         v == e.v
@@ -81,11 +79,11 @@ Matches(e) ==
        /\ paused'[r] = v.paused
        /\ count'[r] = v.count
        /\ e.a \notin OtherThreadActions =>
-             /\ stop'[r] = v.stop
-             /\ pc'[r] = v.pc
-             /\ tpStop' = v.tpStop
+             /\ localStatus'[r] = v.localStatus
+             /\ phase'[r] = v.phase
+             /\ tpStatus' = v.tpStatus
              /\ tpPause' = v.tpPause
-             /\ obsStop'[r] = v.obsStop
+             /\ obsStatus'[r] = v.obsStatus
              /\ obsPause'[r] = v.obsPause
 
 TraceNext ==

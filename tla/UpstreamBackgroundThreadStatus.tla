@@ -24,10 +24,7 @@ EXTENDS PauseProtocol
 \* and whether or not anybody is still pending.
 UpstreamOpenWindow(r) ==
     /\ PauseDecided(r)
-    /\ paused' = [paused EXCEPT ![r] = TRUE]
-    /\ pc' = [pc EXCEPT ![r] = "window"]
-    /\ UNCHANGED <<stop, tpStop, tpPause, obsStop, obsPause, fatal, count, hs,
-                   req, out, restarts, crashes>>
+    /\ Park(r)
 
 \* pause(): only checks that the generation thread is alive.
 UpstreamRequestPause(h) ==
@@ -36,36 +33,28 @@ UpstreamRequestPause(h) ==
     /\ Live(r)
     /\ hs' = [hs EXCEPT ![h] = "waiting"]
     /\ count' = [count EXCEPT ![r] = count[r] + 1]
-    /\ UNCHANGED <<pc, stop, tpStop, tpPause, obsStop, obsPause, fatal, paused,
-                   req, out, restarts, crashes>>
+    /\ UNCHANGED <<loopVars, groupVars, paused, requestVars, restarts>>
 
 \* release_pause() by a thread that holds no pause: _drop_pause_request
-\* runs anyway.  (Enabled while the count is not yet negative, which bounds
-\* the model; one stray call is all D2 needs.)
+\* runs anyway.
 StrayRelease(r) ==
-    /\ "stray" \in Faults
-    /\ count[r] >= 0
     /\ count' = [count EXCEPT ![r] = count[r] - 1]
     /\ paused' = IF count[r] - 1 = 0 THEN [paused EXCEPT ![r] = FALSE] ELSE paused
-    /\ UNCHANGED <<pc, stop, tpStop, tpPause, obsStop, obsPause, fatal, hs,
-                   req, out, restarts, crashes>>
+    /\ UNCHANGED <<loopVars, groupVars, hs, requestVars, restarts>>
 
 UpstreamLoopAction(r) ==
     \/ Observe(r) \/ UpstreamOpenWindow(r) \/ CollectiveTimeout(r)
     \/ CloseWindow(r) \/ NoPause(r) \/ StartStep(r) \/ EndStep(r) \/ Idle(r)
     \/ ExitLoop(r)
 
-UpstreamNext ==
+UpstreamSystemNext ==
     \/ \E r \in Ranks : UpstreamLoopAction(r)
     \/ AllReduce \/ Barrier
-    \/ \E h \in Holders :
-          UpstreamRequestPause(h) \/ HolderWakes(h) \/ LeavePause(h)
-          \/ Interrupt(h) \/ PauseTimeout(h)
-    \/ \E r \in Ranks : \E s \in {FLUSH_AND_STOP, HARD_STOP} : RequestStop(r, s)
-    \/ \E r \in Ranks : FatalError(r) \/ Crash(r) \/ StrayRelease(r)
-    \/ Restart
+    \/ \E h \in Holders : UpstreamRequestPause(h) \/ HolderWakes(h) \/ LeavePause(h)
     \/ \E i \in Requests : Submit(i) \/ Deliver(i)
     \/ Terminated
+
+UpstreamNext == UpstreamSystemNext \/ EnvironmentNext \/ \E r \in Ranks : StrayRelease(r)
 
 UpstreamFairness ==
     /\ \A r \in Ranks : WF_vars(UpstreamLoopAction(r))

@@ -16,7 +16,9 @@ import sys
 import threading
 import time
 
-from .bench import percentile
+from .testing import percentile
+
+PROMPT_LEN = 8
 
 
 def _positive(text: str) -> int:
@@ -65,98 +67,96 @@ class Progress:
             print(file=sys.stderr)
 
 
-def run(args: argparse.Namespace) -> dict:
-    """Serve ``args.requests`` requests under periodic pauses; the summary as a dict."""
-    try:
+class Trainer(threading.Thread):
+    """Pauses the loop every ``every`` forward steps and perturbs the weights in place, as an RL trainer
+    pushing new weights would; records how long each pause took to enter."""
+
+    def __init__(self, manager, model, probe, every: int, seed: int):
+        super().__init__(name="demo-trainer", daemon=True)
+        self.manager, self.model, self.probe, self.every, self.seed = manager, model, probe, every, seed
+        self.done = threading.Event()
+        self.latencies: list[float] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
         import torch
-        from transformers import ContinuousBatchingConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM
-        from transformers.utils import logging as hf_logging
 
-        from .integrations.transformers import init_continuous_batching
-    except ImportError as exc:
-        raise SystemExit(f"the demo needs the transformers extra: pip install 'cbpause[transformers]' ({exc})") from exc
-
-    hf_logging.set_verbosity_error()
-    torch.manual_seed(args.seed)
-    config = LlamaConfig(
-        vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-    )  # fmt: skip
-    model = LlamaForCausalLM(config).to(args.device).eval()
-    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    prompt_len = 8
-    blocks = args.in_flight * -(-(prompt_len + args.max_new_tokens) // 16) + 16
-    cb = ContinuousBatchingConfig(
-        use_cuda_graph=False, use_async_batching=False, num_blocks=blocks, page_size=16, max_batch_tokens=512
-    )
-    manager = init_continuous_batching(model, gen, cb, peer_park_timeout=60.0)
-
-    steps = [0]
-    stepped = threading.Condition()
-
-    def count_step(module, inputs):
-        with stepped:
-            steps[0] += 1
-            stepped.notify_all()
-
-    hook = model.register_forward_pre_hook(count_step)
-    done = threading.Event()
-    latencies: list[float] = []
-    trainer_errors: list[BaseException] = []
-
-    def trainer() -> None:
-        generator = torch.Generator(device=args.device).manual_seed(args.seed + 1)
-        next_at = args.pause_every
+        generator = torch.Generator(device=self.model.device).manual_seed(self.seed + 1)
+        next_at = self.every
         try:
-            while not done.is_set():
-                with stepped:
-                    stepped.wait_for(lambda at=next_at: steps[0] >= at or done.is_set(), timeout=1.0)
-                if done.is_set():
-                    return
-                if steps[0] < next_at:
+            while not self.done.is_set():
+                if not self.probe.wait_until(next_at, timeout=1.0) or self.done.is_set():
                     continue
                 asked = time.perf_counter()
-                with manager.pause(timeout=60.0), torch.no_grad():
-                    latencies.append(time.perf_counter() - asked)
-                    for p in model.parameters():  # a small in-place update, as a trainer's step would make
+                with self.manager.pause(timeout=60.0), torch.no_grad():
+                    self.latencies.append(time.perf_counter() - asked)
+                    for p in self.model.parameters():  # a small in-place update, as a trainer's step would make
                         p.add_(torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype) * 1e-4)
-                next_at = steps[0] + args.pause_every
+                next_at = self.probe.forwards + self.every
         except BaseException as error:  # noqa: BLE001 - reported in the summary
-            trainer_errors.append(error)
+            self.error = error
+
+
+def _serve(args: argparse.Namespace, manager, vocab_size: int) -> tuple[set[str], dict[str, str], int]:
+    """Submit ``args.requests`` requests, ``args.in_flight`` ahead, and collect their outputs."""
+    import torch
 
     progress = Progress(args.requests, not args.no_progress)
     submitted: set[str] = set()
     outcomes: dict[str, str] = {}
     tokens = 0
-    started = time.perf_counter()
-    manager.start()
-    thread = threading.Thread(target=trainer, name="demo-trainer", daemon=True)
-    thread.start()
+    rng = torch.Generator().manual_seed(args.seed)
     try:
-        rng = torch.Generator().manual_seed(args.seed)
         while len(outcomes) < args.requests:
             while len(submitted) < args.requests and len(submitted) - len(outcomes) < args.in_flight:
-                prompt = torch.randint(1, config.vocab_size, (prompt_len,), generator=rng).tolist()
+                prompt = torch.randint(1, vocab_size, (PROMPT_LEN,), generator=rng).tolist()
                 submitted.add(manager.add_request(prompt, max_new_tokens=args.max_new_tokens))
             out = manager.get_result(timeout=60.0)
             if out is None:
-                break  # the loop died or stalled: what is missing is counted as lost below
+                break  # the loop died or stalled: what is missing is counted as lost
             if out.request_id in outcomes:
                 outcomes[out.request_id] = "duplicate"
                 continue
             outcomes[out.request_id] = out.status.name
             tokens += len(out.generated_tokens)
-            progress.show(len(outcomes), tokens, len(latencies))
+            progress.show(len(outcomes), tokens, manager.background_thread_status.metrics().pauses_taken)
     finally:
-        done.set()
-        with stepped:
-            stepped.notify_all()
-        thread.join(70.0)
+        progress.close()
+    return submitted, outcomes, tokens
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Serve ``args.requests`` requests under periodic pauses; the summary as a dict."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        from .integrations.transformers import init_continuous_batching
+        from .testing import ForwardProbe, batching_config, cache_blocks, greedy_config, tiny_llama
+    except ImportError as exc:
+        raise SystemExit(f"the demo needs the transformers extra: pip install 'cbpause[transformers]' ({exc})") from exc
+
+    hf_logging.set_verbosity_error()
+    model = tiny_llama(
+        args.device, args.seed, vocab_size=256, hidden_size=128, intermediate_size=256, max_position_embeddings=1024
+    )
+    blocks = cache_blocks(args.in_flight, PROMPT_LEN + args.max_new_tokens)
+    cb = batching_config(num_blocks=blocks, max_batch_tokens=512)
+    manager = init_continuous_batching(model, greedy_config(args.max_new_tokens), cb, peer_park_timeout=60.0)
+    probe = ForwardProbe()
+    hook = probe.attach(model)
+    trainer = Trainer(manager, model, probe, args.pause_every, args.seed)
+    started = time.perf_counter()
+    manager.start()
+    trainer.start()
+    try:
+        submitted, outcomes, tokens = _serve(args, manager, model.config.vocab_size)
+    finally:
+        trainer.done.set()
+        trainer.join(70.0)
         manager.stop(block=True, timeout=60.0)
         hook.remove()
-        progress.close()
-    elapsed = time.perf_counter() - started
-    metrics = manager.background_thread_status.metrics()
+    status = manager.background_thread_status
+    metrics = status.metrics()
     statuses = list(outcomes.values())
     return {
         "device": args.device,
@@ -166,16 +166,14 @@ def run(args: argparse.Namespace) -> dict:
         "duplicates": statuses.count("duplicate"),
         "lost": len(submitted - set(outcomes)) + (args.requests - len(submitted)),
         "tokens": tokens,
-        "seconds": elapsed,
-        "forward_steps": steps[0],
+        "seconds": time.perf_counter() - started,
+        "forward_steps": probe.forwards,
         "pauses": metrics.pauses_taken,
         "paused_s": metrics.total_paused_s,
-        "entry_p50_ms": 1e3 * percentile(latencies, 50),
-        "entry_p99_ms": 1e3 * percentile(latencies, 99),
-        "trainer_error": repr(trainer_errors[0]) if trainer_errors else None,
-        "loop_error": repr(manager.background_thread_status.fatal_error)
-        if manager.background_thread_status.fatal_error is not None
-        else None,
+        "entry_p50_ms": 1e3 * percentile(trainer.latencies, 50),
+        "entry_p99_ms": 1e3 * percentile(trainer.latencies, 99),
+        "trainer_error": repr(trainer.error) if trainer.error else None,
+        "loop_error": repr(status.fatal_error) if status.fatal_error is not None else None,
     }
 
 

@@ -1,56 +1,62 @@
 """``PauseProtocol``: one rank's side of the protocol, thread-safe, standard library only.
 
-Every state change is a pure function of :mod:`cbpause.transitions` (one per
-TLA+ action of ``tla/PauseProtocol.tla``) applied under ``self._condition``;
-this module adds what pure functions cannot: waiting, threads, errors and
-clocks.  Invariants kept by every method, under the lock (the per-rank parts
+Every state change is a pure function of :mod:`cbpause.transitions` (one per TLA+ action of
+``tla/PauseProtocol.tla``) applied under ``self._condition``; this module adds what pure functions cannot:
+waiting, threads, errors and clocks.  Invariants kept by every method, under the lock (the per-rank parts
 of the TLA+ invariants, :func:`cbpause.transitions.rank_invariant`):
 
 * ``CountsInv``: ``count == waiting + inside >= 0``; an open window has a holder.
-* ``SameWindowInv``: a holder is inside only while ``phase == "window"`` and
-  ``paused``.
-* ``MonotoneStopInv``: ``stop`` and ``tp_stop`` only grow, except in ``clear()``.
+* ``SameWindowInv``: a holder is inside only while ``phase == "window"`` and ``paused``.
+* ``MonotoneStopInv``: ``local_status`` and ``tp_status`` only grow, except in ``clear()``.
 
-Two APIs drive the loop side:
+Three APIs:
 
-* the drop-in API of transformers 5.23's ``BackgroundThreadStatus``
-  (``is_pause_requested``, ``update_with_tp_status``, ``pause_and_wait``,
-  ``mark_as_stopped``, ...), with which transformers' own
-  ``ContinuousBatchingManager`` works unchanged;
-* the explicit API (``observe``, ``all_reduce``, ``pause_window``,
-  ``barrier``, ``start_step``, ...), in which the loop reports each step of
-  its iteration, as the TLA+ loop does.
+* the drop-in API of transformers 5.23's ``BackgroundThreadStatus`` (``acquire_pause``, ``release_pause``,
+  ``is_pause_requested``, ``update_with_tp_status``, ``pause_and_wait``, ``mark_as_stopped``, ...), with
+  which transformers' own ``ContinuousBatchingManager`` works unchanged;
+* the explicit loop API (``observe``, ``all_reduce``, ``open_window``, ..., ``barrier``, ``start_step``), in
+  which the loop reports each step of its iteration, one method per TLA+ action;
+* the explicit holder API (``request_pause`` returns a :class:`PauseHold`; ``enter_pause``,
+  ``leave_pause``, ``interrupt`` take it), one method per TLA+ action of a holder.
 
-Waiting holders are woken by ``notify_all`` on every change that can enable
-them, which is the strong fairness the spec assumes for ``EnterPause``.
+Waiting holders are woken by ``notify_all`` on every change that can enable them, which is the strong
+fairness the spec assumes for ``EnterPause``.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import transitions as t
+from .loop import LoopSteps
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankState
 
 if TYPE_CHECKING:
-    from .traces import TraceRecorder
+    from .recorder import TraceRecorder
 
-__all__ = ["PauseMetrics", "PauseProtocol", "PeerPauseTimeout"]
+__all__ = ["PauseHold", "PauseMetrics", "PauseProtocol"]
 
 # CPython loses a SIGINT that lands after the main thread released the GIL to block on a lock and before
 # the block starts: the handler runs only when the thread wakes.  A holder waiting on the main thread
 # therefore wakes at least this often, so Ctrl-C reaches it within this bound (P-INTERRUPT).
 MAIN_THREAD_WAKE_S = 0.1
 
-
-class PeerPauseTimeout(RuntimeError):
-    """A rank was parked for a peer's pause and no local holder came in time (P-PEER-PARK-TIMEOUT)."""
+# The holder's state after each holder transition (TLA+ hs[h]).
+_HOLD_AFTER = {
+    "request_pause": "waiting",
+    "enter_pause": "inside",
+    "leave_pause": "idle",
+    "pause_fails": "idle",
+    "interrupt": "idle",
+    "pause_timeout": "idle",
+}
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,7 @@ class PauseMetrics:
     pauses_taken: int
     """Holders that entered a pause since construction."""
     holders_inside: int
-    requests_waiting: int
+    holders_waiting: int
     windows_opened: int
     total_paused_s: float
     """Time the window was open, summed over closed windows."""
@@ -68,6 +74,25 @@ class PauseMetrics:
     """How long the last closed window was open."""
     last_entry_latency_s: float | None
     """From the request to the entry of the last holder that entered."""
+
+
+class PauseHold:
+    """One holder's pause on one rank, from :meth:`PauseProtocol.request_pause` to its end.
+
+    ``state`` is the holder's TLA+ state ``hs[h]``: ``"waiting"``, ``"inside"``, then ``"idle"`` once it
+    left, failed, timed out or was interrupted.  A hold belongs to the protocol object that issued it.
+    """
+
+    __slots__ = ("_protocol", "holder", "requested_at", "state")
+
+    def __init__(self, protocol: PauseProtocol, holder: Hashable, requested_at: float):
+        self._protocol = protocol
+        self.holder = holder  # who holds it, for traces: a thread of the drop-in API, or this hold
+        self.requested_at = requested_at
+        self.state = "idle"
+
+    def __repr__(self) -> str:
+        return f"<PauseHold {self.state}>"
 
 
 def _check_timeout(timeout: float | None, name: str = "timeout") -> float | None:
@@ -80,19 +105,20 @@ def _check_timeout(timeout: float | None, name: str = "timeout") -> float | None
     return float(timeout)
 
 
-class PauseProtocol:
+class PauseProtocol(LoopSteps):
     """Pause, stop and fatal-error protocol of one rank's continuous-batching loop.
 
     A drop-in for transformers 5.23's ``BackgroundThreadStatus`` (same constants, methods and
     ``fatal_error`` attribute), which fixes its defects: a withdrawn request never parks the loop (D1),
     a stray ``release_pause()`` raises and changes nothing (D2), a rank parked for a peer's pause leaves
-    after ``peer_park_timeout`` seconds with :class:`PeerPauseTimeout` (D3), and ``acquire_pause()`` from
-    the loop's own thread raises (D4).
+    after ``peer_park_timeout`` seconds with :class:`~cbpause.PeerParkTimeout` (D3), and ``acquire_pause()``
+    from the loop's own thread raises (D4).
 
     Args:
         peer_park_timeout: how long a rank parked for a peer's pause waits for its local holder before
             failing (spec section 5).  ``None`` waits for ever, as upstream does.
         clock: a monotonic clock, for the metrics and the timeouts (tests may pass a fake).
+        trace: a :class:`~cbpause.recorder.TraceRecorder` that records every transition (off by default).
     """
 
     DONT_STOP = DONT_STOP
@@ -107,10 +133,10 @@ class PauseProtocol:
         clock: Callable[[], float] = time.monotonic,
         trace: TraceRecorder | None = None,
     ):
-        self.peer_park_timeout = _check_timeout(peer_park_timeout, "peer_park_timeout")
-        # Opt-in trace recording (cbpause.traces); None costs one attribute test per transition.
+        self._peer_park_timeout = _check_timeout(peer_park_timeout, "peer_park_timeout")
+        # Opt-in trace recording (cbpause.recorder); None costs one attribute test per transition.
         self._trace = trace
-        self.trace_rank = trace.attach(self) if trace is not None else 0
+        self.trace_rank = trace.attach() if trace is not None else 0
         self.fatal_error: BaseException | None = None
         self._clock = clock
         # A plain (non-reentrant) lock: no method re-enters it, and `with self._lock` is cheaper than going
@@ -119,6 +145,7 @@ class PauseProtocol:
         self._condition = threading.Condition(self._lock)
         self._state = RankState()
         self._local = threading.local()
+        self._serial = itertools.count()
         self._loop_thread: int | None = None
         self._observe_memo: tuple[RankState | None, RankState | None] = (None, None)
         self._reduce_memo: tuple[RankState | None, int, RankState | None] = (None, -1, None)
@@ -138,20 +165,25 @@ class PauseProtocol:
         return self._state
 
     @property
+    def peer_park_timeout_s(self) -> float | None:
+        """The ``peer_park_timeout`` this object was built with (seconds, or None for ever)."""
+        return self._peer_park_timeout
+
+    @property
     def local_status(self) -> int:
         """The locally requested stop status, possibly ahead of the value agreed by the TP group."""
-        return self._state.stop
+        return self._state.local_status
 
     @property
     def tp_status(self) -> int:
         """The stop status last agreed by the TP group through its MAX all-reduce."""
-        return self._state.tp_stop
+        return self._state.tp_status
 
     def can_accept_new_requests(self) -> str | None:
         """Why the loop cannot accept new requests, or None if it can (upstream's contract)."""
         if self.fatal_error is not None or self._state.fatal:
             return "The background thread died with a fatal error."
-        if self._state.stop != DONT_STOP:
+        if self._state.local_status != DONT_STOP:
             return "The background thread is stopping."
         return None
 
@@ -162,7 +194,7 @@ class PauseProtocol:
             return PauseMetrics(
                 pauses_taken=self._pauses_taken,
                 holders_inside=s.inside,
-                requests_waiting=s.waiting,
+                holders_waiting=s.waiting,
                 windows_opened=self._windows_opened,
                 total_paused_s=self._total_paused,
                 last_paused_s=self._last_paused,
@@ -171,23 +203,23 @@ class PauseProtocol:
 
     # ------------------------------------------------------------------------------------------- internals
 
-    def _apply(self, fn: Callable[..., RankState], *args: object) -> RankState:
-        """Apply one transition under the lock (the caller holds it) and wake the waiters it may enable."""
+    def _apply(self, fn: Callable[..., RankState], *args: object, hold: PauseHold | None = None) -> RankState:
+        """Apply one transition under the lock (the caller holds it) and wake the waiters it may enable.
+
+        With ``hold``, the holder's state changes in the same breath as the rank's (no call between the two
+        stores), so an exception landing in the caller sees them agree.
+        """
         before = self._state
         after = fn(before, *args)
         self._state = after
+        if hold is not None:
+            hold.state = _HOLD_AFTER[fn.__name__]
         if self._trace is not None:
-            self._trace.record(self.trace_rank, fn.__name__, args, before, after)
-        now = None
-        if after.paused and not before.paused:
-            now = self._clock()
-            self._window_opened_at = now
-            self._windows_opened += 1
-        elif before.paused and not after.paused and self._window_opened_at is not None:
-            now = self._clock()
-            self._last_paused = now - self._window_opened_at
-            self._total_paused += self._last_paused
-            self._window_opened_at = None
+            self._trace.record(
+                self.trace_rank, fn.__name__, args, before, after, holder=None if hold is None else hold.holder
+            )
+        if after.paused != before.paused:
+            self._window_metrics(after.paused)
         # Wake the waiters only when this step can enable one of them (holders wait for an open window or a
         # stopped loop; the loop waits for its last holder to leave, or, parked for a peer, for a request).
         # EnterPause enables nobody, nor does RequestPause unless the loop is parked for a peer: with many
@@ -197,21 +229,24 @@ class PauseProtocol:
         self._condition.notify_all()
         return after
 
-    def _holds(self) -> threading.local:
+    def _window_metrics(self, opened: bool) -> None:
+        now = self._clock()
+        if opened:
+            self._window_opened_at = now
+            self._windows_opened += 1
+        elif self._window_opened_at is not None:
+            self._last_paused = now - self._window_opened_at
+            self._total_paused += self._last_paused
+            self._window_opened_at = None
+
+    def _thread_holds(self) -> list[PauseHold]:
+        """The drop-in holds of the calling thread (``acquire_pause`` ... ``release_pause``)."""
         local = self._local
-        if not hasattr(local, "requested"):
-            local.requested = 0
-            local.inside = 0
-        return local
-
-    def _require(self, ok: bool, action: str) -> None:
-        if not ok:
-            raise RuntimeError(f"{action} is not enabled in loop phase {self._state.phase!r} ({self._state})")
-
-    def _bind_loop(self) -> None:
-        me = threading.get_ident()
-        if self._loop_thread is None:
-            self._loop_thread = me
+        try:
+            return local.holds
+        except AttributeError:
+            local.holds = []
+            return local.holds
 
     def bind_loop_thread(self) -> None:
         """Declare the calling thread the generation loop's, until the next ``clear()``.
@@ -222,8 +257,13 @@ class PauseProtocol:
         with self._lock:
             self._loop_thread = threading.get_ident()
 
-    def _is_loop_thread(self) -> bool:
-        return self._loop_thread is not None and self._loop_thread == threading.get_ident()
+    def _refuse_loop_thread(self) -> None:
+        """R-NO-SELF-PAUSE (D4): a pause asked from the loop's own thread would wait for itself."""
+        if self._loop_thread is not None and self._loop_thread == threading.get_ident():
+            raise RuntimeError(
+                "pause() called from the generation loop's own thread (a callback or logits processor): "
+                "the loop would wait for itself"
+            )
 
     # ------------------------------------------------------------------------------------------- stopping
 
@@ -255,23 +295,23 @@ class PauseProtocol:
             raise ValueError(f"Invalid stop status {status!r} from rank {global_rank}")
         with self._condition:
             s = self._state
-            if t.is_live(s) and s.stop < status:
+            if t.live(s) and s.local_status < status:
                 self._apply(t.request_stop, status)
-            elif s.phase == "new" and s.stop < status:
+            elif s.phase == "new" and s.local_status < status:
                 # Upstream records a stop asked before the loop started; so do we.
-                self._state = RankState(phase="new", stop=status)
+                self._state = RankState(phase="new", local_status=status)
 
     def record_fatal_error(self, error: BaseException) -> None:
         """Record the loop's fatal error (the first one wins); waiting holders raise with it as ``__cause__``.
 
-        Part of P-FATAL-ERROR (``FatalError``) when the loop reports it from a forward step.
+        P-RECORD-FATAL-ERROR (``RecordFatalError``) when the loop reports it from a forward step.
         """
         with self._condition:
             if self.fatal_error is None:
                 self.fatal_error = error
             s = self._state
             if s.phase == "step":
-                self._apply(t.fatal_error)
+                self._apply(t.record_fatal_error)
             elif not s.fatal:
                 self._state = _with_fatal(s)
                 self._condition.notify_all()
@@ -305,97 +345,161 @@ class PauseProtocol:
             # is_pause_requested() have come first.
             self._loop_thread = threading.get_ident()
             s = self._state
-            if tp_status < s.tp_stop:
-                raise ValueError(f"TP communicated a lower stop status: tp_status = {tp_status}, {s.tp_stop = }")
-            if s.phase == "reduce" and s.obs_stop <= tp_status:
-                # AllReduce enables no waiter: stop grows at most to HARD_STOP and no window opens.
+            if tp_status < s.tp_status:
+                raise ValueError(f"TP communicated a lower stop status: {tp_status = }, {s.tp_status = }")
+            if s.phase == "reduce" and s.obs_status <= tp_status:
+                # AllReduce enables no waiter: the status grows at most to HARD_STOP and no window opens.
                 memo = self._reduce_memo
                 if s is memo[0] and tp_status == memo[1]:
                     self._state = memo[2]
                 else:
                     out = self._state = _all_reduce(s, tp_status, False)
                     self._reduce_memo = (s, tp_status, out)
-            elif tp_status > s.tp_stop:
+            elif tp_status > s.tp_status:
                 self._state = _take_tp_status(s, tp_status)
 
     # ------------------------------------------------------------------------------------------- holders
 
-    def acquire_pause(self, wake_up_loop: threading.Event | None = None, timeout: float | None = None) -> None:
-        """P-REQUEST-PAUSE, then wait for P-ENTER-PAUSE, P-PAUSE-FAILS, P-INTERRUPT or P-PAUSE-TIMEOUT.
+    def request_pause(self, wake_up_loop: threading.Event | None = None) -> PauseHold:
+        """P-REQUEST-PAUSE (``RequestPause``): ask for a pause without waiting; the hold is ``"waiting"``.
 
-        Returns once this thread is inside the pause.  Raises ``RuntimeError`` at once from the loop's own
-        thread (D4) or when the loop is not running, is hard-stopping or has failed (chaining the fatal
-        error); ``RuntimeError`` if the loop stops before the window opens; ``TimeoutError`` after
-        ``timeout`` seconds.  On any of these, and on an interrupt while waiting, the request is withdrawn
-        before the exception propagates (CountsInv).  On the main thread the wait wakes every
-        ``MAIN_THREAD_WAKE_S`` seconds, so that a SIGINT CPython left pending still interrupts it.
+        Follow with :meth:`enter_pause` (which waits), or withdraw with :meth:`interrupt`.  Raises
+        ``RuntimeError`` and changes nothing from the loop's own thread (D4), or when the loop is not running,
+        is hard-stopping or has failed (chaining the fatal error).
         """
-        timeout = _check_timeout(timeout)
-        if self._is_loop_thread():
-            raise RuntimeError(
-                "pause() called from the generation loop's own thread (a callback or logits processor): "
-                "the loop would wait for itself"
-            )
-        local = self._holds()
+        self._refuse_loop_thread()
         with self._condition:
-            before = self._state
-            if not t.can_request_pause(before):
-                raise RuntimeError(_refusal(before)) from self.fatal_error
-            requested_at = self._clock()
-            deadline = None if timeout is None else requested_at + timeout
-            on_main = threading.current_thread() is threading.main_thread()
-            settled = False
+            hold = self._new_hold(None)
             try:
-                # Until the first wait() nobody else can change the state (we hold the lock), so an interrupt
-                # that lands anywhere in here is withdrawn exactly when the request went in.
-                self._apply(t.request_pause)
-                local.requested += 1
+                self._apply(t.request_pause, hold=hold)
                 if wake_up_loop is not None:
                     wake_up_loop.set()
-                while True:
-                    s = self._state
-                    if s.paused:
-                        self._apply(t.enter_pause)
-                        settled = True
-                        local.inside += 1
-                        self._pauses_taken += 1
-                        self._last_entry_latency = self._clock() - requested_at
-                        return
-                    if s.stop == STOPPED or s.fatal:
-                        self._apply(t.pause_fails)
-                        settled = True
-                        local.requested -= 1
-                        raise RuntimeError("The generation loop stopped before it could pause.") from self.fatal_error
-                    remaining = None if deadline is None else deadline - self._clock()
-                    if remaining is not None and remaining <= 0:
-                        self._apply(t.pause_timeout)
-                        settled = True
-                        local.requested -= 1
-                        raise TimeoutError(f"the generation loop did not pause within {timeout} s")
-                    if on_main:
-                        remaining = MAIN_THREAD_WAKE_S if remaining is None else min(remaining, MAIN_THREAD_WAKE_S)
-                    self._condition.wait(remaining)
             except BaseException:
-                if not settled and self._state is not before:
-                    # P-INTERRUPT: withdraw before the interrupt propagates (the D1 set-up).
-                    self._apply(t.interrupt)
-                    local.requested = max(0, local.requested - 1)
+                if hold.state == "waiting":  # nobody would ever get this hold to withdraw it
+                    self._apply(t.interrupt, hold=hold)
+                raise
+            return hold
+
+    def _new_hold(self, holder: Hashable) -> PauseHold:
+        """A hold ready to request (the caller holds the lock); RuntimeError if RequestPause is disabled."""
+        s = self._state
+        if not t.can_request_pause(s):
+            raise RuntimeError(_refusal(s)) from self.fatal_error
+        hold = PauseHold(self, holder, self._clock())
+        if holder is None:
+            hold.holder = ("hold", next(self._serial))
+        return hold
+
+    def _own(self, hold: PauseHold, state: str, action: str) -> None:
+        if not isinstance(hold, PauseHold) or hold._protocol is not self:
+            raise ValueError(f"{action}() takes a PauseHold of this protocol, not {hold!r}")
+        if hold.state != state:
+            raise RuntimeError(f"{action}() needs a hold that is {state}; this one is {hold.state}: nothing changed")
+
+    def enter_pause(self, hold: PauseHold, timeout: float | None = None) -> None:
+        """Wait for P-ENTER-PAUSE (``EnterPause``): return once ``hold`` is inside the pause.
+
+        Raises ``RuntimeError`` (P-PAUSE-FAILS, the fatal error as ``__cause__``) if the loop stops first,
+        ``TimeoutError`` (P-PAUSE-TIMEOUT) after ``timeout`` seconds (``0`` enters only an open window).  On
+        these, and on any exception while waiting (P-INTERRUPT), the request is withdrawn before the exception
+        propagates (CountsInv).
+        """
+        timeout = _check_timeout(timeout)
+        with self._condition:
+            self._own(hold, "waiting", "enter_pause")
+            try:
+                self._wait_for_window(hold, timeout)
+            except BaseException:
+                if hold.state == "waiting":
+                    self._apply(t.interrupt, hold=hold)
+                raise
+
+    def _wait_for_window(self, hold: PauseHold, timeout: float | None) -> None:
+        """The wait of a waiting ``hold`` (the caller holds the lock): EnterPause, PauseFails or PauseTimeout.
+
+        On the main thread the wait wakes every ``MAIN_THREAD_WAKE_S`` seconds, so that a SIGINT CPython left
+        pending still interrupts it.
+        """
+        deadline = None if timeout is None else self._clock() + timeout
+        on_main = threading.current_thread() is threading.main_thread()
+        while True:
+            s = self._state
+            if s.paused:
+                self._apply(t.enter_pause, hold=hold)
+                self._pauses_taken += 1
+                self._last_entry_latency = self._clock() - hold.requested_at
+                return
+            if s.local_status == STOPPED or s.fatal:
+                self._apply(t.pause_fails, hold=hold)
+                raise RuntimeError("The generation loop stopped before it could pause.") from self.fatal_error
+            remaining = None if deadline is None else deadline - self._clock()
+            if remaining is not None and remaining <= 0:
+                self._apply(t.pause_timeout, hold=hold)
+                raise TimeoutError(f"the generation loop did not pause within {timeout} s")
+            if on_main:
+                remaining = MAIN_THREAD_WAKE_S if remaining is None else min(remaining, MAIN_THREAD_WAKE_S)
+            self._condition.wait(remaining)
+
+    def interrupt(self, hold: PauseHold) -> None:
+        """P-INTERRUPT (``Interrupt``): withdraw a waiting request (as a SIGINT during the wait does).
+
+        Raises ``RuntimeError`` and changes nothing unless ``hold`` is waiting.
+        """
+        with self._condition:
+            self._own(hold, "waiting", "interrupt")
+            self._apply(t.interrupt, hold=hold)
+
+    def leave_pause(self, hold: PauseHold) -> None:
+        """P-LEAVE-PAUSE (``LeavePause``): ``hold`` leaves; the last holder out lets the loop resume.
+
+        Raises ``RuntimeError`` and changes nothing unless ``hold`` is inside (D2, CountsInv).
+        """
+        with self._condition:
+            self._own(hold, "inside", "leave_pause")
+            self._apply(t.leave_pause, hold=hold)
+
+    def acquire_pause(self, wake_up_loop: threading.Event | None = None, timeout: float | None = None) -> None:
+        """Drop-in: P-REQUEST-PAUSE, then wait for P-ENTER-PAUSE, P-PAUSE-FAILS, P-INTERRUPT or P-PAUSE-TIMEOUT.
+
+        Returns once this thread is inside the pause; :meth:`release_pause` on the same thread leaves it.
+        Raises as :meth:`request_pause` and :meth:`enter_pause` do.  The request and the wait happen under one
+        acquisition of the lock, so an interrupt anywhere in between withdraws exactly the request that went
+        in.
+        """
+        timeout = _check_timeout(timeout)
+        self._refuse_loop_thread()
+        holds = self._thread_holds()
+        with self._condition:
+            hold = self._new_hold(threading.get_ident())
+            try:
+                self._apply(t.request_pause, hold=hold)
+                holds.append(hold)
+                if wake_up_loop is not None:
+                    wake_up_loop.set()
+                self._wait_for_window(hold, timeout)
+            except BaseException:
+                if hold.state == "waiting":
+                    self._apply(t.interrupt, hold=hold)  # P-INTERRUPT: withdraw before it propagates (D1)
+                if hold.state == "idle" and hold in holds:
+                    holds.remove(hold)
                 raise
 
     def release_pause(self) -> None:
-        """P-LEAVE-PAUSE (``LeavePause``): leave the pause; the last holder out lets the loop resume.
+        """Drop-in P-LEAVE-PAUSE (``LeavePause``): this thread's last pause ends; the last holder out lets the
+        loop resume.
 
         Raises ``RuntimeError`` and changes nothing if this thread holds no pause (D2, CountsInv).
         """
-        local = self._holds()
+        holds = self._thread_holds()
         with self._condition:
-            if local.inside <= 0:
+            inside = [h for h in holds if h.state == "inside"]
+            if not inside:
                 raise RuntimeError(
                     "release_pause() without a matching acquire_pause() on this thread: nothing was changed"
                 )
-            self._apply(t.leave_pause)
-            local.inside -= 1
-            local.requested -= 1
+            hold = inside[-1]
+            self._apply(t.leave_pause, hold=hold)
+            holds.remove(hold)
 
     def is_pause_requested(self, local: bool = False) -> bool:
         """Whether a pause is requested and not released yet.
@@ -407,7 +511,7 @@ class PauseProtocol:
         the loop calls, settles it.
         """
         if local:
-            return self._holds().requested > 0
+            return any(h.state != "idle" for h in self._thread_holds())
         me = threading.get_ident()
         with self._lock:
             loop = self._loop_thread
@@ -432,125 +536,16 @@ class PauseProtocol:
         P-OPEN-WINDOW if a local holder is pending, and return when the last one leaves (P-CLOSE-WINDOW);
         P-SKIP-WINDOW if this rank's own request was withdrawn (D1: return at once); otherwise
         P-PARK-FOR-PEER: wait for the local holder for at most ``peer_park_timeout`` seconds, then
-        raise :class:`PeerPauseTimeout` (P-PEER-PARK-TIMEOUT, D3).
+        raise :class:`~cbpause.PeerParkTimeout` (P-PEER-PARK-TIMEOUT, D3).
         """
         with self._condition:
-            self._bind_loop()
+            if self._loop_thread is None:
+                self._loop_thread = threading.get_ident()
             s = self._state
             if s.phase != "decided":
                 s = self._state = _decided(s)
             self._state = _with_tp_pause(s)
         self.pause_window()
-
-    # ------------------------------------------------------------------------------------ explicit loop API
-
-    def observe(self) -> tuple[int, bool]:
-        """P-OBSERVE (``Observe``): what this rank sends to the all-reduce: (stop status, pause requested)."""
-        with self._condition:
-            self._loop_thread = threading.get_ident()
-            self._require(self._state.phase == "read", "Observe")
-            s = self._apply(t.observe)
-            return s.obs_stop, s.obs_pause
-
-    def all_reduce(self, tp_stop: int, tp_pause: bool) -> None:
-        """P-ALL-REDUCE (``AllReduce``): the group's MAX of stop statuses and pause requests.
-
-        Raises ``ValueError`` if the result cannot be a MAX that includes this rank's contribution.
-        """
-        with self._condition:
-            s = self._state
-            self._require(s.phase == "reduce", "AllReduce")
-            if tp_stop not in t.STOP_STATUSES or not (s.obs_stop <= tp_stop < STOPPED) or tp_stop < s.tp_stop:
-                raise ValueError(f"all-reduced stop status {tp_stop!r} is not a MAX including {s.obs_stop}")
-            if s.obs_pause and not tp_pause:
-                raise ValueError("all-reduced pause flag is False although this rank asked for a pause")
-            self._apply(t.all_reduce, tp_stop, bool(tp_pause))
-
-    def pause_window(self) -> None:
-        """The pause window after a pause decision: P-OPEN-WINDOW, P-SKIP-WINDOW or P-PARK-FOR-PEER, then
-        P-JOIN-PEER-PAUSE or P-PEER-PARK-TIMEOUT, and P-CLOSE-WINDOW.  Returns at the barrier.
-
-        Blocks while a holder is inside.  Raises :class:`PeerPauseTimeout` (the fatal error is recorded and
-        the loop is stopped, P-FAIL-LOOP) when parked for a peer's pause with no local holder in time.
-        """
-        with self._condition:
-            s = self._state
-            self._require(t.pause_decided(s), "the pause window")
-            if s.count > 0:
-                self._apply(t.open_window)
-            elif s.obs_pause:
-                self._apply(t.skip_window)
-                return
-            else:
-                self._apply(t.park_for_peer)
-                deadline = None if self.peer_park_timeout is None else self._clock() + self.peer_park_timeout
-                while self._state.count == 0:
-                    remaining = None if deadline is None else deadline - self._clock()
-                    if remaining is not None and remaining <= 0:
-                        error = PeerPauseTimeout(
-                            f"parked for a peer's pause, and no local holder came within {self.peer_park_timeout} s:"
-                            " under tensor parallelism every rank must pause (spec P-PEER-PARK-TIMEOUT)"
-                        )
-                        if self.fatal_error is None:
-                            self.fatal_error = error
-                        self._apply(t.peer_park_timeout)
-                        raise error
-                    self._condition.wait(remaining)
-                self._apply(t.join_peer_pause)
-            while self._state.paused:
-                self._condition.wait()
-            self._apply(t.close_window)
-
-    def barrier(self) -> None:
-        """P-BARRIER (``Barrier``), this rank's part: the group left the pause window together."""
-        with self._condition:
-            self._require(self._state.phase == "barrier", "Barrier")
-            self._apply(t.barrier)
-
-    def no_pause(self) -> None:
-        """P-NO-PAUSE (``NoPause``)."""
-        with self._condition:
-            s = self._state
-            self._require(s.phase == "decided" and s.tp_stop < HARD_STOP and not s.tp_pause, "NoPause")
-            self._apply(t.no_pause)
-
-    def start_step(self) -> None:
-        """P-START-STEP (``StartStep``).  Keeps ExclusionInv (no holder can be inside here)."""
-        with self._condition:
-            self._require(self._state.phase == "body", "StartStep")
-            self._apply(t.start_step)
-
-    def end_step(self) -> None:
-        """P-END-STEP (``EndStep``)."""
-        with self._condition:
-            self._require(self._state.phase == "step", "EndStep")
-            self._apply(t.end_step)
-
-    def idle(self) -> None:
-        """P-IDLE (``Idle``): no work and no stop; go round."""
-        with self._condition:
-            s = self._state
-            self._require(s.phase == "body" and s.tp_stop == DONT_STOP, "Idle")
-            self._apply(t.idle)
-
-    def exit_loop(self) -> None:
-        """P-EXIT-LOOP (``ExitLoop``): hard stop before any window, or a flush with nothing left."""
-        with self._condition:
-            s = self._state
-            ok = (s.phase == "decided" and s.tp_stop == HARD_STOP) or (
-                s.phase == "body" and s.tp_stop == FLUSH_AND_STOP
-            )
-            self._require(ok, "ExitLoop")
-            self._apply(t.exit_loop)
-
-    def collective_timeout(self, error: BaseException) -> None:
-        """P-COLLECTIVE-TIMEOUT (``CollectiveTimeout``): a peer never joined; record ``error`` and stop."""
-        with self._condition:
-            self._require(self._state.phase in ("reduce", "barrier"), "CollectiveTimeout")
-            if self.fatal_error is None:
-                self.fatal_error = error
-            self._apply(t.collective_timeout)
-
 
 # ------------------------------------------------------------------------------------------------ hot paths
 # The loop calls these every iteration.  The transitions are pure functions of a small hashable state, so
@@ -570,7 +565,7 @@ _all_reduce = functools.lru_cache(maxsize=4096)(t.all_reduce)
 
 # ------------------------------------------------------------------------------ lenient drop-in adjustments
 # transformers' loop does not report every step of its iteration; these bring the state to where the spec
-# says the loop is when the next drop-in call arrives.  They keep every inv: of RankState.
+# says the loop is when the next drop-in call arrives.  Each keeps rank_invariant.
 
 
 def _with_fatal(s: RankState) -> RankState:
@@ -578,16 +573,12 @@ def _with_fatal(s: RankState) -> RankState:
 
 
 def _stopped(s: RankState) -> RankState:
-    return s._replace(phase="stopped", stop=STOPPED, paused=False)
+    return s._replace(phase="stopped", local_status=STOPPED, paused=False)
 
 
 def _take_tp_status(s: RankState, tp_status: int) -> RankState:
     phase = "decided" if s.phase in ("read", "barrier", "body", "step") else s.phase
-    return s._replace(phase=phase, tp_stop=tp_status, stop=max(s.stop, tp_status))
-
-
-def _at_read(s: RankState) -> RankState:
-    return s._replace(phase="read")
+    return s._replace(phase=phase, tp_status=tp_status, local_status=max(s.local_status, tp_status))
 
 
 def _decided(s: RankState) -> RankState:

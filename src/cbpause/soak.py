@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import logging
 import random
-import signal
 import sys
 import threading
 import time
@@ -30,52 +30,9 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-__all__ = ["Interrupter", "main", "run"]
+from .testing import call_interrupted, enter_and_leave
 
-
-class Interrupter:
-    """Delivers exactly one ``KeyboardInterrupt`` to the main thread, with real SIGINTs.
-
-    CPython can leave a SIGINT unhandled: when it lands after the main thread released the GIL to block on
-    a lock and before the block starts, the block is not interrupted, and the handler only runs when
-    something else wakes the thread.  An untimed wait (upstream's) then waits for ever.  So ``fire`` sends
-    SIGINT again until the handler has run, and the handler raises only the first time; the signals that
-    follow it are absorbed, also after ``__exit__`` (which sends nothing more and waits for the last one).
-    """
-
-    RESEND = 0.2  # seconds between SIGINTs while the first one has not been handled
-
-    def __init__(self):
-        self.handled = threading.Event()
-        self._sending = threading.Lock()
-        self._previous = None
-
-    def _handler(self, signum, frame):
-        if not self.handled.is_set():
-            self.handled.set()
-            raise KeyboardInterrupt
-
-    def __enter__(self) -> Interrupter:
-        assert threading.current_thread() is threading.main_thread()
-        self._previous = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def fire(self, timeout: float = 10.0) -> bool:
-        """From another thread: SIGINT the main thread until its handler ran; False after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        with self._sending:
-            while not self.handled.is_set():
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-                if self.handled.wait(self.RESEND) or time.monotonic() > deadline:
-                    break
-        return self.handled.is_set()
-
-    def __exit__(self, *exc) -> None:
-        self.handled.set()  # from now on the handler absorbs
-        with self._sending:  # no SIGINT is sent after this
-            pass
-        signal.signal(signal.SIGINT, self._handler)  # a pending one lands here, absorbed
-        signal.signal(signal.SIGINT, self._previous)
+__all__ = ["Soak", "main", "run"]
 
 
 # ------------------------------------------------------------------------------------------- bookkeeping
@@ -152,7 +109,7 @@ class Watchdog:
             with self.lock:
                 self.ops.pop(key, None)
 
-    def _hang(self, what: str) -> None:
+    def hang(self, what: str) -> None:
         self.hangs.append(what)
         print(f"soak: HANG: {what}; every thread's stack follows", file=sys.stderr, flush=True)
         faulthandler.dump_traceback(all_threads=True)
@@ -164,36 +121,14 @@ class Watchdog:
             with self.lock:
                 late = [name for name, deadline in self.ops.values() if deadline < now]
             if late:
-                self._hang(f"{late[0]} made no progress within {self.bound} s")
+                self.hang(f"{late[0]} made no progress within {self.bound} s")
                 return
             if self.requests_expected.is_set() and self.ledger.open() and now - self.ledger.progress > self.bound:
-                self._hang(f"no request finished within {self.bound} s while {self.ledger.open()} were open")
+                self.hang(f"no request finished within {self.bound} s while {self.ledger.open()} were open")
                 return
 
 
 # ------------------------------------------------------------------------------------------------- soak
-
-
-class Faults:
-    """Forward pre-hook: inject a fatal error, hold a forward step, or call ``pause()`` from the loop."""
-
-    def __init__(self):
-        self.fail_next = False
-        self.hold: tuple[threading.Event, threading.Event] | None = None
-        self.self_pause = None  # callable run once on the loop thread (D4 misuse)
-
-    def __call__(self, module, args):
-        if self.self_pause is not None:
-            fn, self.self_pause = self.self_pause, None
-            fn()
-        if self.hold is not None:
-            reached, release = self.hold
-            self.hold = None
-            reached.set()
-            release.wait(60)
-        if self.fail_next:
-            self.fail_next = False
-            raise RuntimeError("injected fault in the forward pass (soak)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -214,274 +149,291 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace) -> dict:
-    import torch
-    from transformers import ContinuousBatchingConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM
-    from transformers.utils import logging as hf_logging
+class Soak:
+    """One soak run: the real loop, a feeder and a consumer of requests, and the actions the main thread takes
+    at random (one method each: :meth:`holders`, :meth:`interrupt`, :meth:`timeout`, :meth:`stop`,
+    :meth:`fatal`, :meth:`misuse`), weighted by ``ACTIONS``."""
 
-    from .integrations.transformers import init_continuous_batching
+    ACTIONS = {"holders": 6, "interrupt": 2, "timeout": 2, "stop": 1, "fatal": 1, "misuse": 3}
+    MAX_NEW, IN_FLIGHT = 16, 8
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    import logging
+    def __init__(self, args: argparse.Namespace):
+        import torch
+        from transformers.utils import logging as hf_logging
 
-    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)  # injected faults are expected
-    rng = random.Random(args.seed)
-    torch.manual_seed(args.seed)
-    config = LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-    )  # fmt: skip
-    model = LlamaForCausalLM(config).eval()
-    max_new, in_flight = 16, 8
-    gen = GenerationConfig(max_new_tokens=max_new, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    cb = ContinuousBatchingConfig(
-        use_cuda_graph=False, use_async_batching=False, num_blocks=4 * in_flight * 2 + 16, page_size=16,
-        max_batch_tokens=256,
-    )  # fmt: skip
-    faults = Faults()
-    model.register_forward_pre_hook(faults)
-    manager = init_continuous_batching(model, gen, cb)
-    status = manager.background_thread_status
-    tally, ledger = Tally(), Ledger()
-    wd = Watchdog(args.bound, ledger)
-    done = threading.Event()  # no more actions and requests
-    finished = threading.Event()  # the final stop has returned
-    feeder_rng = random.Random(args.seed + 1)
+        from .integrations.transformers import init_continuous_batching
+        from .testing import ForwardProbe, batching_config, greedy_config, tiny_llama
 
-    def consume():
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)  # injected faults are expected
+        self.args, self.torch = args, torch
+        self.rng = random.Random(args.seed)
+        self.feeder_rng = random.Random(args.seed + 1)
+        self.model = tiny_llama("cpu", args.seed)
+        self.gen = greedy_config(self.MAX_NEW)
+        self.cb = batching_config(num_blocks=4 * self.IN_FLIGHT * 2 + 16)
+        self.probe = ForwardProbe()
+        self.probe.attach(self.model)
+        self._init = init_continuous_batching
+        self.manager = init_continuous_batching(self.model, self.gen, self.cb)
+        self.status = self.manager.background_thread_status
+        self.tally, self.ledger = Tally(), Ledger()
+        self.wd = Watchdog(args.bound, self.ledger)
+        self.done = threading.Event()  # no more actions and requests
+        self.finished = threading.Event()  # the final stop has returned
+
+    # ---------------------------------------------------------------------------------- requests
+
+    def consume(self) -> None:
         while True:
-            out = manager.get_result(timeout=0.05)
+            out = self.manager.get_result(timeout=0.05)
             if out is not None:
-                ledger.delivered(out.request_id)
-            elif finished.is_set():
+                self.ledger.delivered(out.request_id)
+            elif self.finished.is_set():
                 return  # the final stop has returned: every output is already in the queue
             else:
-                finished.wait(0.01)  # get_result returns at once while the loop is down
+                self.finished.wait(0.01)  # get_result returns at once while the loop is down
 
-    def feed():
-        while not done.is_set():
-            if ledger.open() < in_flight:
-                prompt = [feeder_rng.randrange(1, config.vocab_size) for _ in range(feeder_rng.randrange(3, 12))]
-                rid = manager.add_request(prompt, max_new_tokens=feeder_rng.randrange(4, max_new + 1))
+    def feed(self) -> None:
+        rng, vocab = self.feeder_rng, self.model.config.vocab_size
+        while not self.done.is_set():
+            if self.ledger.open() < self.IN_FLIGHT:
+                prompt = [rng.randrange(1, vocab) for _ in range(rng.randrange(3, 12))]
+                rid = self.manager.add_request(prompt, max_new_tokens=rng.randrange(4, self.MAX_NEW + 1))
                 if rid is not None:  # None: refused while stopping or stopped (upstream's contract)
-                    ledger.submitted(rid)
-                    tally.add("requests")
-                if rid is not None and feeder_rng.random() < 0.1:
-                    manager.cancel_request(rid)
-                    tally.add("cancelled")
-            done.wait(0.002)
+                    self.ledger.submitted(rid)
+                    self.tally.add("requests")
+                if rid is not None and rng.random() < 0.1:
+                    self.manager.cancel_request(rid)
+                    self.tally.add("cancelled")
+            self.done.wait(0.002)
 
-    def restart():
-        nonlocal manager
-        wd.requests_expected.clear()
-        with wd.op("stop before restart"):
-            manager.stop(block=True, timeout=args.bound, keep_for_next_session=True)
-        manager = init_continuous_batching(model, gen, cb)  # the cached manager, attention switched back
-        with wd.op("restart"):
-            manager.start()
-        tally.add("restarts")
-        wd.requests_expected.set()
+    # ------------------------------------------------------------------------------------- helpers
 
-    def pause_once(timeout: float | None = None, update: bool = False) -> str:
+    def restart(self) -> None:
+        self.wd.requests_expected.clear()
+        with self.wd.op("stop before restart"):
+            self.manager.stop(block=True, timeout=self.args.bound, keep_for_next_session=True)
+        self.manager = self._init(self.model, self.gen, self.cb)  # the cached manager, attention switched back
+        with self.wd.op("restart"):
+            self.manager.start()
+        self.tally.add("restarts")
+        self.wd.requests_expected.set()
+
+    def pause_once(self, timeout: float | None = None, update: bool = False) -> str:
         """One pause() call: 'entered' or the exception's type name."""
-        tally.add("pause_calls")
+        self.tally.add("pause_calls")
         try:
-            with wd.op("pause"), manager.pause(timeout=timeout if timeout is not None else args.bound):
-                tally.add("pauses")
+            with self.wd.op("pause"), self.manager.pause(timeout=timeout if timeout is not None else self.args.bound):
+                self.tally.add("pauses")
                 if update:
-                    with torch.no_grad():
-                        for p in model.parameters():
+                    with self.torch.no_grad():
+                        for p in self.model.parameters():
                             p.mul_(1.0)  # an in-place write of every weight; keeps generation meaningful
             return "entered"
         except (RuntimeError, TimeoutError) as error:
-            tally.add("pause_raised")
+            self.tally.add("pause_raised")
             return type(error).__name__
 
-    def hold_step() -> threading.Event | None:
+    def hold_step(self) -> threading.Event | None:
         """Hold the loop inside its next forward step; the release event, or None if the loop is idle."""
-        reached, release = threading.Event(), threading.Event()
-        faults.hold = (reached, release)
+        reached, release = self.probe.hold_next()
         if reached.wait(1.0):
             return release
-        faults.hold = None
-        if reached.is_set():
-            return release
-        return None
+        self.probe.hold = None
+        return release if reached.is_set() else None
 
-    # ---------------------------------------------------------------------------------------- actions
+    def requested(self) -> threading.Event:
+        """An event that the next pause() sets once its request is in (the loop is held: it clears nothing)."""
+        event = self.manager._wake_up_loop
+        event.clear()
+        return event
 
-    def holders():
-        updates = [rng.random() < 0.5 for _ in range(rng.randint(1, 8))]  # drawn here: the seed replays them
+    # ------------------------------------------------------------------------------------- actions
+
+    def holders(self) -> None:
+        """1 to 8 threads pause at once, half of them writing every weight inside: every one must enter."""
+        updates = [self.rng.random() < 0.5 for _ in range(self.rng.randint(1, 8))]  # drawn here: the seed replays
         results: list[str] = []
-        threads = [threading.Thread(target=lambda u=u: results.append(pause_once(update=u))) for u in updates]
+        threads = [threading.Thread(target=lambda u=u: results.append(self.pause_once(update=u))) for u in updates]
         for t in threads:
             t.start()
         for t in threads:
-            t.join(args.bound)
+            t.join(self.args.bound)
         if any(t.is_alive() for t in threads):
-            wd._hang("a holder thread did not end")
+            self.wd.hang("a holder thread did not end")
         for r in results:
             if r != "entered":
-                tally.wrong(f"a holder on a running loop raised {r}")
+                self.tally.wrong(f"a holder on a running loop raised {r}")
 
-    def interrupt():
-        release = hold_step()
+    def interrupt(self) -> None:
+        """The main thread waits for a pause on a loop held in a forward step and gets a real SIGINT."""
+        release = self.hold_step()
         if release is None:
             return
         try:
-            with Interrupter() as interrupter:
-
-                def fire():
-                    deadline = time.monotonic() + args.bound
-                    while status.metrics().requests_waiting == 0 and time.monotonic() < deadline:
-                        time.sleep(0.001)  # the main thread is about to wait: poll for its request
-                    interrupter.fire(args.bound)
-
-                sender = threading.Thread(target=fire, daemon=True)
-                sender.start()
-                tally.add("pause_calls")
-                try:
-                    with wd.op("interrupted pause"), manager.pause(timeout=args.bound):
-                        tally.wrong("entered a pause on a loop held in a forward step")
-                except KeyboardInterrupt:
-                    tally.add("interrupts")
-                    tally.add("pause_raised")
-                sender.join(args.bound)
+            self.tally.add("pause_calls")
+            requested = self.requested()
+            with self.wd.op("interrupted pause"):
+                interrupted = call_interrupted(
+                    lambda: enter_and_leave(self.manager.pause(timeout=self.args.bound)), requested, self.args.bound
+                )
+            if interrupted:
+                self.tally.add("interrupts")
+                self.tally.add("pause_raised")
+            else:
+                self.tally.wrong("entered a pause on a loop held in a forward step")
         finally:
             release.set()
-        if status.metrics().requests_waiting:
-            tally.wrong("an interrupted request was not withdrawn")
+        if self.status.metrics().holders_waiting:
+            self.tally.wrong("an interrupted request was not withdrawn")
 
-    def timeout():
-        release = hold_step()
+    def timeout(self) -> None:
+        """A pause with a short timeout on a loop held in a forward step: it must time out."""
+        release = self.hold_step()
         if release is None:
             return
         try:
-            outcome = pause_once(timeout=rng.choice([0.0, 0.005, 0.02]))
+            outcome = self.pause_once(timeout=self.rng.choice([0.0, 0.005, 0.02]))
         finally:
             release.set()
         if outcome == "TimeoutError":
-            tally.add("timeouts")
+            self.tally.add("timeouts")
         else:
-            tally.wrong(f"a pause on a held loop gave {outcome}, not TimeoutError")
+            self.tally.wrong(f"a pause on a held loop gave {outcome}, not TimeoutError")
 
-    def stop():
-        hard = rng.random() < 0.5
-        wd.requests_expected.clear()
-        with wd.op("hard stop" if hard else "flush stop"):
-            manager.stop(block=True, timeout=args.bound, hard_stop=hard, keep_for_next_session=True)
-        if manager.is_running():
-            wd._hang("stop(block=True) returned with the loop still running")
-        tally.add("stops")
-        restart()
+    def stop(self) -> None:
+        """A flush or hard stop, blocking, then a restart."""
+        hard = self.rng.random() < 0.5
+        self.wd.requests_expected.clear()
+        with self.wd.op("hard stop" if hard else "flush stop"):
+            self.manager.stop(block=True, timeout=self.args.bound, hard_stop=hard, keep_for_next_session=True)
+        if self.manager.is_running():
+            self.wd.hang("stop(block=True) returned with the loop still running")
+        self.tally.add("stops")
+        self.restart()
 
-    def fatal():
-        pending = None
-        release = hold_step() if rng.random() < 0.5 else None
+    def fatal(self) -> None:
+        """A fatal error injected into a forward step, sometimes while a pause is pending; then a restart."""
+        pending, outcome = None, []
+        release = self.hold_step() if self.rng.random() < 0.5 else None
         if release is not None:
-            outcome: list[str] = []
-            pending = threading.Thread(target=lambda: outcome.append(pause_once()))
+            requested = self.requested()
+            pending = threading.Thread(target=lambda: outcome.append(self.pause_once()))
             pending.start()
-            deadline = time.monotonic() + args.bound
-            while status.metrics().requests_waiting == 0 and time.monotonic() < deadline:
-                time.sleep(0.001)
-        faults.fail_next = True
+            requested.wait(self.args.bound)
+        self.probe.fail_with = RuntimeError("injected fault in the forward pass (soak)")
         if release is not None:
             release.set()
-        thread = manager._generation_thread
+        thread = self.manager._generation_thread
         if thread is not None:
-            thread.join(min(args.bound, 5.0))  # an idle loop runs no forward step: then nothing happens
-        if faults.fail_next:  # no forward step ran (idle loop): nothing was injected
-            faults.fail_next = False
+            thread.join(min(self.args.bound, 5.0))  # an idle loop runs no forward step: then nothing happens
+        if self.probe.fail_with is not None:  # no forward step ran (idle loop): nothing was injected
+            self.probe.fail_with = None
         else:
-            tally.add("errors_injected")
+            self.tally.add("errors_injected")
         if pending is not None:
-            pending.join(args.bound)
+            pending.join(self.args.bound)
             if outcome != ["RuntimeError"]:
-                tally.wrong(f"a pause pending at a fatal error gave {outcome}")
-        restart()
+                self.tally.wrong(f"a pause pending at a fatal error gave {outcome}")
+        self.restart()
 
-    def misuse():
-        kind = rng.choice(["stray release", "double release", "stop inside", "bad timeout", "self pause",
-                           "bad stop status", "clear while running"])  # fmt: skip
-        expected = ValueError if kind in ("bad timeout", "bad stop status") else RuntimeError
+    def misuse(self) -> None:
+        """One misuse of the API, drawn at random: it must raise its documented error (and change nothing)."""
+        kinds = {
+            "stray release": (RuntimeError, self.status.release_pause),
+            "double release": (RuntimeError, self._double_release),
+            "stop inside": (RuntimeError, self._stop_inside),
+            "bad timeout": (ValueError, self._bad_timeout),
+            "self pause": (RuntimeError, self._self_pause),
+            "bad stop status": (ValueError, lambda: self.status.request_stop(7, 0)),
+            "clear while running": (RuntimeError, self.status.clear),
+        }
+        kind = self.rng.choice(list(kinds))
+        expected, act = kinds[kind]
         try:
-            if kind == "stray release":
-                status.release_pause()
-            elif kind == "double release":
-                with manager.pause(timeout=args.bound):
-                    status.release_pause()  # the context's own release is then the second one
-            elif kind == "stop inside":
-                with manager.pause(timeout=args.bound):
-                    manager.stop(block=True)
-            elif kind == "bad timeout":
-                with manager.pause(timeout=rng.choice([-1.0, float("nan")])):
-                    pass
-            elif kind == "self pause":
-                raised: list[BaseException] = []
-                got = threading.Event()
-
-                def from_loop():
-                    try:
-                        with manager.pause(timeout=args.bound):
-                            pass
-                    except BaseException as error:  # noqa: BLE001 - checked below
-                        raised.append(error)
-                    got.set()
-
-                faults.self_pause = from_loop
-                if got.wait(1.0):
-                    if raised:
-                        raise raised[0]
-                    tally.wrong("pause() from the loop thread entered")
-                else:
-                    faults.self_pause = None
-                    return  # idle loop: nothing was tried
-            elif kind == "bad stop status":
-                status.request_stop(7, 0)
-            elif kind == "clear while running":
-                status.clear()
-            tally.wrong(f"misuse '{kind}' did not raise")
+            if act() is not False:
+                self.tally.wrong(f"misuse '{kind}' did not raise")
         except expected:
-            tally.add("misuse")
+            self.tally.add("misuse")
         except BaseException as error:  # noqa: BLE001 - recorded as a wrong outcome
-            tally.wrong(f"misuse '{kind}' raised {type(error).__name__}: {error}")
+            self.tally.wrong(f"misuse '{kind}' raised {type(error).__name__}: {error}")
 
-    actions = {holders: 6, interrupt: 2, timeout: 2, stop: 1, fatal: 1, misuse: 3}
-    started = time.monotonic()
-    consumer = threading.Thread(target=consume, name="soak-consumer", daemon=True)
-    feeder = threading.Thread(target=feed, name="soak-feeder", daemon=True)
-    wd.thread.start()
-    manager.start()
-    wd.requests_expected.set()
-    consumer.start()
-    feeder.start()
-    try:
-        while time.monotonic() - started < args.duration and not wd.failed.is_set():
-            action = rng.choices(list(actions), weights=list(actions.values()))[0]
-            action()
-    finally:
-        done.set()
-        feeder.join(args.bound)
-        wd.requests_expected.clear()
-        with wd.op("final flush stop"):
-            manager.stop(block=True, timeout=args.bound)
-        finished.set()
-        consumer.join(args.bound)
-        wd.stopped.set()
-        model.destroy_cached_continuous_batching_manager()
-    lost, duplicated = ledger.lost_and_duplicated()
-    c = tally.counts
-    if c["pause_calls"] != c["pauses"] + c["pause_raised"]:
-        tally.wrong(f"pause() calls {c['pause_calls']} != entered {c['pauses']} + raised {c['pause_raised']}")
-    return {
-        "seed": args.seed, "seconds": round(time.monotonic() - started, 1), "pauses": c["pauses"],
-        "interrupts": c["interrupts"], "timeouts": c["timeouts"], "stops": c["stops"],
-        "errors_injected": c["errors_injected"], "misuse": c["misuse"], "requests": c["requests"],
-        "lost": lost, "duplicated": duplicated, "hangs": len(wd.hangs), "cancelled": c["cancelled"],
-        "restarts": c["restarts"], "unexpected": list(tally.unexpected),
-    }  # fmt: skip
+    def _double_release(self) -> None:
+        with self.manager.pause(timeout=self.args.bound):
+            self.status.release_pause()  # the context's own release is then the second one
+
+    def _stop_inside(self) -> None:
+        with self.manager.pause(timeout=self.args.bound):
+            self.manager.stop(block=True)
+
+    def _bad_timeout(self) -> None:
+        enter_and_leave(self.manager.pause(timeout=self.rng.choice([-1.0, float("nan")])))
+
+    def _self_pause(self) -> bool | None:
+        """pause() from the loop's own thread; False when the loop was idle and nothing was tried."""
+        raised: list[BaseException] = []
+        got = threading.Event()
+
+        def from_loop() -> None:
+            try:
+                enter_and_leave(self.manager.pause(timeout=self.args.bound))
+            except BaseException as error:  # noqa: BLE001 - re-raised below, on the soak's thread
+                raised.append(error)
+            got.set()
+
+        self.probe.call_next = from_loop
+        if not got.wait(1.0):
+            self.probe.call_next = None
+            return False
+        if raised:
+            raise raised[0]
+        self.tally.wrong("pause() from the loop thread entered")
+        return False
+
+    # ----------------------------------------------------------------------------------------- run
+
+    def run(self) -> dict:
+        args, wd, tally = self.args, self.wd, self.tally
+        actions = [getattr(self, name) for name in self.ACTIONS]
+        started = time.monotonic()
+        consumer = threading.Thread(target=self.consume, name="soak-consumer", daemon=True)
+        feeder = threading.Thread(target=self.feed, name="soak-feeder", daemon=True)
+        wd.thread.start()
+        self.manager.start()
+        wd.requests_expected.set()
+        consumer.start()
+        feeder.start()
+        try:
+            while time.monotonic() - started < args.duration and not wd.failed.is_set():
+                self.rng.choices(actions, weights=list(self.ACTIONS.values()))[0]()
+        finally:
+            self.done.set()
+            feeder.join(args.bound)
+            wd.requests_expected.clear()
+            with wd.op("final flush stop"):
+                self.manager.stop(block=True, timeout=args.bound)
+            self.finished.set()
+            consumer.join(args.bound)
+            wd.stopped.set()
+            self.model.destroy_cached_continuous_batching_manager()
+        lost, duplicated = self.ledger.lost_and_duplicated()
+        c = tally.counts
+        if c["pause_calls"] != c["pauses"] + c["pause_raised"]:
+            tally.wrong(f"pause() calls {c['pause_calls']} != entered {c['pauses']} + raised {c['pause_raised']}")
+        return {
+            "seed": args.seed, "seconds": round(time.monotonic() - started, 1), "pauses": c["pauses"],
+            "interrupts": c["interrupts"], "timeouts": c["timeouts"], "stops": c["stops"],
+            "errors_injected": c["errors_injected"], "misuse": c["misuse"], "requests": c["requests"],
+            "lost": lost, "duplicated": duplicated, "hangs": len(wd.hangs), "cancelled": c["cancelled"],
+            "restarts": c["restarts"], "unexpected": list(tally.unexpected),
+        }  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> dict:
+    """One soak run (see :class:`Soak`); its figures as a dict."""
+    return Soak(args).run()
 
 
 def summary_line(r: dict) -> str:

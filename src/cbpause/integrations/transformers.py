@@ -13,7 +13,10 @@ This is the only module of cbpause that knows transformers' internals.  It retur
   came) is P-COLLECTIVE-TIMEOUT: the loop stops with the error recorded, and every waiter is told.
 
 Everything else is upstream's: the queues, the scheduler, ``DistributedHelper`` with its
-``tp_all_reduce_state`` MAX all-reduce, its CPU (gloo) group and its monitored barrier.
+``tp_all_reduce_state`` MAX all-reduce, its CPU (gloo) group and its monitored barrier.  Each block copied
+from transformers sits between ``# copied from transformers (<file>, <function>)`` and ``# end of copy``
+(with ``, with model for self`` where a method became a function); ``tests/test_upstream_copies.py``
+compares every such block with the installed transformers, so a change upstream fails loudly.
 """
 
 from __future__ import annotations
@@ -77,10 +80,12 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         Unlike upstream, requests drained from the queue before a failure or a hard stop are failed, not lost.
         """
         status = self.background_thread_status
+        # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
         if self.input_queue is not None and self.cancel_queue is not None:
             payload = (_api.drain_queue(self.input_queue), _api.drain_queue(self.cancel_queue))
         else:
             payload = ([], [])
+        # end of copy
         try:
             payload_size, hard_stopping = self._group_decision(status, len(payload[0]) + len(payload[1]))
         except BaseException as error:
@@ -90,6 +95,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             self._fail_drained(payload[0], RuntimeError("The generation loop hard-stopped before this request ran."))
             return True
 
+        # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
         if payload_size == 0:
             return False
         new_states, cancellations = self.distributed_helper.tp_broadcast_object_from_rank_0(payload)
@@ -103,6 +109,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         for request_id in cancellations:
             self.scheduler.set_request_cancellation(request_id)
         return False
+        # end of copy
 
     def _fail_drained(self, states: list, error: Exception) -> None:
         """Give each request drained from the input queue its terminal failed output.
@@ -131,17 +138,21 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         if status.tp_status == status.HARD_STOP:
             return payload_size, True
         if tp_pause:
+            # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
             if self.inputs_and_outputs.compute_stream is not None:
                 self.inputs_and_outputs.compute_stream.synchronize()
+            # end of copy
             status.pause_and_wait()  # P-OPEN-WINDOW / P-SKIP-WINDOW / P-PARK-FOR-PEER; raises on D3
             if self.distributed_helper.cpu_comm_group is not None:
                 timeout = self.cb_config.cpu_group_timeout
                 try:
+                    # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
                     _dist.monitored_barrier(
                         group=self.distributed_helper.cpu_comm_group,
                         timeout=timedelta(seconds=timeout) if timeout is not None else None,
                         wait_all_ranks=True,
                     )
+                    # end of copy
                 except Exception as error:
                     _collective_failed(status, error)
                     raise
@@ -217,16 +228,17 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         negative or non-numeric ``timeout``.  In every case, and on ``KeyboardInterrupt`` while waiting, the
         request is withdrawn first (P-INTERRUPT, P-PAUSE-TIMEOUT).
         """
+        # A loop that died says why: its fatal error is the cause, as when it dies during the wait.
+        cause = self.background_thread_status.fatal_error
         if not self.is_running():
-            # A loop that died says why: its fatal error is the cause, as when it dies during the wait.
-            raise RuntimeError("Cannot pause generation while no generation loop is running.") from (
-                self.background_thread_status.fatal_error
-            )
+            raise RuntimeError("Cannot pause generation while no generation loop is running.") from cause
         self.background_thread_status.acquire_pause(self._wake_up_loop, timeout=timeout)
+        # copied from transformers (continuous_api.py, ContinuousBatchingManager.pause)
         try:
             yield
         finally:
             self.background_thread_status.release_pause()
+        # end of copy
 
     def start(self) -> None:
         """Start the loop thread (upstream's ``start``), named so that it shows in thread dumps."""
@@ -248,12 +260,13 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         the rank (phase ``stopped``): a collective could only wait for peers that are elsewhere, so none
         is attempted (spec section 5, "A fatal error"); the peers fail at their own barrier or all-reduce.
         """
-        status = self.background_thread_status
-        if status.state.phase != "stopped":
+        if self.background_thread_status.state.phase != "stopped":
             super()._handle_critical_error(error, batch_processor)
             return
+        # copied from transformers (continuous_api.py, ContinuousBatchingManager._handle_critical_error)
         self._fail_all_remaining_requests(error, batch_processor)
-        status.record_fatal_error(error)
+        self.background_thread_status.record_fatal_error(error)
+        # end of copy
 
     def _create_batch_processor(self) -> _api.ContinuousBatchProcessor:
         processor = super()._create_batch_processor()
@@ -295,7 +308,7 @@ def init_continuous_batching(
 
     Takes what ``model.init_continuous_batching`` takes (``workload_hints=`` among ``kwargs``), and
     ``peer_park_timeout=`` (seconds a rank parked for a peer's pause waits for its own pauser; default
-    300, ``None`` for ever) and ``trace=`` (a :class:`cbpause.traces.TraceRecorder`).  A cached manager
+    300, ``None`` for ever) and ``trace=`` (a :class:`cbpause.TraceRecorder`).  A cached manager
     (``stop(keep_for_next_session=True)``) of this kind is reused, as upstream does.
 
     Raises ``TypeError`` for a model that is not a transformers model, ``ValueError`` when no generation
@@ -307,27 +320,41 @@ def init_continuous_batching(
     if not all(hasattr(model, a) for a in ("config", "device", "dtype", "_get_logits_processor")):
         raise TypeError(f"expected a transformers generative model (PreTrainedModel), got {type(model).__name__}")
 
-    cached = getattr(model, "_cached_continuous_batching_manager", None)
-    if isinstance(cached, PausableContinuousBatchingManager):
-        cached.switch_to_cb_friendly_attn(model, cached.continuous_batching_config.auto_switch_to_flash)
-        return cached
-    if cached is not None:
+    # copied from transformers (continuous_api.py, ContinuousMixin.init_continuous_batching), with model for self
+    cached_manager = getattr(model, "_cached_continuous_batching_manager", None)
+    # end of copy
+    if isinstance(cached_manager, PausableContinuousBatchingManager):
+        # copied from transformers (continuous_api.py, ContinuousMixin.init_continuous_batching), with model for self
+        auto_switch_to_flash = cached_manager.continuous_batching_config.auto_switch_to_flash
+        cached_manager.switch_to_cb_friendly_attn(model, auto_switch_to_flash)  # might have switched in .stop
+        return cached_manager
+        # end of copy
+    if cached_manager is not None:
         raise ValueError(
             "the model caches an upstream ContinuousBatchingManager (stop(keep_for_next_session=True)); call "
             "model.destroy_cached_continuous_batching_manager() first"
         )
 
-    gen = generation_config if generation_config is not None else getattr(model, "generation_config", None)
-    if gen is None:
+    # copied from transformers (continuous_api.py, ContinuousMixin.init_continuous_batching), with model for self
+    gen_config = generation_config if generation_config is not None else model.generation_config
+    if gen_config is None:
         raise ValueError("A GenerationConfig must be provided or set in the model.")
-    if gen.eos_token_id is None:
+    if gen_config.eos_token_id is None:
         _api.logger.warning("`eos_token_id` not set in GenerationConfig. Setting to -1 (disabled).")
-        gen.eos_token_id = -1
+        gen_config.eos_token_id = -1
     if continuous_batching_config is None:
-        continuous_batching_config = ContinuousBatchingConfig()
+        if isinstance(getattr(gen_config, "continuous_batching_config", None), ContinuousBatchingConfig):
+            _api.logger.warning(
+                "Passing ContinuousBatchingConfig through GenerationConfig is deprecated. Please pass it separately"
+                " using the continuous_batching_config kwarg."
+            )
+            continuous_batching_config = gen_config.continuous_batching_config
+        else:
+            continuous_batching_config = ContinuousBatchingConfig()
+    # end of copy
     return PausableContinuousBatchingManager(
         model,
-        gen,
+        gen_config,
         continuous_batching_config,
         kwargs.get("workload_hints"),
         peer_park_timeout=kwargs.get("peer_park_timeout", 300.0),

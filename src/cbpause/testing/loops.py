@@ -1,9 +1,13 @@
-"""transformers' generation loop at TP=1, reduced to its calls into the status object.
+"""Loops that drive a :class:`~cbpause.PauseProtocol` without a model: one rank, or a TP group in one process.
 
-It calls exactly what ``ContinuousBatchProcessor._update_tp_group_state`` and
-``ContinuousBatchingManager._run_generation_loop`` call (the drop-in API), so the same scenarios run
-against ``PauseProtocol`` and against upstream's ``BackgroundThreadStatus``.  Hooks let a test stop the
-loop at a chosen point of its iteration, so that interleavings are forced with events, not sleeps.
+:class:`FakeLoop` is transformers' generation loop at TP=1 reduced to its calls into the status object (the
+drop-in API: exactly what ``ContinuousBatchProcessor._update_tp_group_state`` and
+``ContinuousBatchingManager._run_generation_loop`` call), so the same scenarios run against ``PauseProtocol``
+and against upstream's ``BackgroundThreadStatus``.  Hooks let a test stop the loop at a chosen point of its
+iteration, so that interleavings are forced with events, not sleeps.
+
+:class:`Group` is a TP group of ranks in one process, each rank's loop driving the explicit loop API, the
+collectives played by barriers.
 """
 
 from __future__ import annotations
@@ -11,15 +15,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-import pytest
+from ..protocol import PauseProtocol
+from .threads import JOIN_TIMEOUT
 
-from cbpause import PauseProtocol
-from cbpause.soak import Interrupter  # noqa: F401 - the tests take it from here
-
-JOIN_TIMEOUT = 10.0
+__all__ = ["FakeLoop", "Group", "end_leftover_loops"]
 
 
 class FakeLoop:
+    """transformers' loop at TP=1, reduced to its calls into the status object (see the module)."""
+
     # Every loop started and not yet ended, so that the test fixture can end what a failing (or
     # xfailing) test left running: upstream's D2 leaves a loop stepping for ever, which starves
     # every later test of CPU and turns their bounded waits into failures.
@@ -118,46 +122,6 @@ def end_leftover_loops(timeout: float = 2.0) -> None:
         FakeLoop.live.discard(loop)
 
 
-def interrupt_waiting_pause(wait_for_it: Callable[[], object], ready: Callable[[], bool]) -> None:
-    """On the main thread, call ``wait_for_it()`` (a pause that must wait) and interrupt it with one real
-    SIGINT, sent from another thread once ``ready()`` (a bounded wait) returns True.
-
-    Fails the test unless ``wait_for_it`` raised ``KeyboardInterrupt`` and the signal was handled.
-    """
-    with Interrupter() as interrupter:
-
-        def interrupt():
-            assert ready()
-            return interrupter.fire()
-
-        thread, box = run_thread(interrupt, name="interrupter")
-        with pytest.raises(KeyboardInterrupt):
-            wait_for_it()
-        thread.join(JOIN_TIMEOUT)
-    assert box.get("result") is True, box
-
-
-def enter_and_leave(pause_context) -> None:
-    """Enter a pause context and leave it at once (a lambda cannot hold a with statement)."""
-    with pause_context:
-        pass
-
-
-def run_thread(target: Callable[[], object], name: str = "holder") -> tuple[threading.Thread, dict]:
-    """Start ``target`` in a daemon thread; the dict gets ``result`` or ``error``."""
-    box: dict = {}
-
-    def wrapper():
-        try:
-            box["result"] = target()
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
-            box["error"] = exc
-
-    thread = threading.Thread(target=wrapper, name=name, daemon=True)
-    thread.start()
-    return thread, box
-
-
 class Group:
     """A TP group in one process: each rank's loop drives the explicit API; collectives are barriers.
 
@@ -200,13 +164,13 @@ class Group:
                 if p.state.phase == "read":
                     self.sent[r] = p.observe()
                 else:  # a fatal error left us at the all-reduce with HARD_STOP to send
-                    self.sent[r] = (p.state.obs_stop, p.state.obs_pause)
+                    self.sent[r] = (p.state.obs_status, p.state.obs_pause)
                 self.collective(self.reduce_barrier)
-                tp_stop = max(s for s, _ in self.sent)
+                tp_status = max(s for s, _ in self.sent)
                 tp_pause = any(q for _, q in self.sent)
                 self.collective(self.reduce_barrier)
-                p.all_reduce(tp_stop, tp_pause)
-                if tp_stop == p.HARD_STOP:
+                p.all_reduce(tp_status, tp_pause)
+                if tp_status == p.HARD_STOP:
                     p.exit_loop()
                     return
                 if tp_pause:
@@ -216,7 +180,7 @@ class Group:
                     p.barrier()
                 else:
                     p.no_pause()
-                if tp_stop == p.FLUSH_AND_STOP:
+                if tp_status == p.FLUSH_AND_STOP:
                     p.exit_loop()
                     return
                 p.start_step()

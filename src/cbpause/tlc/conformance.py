@@ -1,24 +1,27 @@
 """Spec and code conform: the pure transitions and the TLA+ spec have the same state graph.
 
-TLC writes a model's full state graph with ``-dump dot,actionlabels``; :func:`python_graph` explores
-``cbpause.transitions.group_actions`` from the same initial state under the same bounds; :func:`compare`
-checks that both have the same reachable states (under one shared encoding, :func:`encode`) and the same
-labelled transitions, in both directions, and describes the first differences readably.
+TLC writes a model's full state graph (:func:`~cbpause.tlc.launcher.run_tlc`, ``mode="graph"``);
+:func:`python_graph` explores :func:`cbpause.group.next_steps` from the same initial state within the same
+bounds; :func:`compare` checks that both have the same reachable states (under one shared encoding,
+:func:`encode`) and the same labelled transitions, in both directions, and describes the first
+differences readably.
 
-TLC labels an edge with the action's name only (``OpenWindow``, not ``OpenWindow(1)``), so transitions are
-compared as (state, action name, successor).
+TLC labels an edge with the action's name only (``OpenWindow``, not ``OpenWindow(1)``), and a bounded
+environment action with its wrapper's name (``MCInterrupt``), so transitions are compared as (state,
+action name, successor) with the wrapper's ``MC`` dropped.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-import subprocess
+import shutil
 import tempfile
 from pathlib import Path
 
-from . import transitions as t
-from .tlc import Model, find_jar, find_java
+from .. import group as gr
+from .launcher import protocol_action, run_tlc
+from .manifest import Cfg, Model
 
 __all__ = [
     "FAST_MODEL_SHAPES",
@@ -37,20 +40,19 @@ Encoded = tuple  # a state as a sorted tuple of (variable, value)
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-    """The constants of a model, as the pure transitions take them."""
+    """The constants of a model, as :mod:`cbpause.group` takes them."""
 
     n_ranks: int
-    rank_of: tuple[int, ...]  # 0-based rank of each holder
+    rank_of: tuple[int, ...]  # the rank index of each holder (numbered from 0, cbpause.group.tla_number)
     n_requests: int
-    faults: frozenset[str]
-    max_restarts: int
+    bounds: gr.Bounds
 
 
-# The fast models of tla/models.toml that check our protocol (the .cfg's constants, 0-based ranks).
+# The fast models of tla/models.toml that check our protocol (their .cfg's constants; a test checks them).
 FAST_MODEL_SHAPES = {
-    "PauseProtocol_1r2h": Shape(1, (0, 0), 1, frozenset({"interrupt", "timeout", "error", "stop"}), 1),
-    "PauseProtocol_2r1h": Shape(2, (0, 1), 1, frozenset({"interrupt", "crash", "stop"}), 0),
-    "PauseProtocol_peer_absent": Shape(2, (0,), 1, frozenset({"interrupt", "stop"}), 1),
+    "PauseProtocol_1r2h": Shape(1, (0, 0), 1, gr.Bounds(frozenset({"interrupt", "timeout", "error", "stop"}), 1)),
+    "PauseProtocol_2r1h": Shape(2, (0, 1), 1, gr.Bounds(frozenset({"interrupt", "crash", "stop"}), 0)),
+    "PauseProtocol_peer_absent": Shape(2, (0,), 1, gr.Bounds(frozenset({"interrupt", "stop"}), 1)),
 }
 
 
@@ -64,26 +66,25 @@ class Graph:
 # --------------------------------------------------------------------------------------------- encoding
 
 
-def encode(g: t.GroupState) -> Encoded:
-    """The TLA+ variables of a :class:`~cbpause.transitions.GroupState`, as TLC prints them, parsed."""
+def encode(g: gr.GroupState) -> Encoded:
+    """The TLA+ variables of a :class:`~cbpause.group.GroupState`, as TLC prints them, parsed."""
     r = g.ranks
     return tuple(
         sorted(
             {
-                "pc": tuple(s.phase for s in r),
-                "stop": tuple(s.stop for s in r),
-                "tpStop": r[0].tp_stop,
-                "tpPause": r[0].tp_pause,
-                "obsStop": tuple(s.obs_stop for s in r),
+                "phase": tuple(s.phase for s in r),
+                "localStatus": tuple(s.local_status for s in r),
+                "obsStatus": tuple(s.obs_status for s in r),
                 "obsPause": tuple(s.obs_pause for s in r),
                 "fatal": tuple(s.fatal for s in r),
-                "paused": tuple(s.paused for s in r),
-                "count": tuple(s.count for s in r),
+                "tpStatus": r[0].tp_status,
+                "tpPause": r[0].tp_pause,
                 "hs": g.hs,
+                "count": tuple(s.count for s in r),
+                "paused": tuple(s.paused for s in r),
                 "req": g.req,
                 "out": g.out,
                 "restarts": g.restarts,
-                "crashes": g.crashes,
             }.items()
         )
     )
@@ -112,10 +113,8 @@ def parse_tla_value(text: str):
                     pos += 1
             pos += 1
             return tuple(items) if close == ">>" else frozenset(items)
-        if tok == "TRUE":
-            return True
-        if tok == "FALSE":
-            return False
+        if tok in ("TRUE", "FALSE"):
+            return tok == "TRUE"
         if tok.startswith('"'):
             return tok[1:-1]
         return int(tok)
@@ -161,7 +160,7 @@ def read_dot(path: Path) -> Graph:
             nodes[m.group(1)] = state
             if m.group(3):
                 init.add(state)
-    edges = {(nodes[a], label, nodes[b]) for a, b, label in raw_edges}
+    edges = {(nodes[a], protocol_action(label), nodes[b]) for a, b, label in raw_edges}
     return Graph(init=init, states=set(nodes.values()), edges=edges)
 
 
@@ -169,8 +168,8 @@ def read_dot(path: Path) -> Graph:
 
 
 def python_graph(shape: Shape) -> Graph:
-    """Every state and labelled transition reachable with ``group_actions`` (TLA+'s ``Next``)."""
-    start = t.initial_group(shape.n_ranks, shape.rank_of, shape.n_requests)
+    """Every state and labelled transition reachable with :func:`cbpause.group.next_steps` (``MCSpec``)."""
+    start = gr.initial_group(shape.n_ranks, shape.rank_of, shape.n_requests)
     seen = {start}
     frontier = [start]
     edges = set()
@@ -178,11 +177,11 @@ def python_graph(shape: Shape) -> Graph:
         nxt = []
         for g in frontier:
             here = encode(g)
-            steps = t.group_actions(g, shape.faults, shape.max_restarts)
-            if all(s.phase in ("stopped", "dead") for s in g.ranks):
+            steps = gr.next_steps(g, shape.bounds)
+            if gr.terminated(g):
                 steps = [*steps, ("Terminated", g)]  # TLA+'s stuttering Terminated step
             for label, succ in steps:
-                edges.add((here, label.split("(", 1)[0], encode(succ)))
+                edges.add((here, gr.action_name(label), encode(succ)))
                 if succ not in seen:
                     seen.add(succ)
                     nxt.append(succ)
@@ -191,37 +190,16 @@ def python_graph(shape: Shape) -> Graph:
 
 
 def tlc_graph(model: Model, tla_dir: Path, workdir: Path | None = None) -> Graph:
-    """Run TLC on ``model`` (safety only: the properties are dropped) and read its state graph."""
+    """Run TLC on ``model`` (safety only: its properties are dropped) and read its state graph."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="cbpause-graph-"))
-    cfg_text = (tla_dir / model.cfg).read_text()
-    safety_cfg = workdir / "graph.cfg"
-    safety_cfg.write_text(_without_properties(cfg_text))
-    for f in tla_dir.glob("*.tla"):
-        (workdir / f.name).write_text(f.read_text())
+    for f in Path(tla_dir).glob("*.tla"):
+        shutil.copy(f, workdir / f.name)
+    (workdir / "graph.cfg").write_text(Cfg.read(Path(tla_dir) / model.cfg).without("PROPERTY"))
     dot = workdir / "graph.dot"
-    proc = subprocess.run(
-        [find_java(), "-XX:+UseParallelGC", "-cp", str(find_jar()), "tlc2.TLC", "-workers", "1",
-         "-metadir", str(workdir / "meta"), "-dump", "dot,actionlabels", str(dot),
-         "-config", safety_cfg.name, model.module],
-        cwd=workdir, capture_output=True, text=True,
-    )  # fmt: skip
-    if "No error has been found" not in proc.stdout:
-        raise RuntimeError(f"TLC did not finish {model.name} cleanly:\n{proc.stdout[-3000:]}")
+    run = run_tlc(model.module, "graph.cfg", workdir, mode="graph", dump=dot, options=model.options)
+    if run.outcome != "ok":
+        raise RuntimeError(f"TLC did not finish {model.name} cleanly ({run.outcome}):\n{run.output[-3000:]}")
     return read_dot(dot)
-
-
-def _without_properties(cfg: str) -> str:
-    out, skipping = [], False
-    for line in cfg.splitlines():
-        word = line.split("\\*", 1)[0].strip().split(" ", 1)[0]
-        if word in ("PROPERTY", "PROPERTIES"):
-            skipping = True
-            continue
-        if skipping and word.isupper() and word:
-            skipping = False
-        if not skipping:
-            out.append(line)
-    return "\n".join(out) + "\n"
 
 
 # ------------------------------------------------------------------------------------------- comparing

@@ -1,30 +1,30 @@
-"""Random threaded scenarios of PauseProtocol, recorded and validated against the TLA+ spec with TLC.
+"""Random threaded scenarios of ``PauseProtocol``, recorded and validated against the TLA+ spec with TLC.
 
-Each scenario, from its own seed: 1 to 3 ranks simulated in one process (tests.fakeloop.Group, explicit
-loop API), 0 to 2 holder threads per rank pausing, some with pause timeouts, some asking for stops; on
-some runs a fatal error in a forward step, and a real SIGINT delivered to the main thread while it waits
-for a pause.  Every thread is joined with a timeout.
+Each scenario, from its own seed: 1 to 3 ranks simulated in one process (:class:`cbpause.testing.Group`,
+explicit loop API), 0 to 2 holder threads per rank pausing, some with pause timeouts, some asking for
+stops; on some runs a fatal error in a forward step, and a real SIGINT delivered to the main thread while
+it waits for a pause.  Every thread is joined with a timeout.
 
-    python -m tests.trace_scenarios --count 200 [--seed S]     # what `nox -s traces` runs
+    python -m cbpause.tlc.scenarios --count 200 [--seed S]     # what `nox -s traces` runs
 """
 
 from __future__ import annotations
 
 import argparse
 import random
-import signal
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from cbpause import PauseProtocol
-from cbpause.traces import TraceRecorder, TraceResult, validate
+from ..protocol import PauseProtocol
+from ..recorder import TraceRecorder
+from ..testing import JOIN_TIMEOUT, Group, call_interrupted
+from .manifest import default_tla_dir
+from .traces import TraceResult, describe_rejection, validate
 
-from .fakeloop import JOIN_TIMEOUT, Group
-
-TLA_DIR = Path(__file__).resolve().parents[1] / "tla"
+__all__ = ["main", "run_scenario"]
 
 
 def holder_script(p: PauseProtocol, rng: random.Random, cycles: int) -> None:
@@ -43,6 +43,21 @@ def holder_script(p: PauseProtocol, rng: random.Random, cycles: int) -> None:
                 p.request_stop(PauseProtocol.HARD_STOP, 0)
         except (RuntimeError, TimeoutError):
             pass  # the loop is gone, or the pause timed out: both are outcomes the spec allows
+
+
+def main_thread_interrupted_pause(p: PauseProtocol) -> bool:
+    """The main thread waits for a pause and gets a real SIGINT once its request is in; True if interrupted.
+
+    A pause entered before the signal came (or just as it came) is released.
+    """
+    requested = threading.Event()
+    try:
+        interrupted = call_interrupted(lambda: p.acquire_pause(requested, timeout=2.0), requested, JOIN_TIMEOUT)
+    except (RuntimeError, TimeoutError):
+        interrupted = False
+    if p.is_pause_requested(local=True):
+        p.release_pause()
+    return interrupted
 
 
 def run_scenario(seed: int) -> tuple[TraceRecorder, dict]:
@@ -78,65 +93,19 @@ def run_scenario(seed: int) -> tuple[TraceRecorder, dict]:
     return recorder, {"ranks": n_ranks, "fatal": fatal_at is not None, "interrupted": interrupted}
 
 
-def main_thread_interrupted_pause(p: PauseProtocol) -> bool:
-    """The main thread waits for a pause and gets a real SIGINT once its request is in.
-
-    If the pause was entered (or failed) before the signal came, SIGINT is blocked at once and the pending
-    signal discarded, so that it cannot land inside a later protocol call.
-    """
-    requested = threading.Event()
-
-    def interrupter():
-        if requested.wait(JOIN_TIMEOUT):
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    thread = threading.Thread(target=interrupter, daemon=True)
-    thread.start()
-    interrupted = entered = False
-    try:
-        p.acquire_pause(requested, timeout=2.0)
-        entered = True
-    except KeyboardInterrupt:
-        interrupted = True
-    except (RuntimeError, TimeoutError):
-        pass
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        if entered:
-            p.release_pause()
-        requested.set()
-        thread.join(JOIN_TIMEOUT)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # discards a SIGINT still pending
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        signal.signal(signal.SIGINT, previous)
-    return interrupted
-
-
-def run_and_validate(seed: int, workdir: Path) -> tuple[TraceResult, dict]:
+def run_and_validate(seed: int, workdir: Path, tla_dir: Path) -> tuple[TraceResult, TraceRecorder, dict]:
     recorder, info = run_scenario(seed)
-    result = validate(recorder, TLA_DIR, workdir / f"s{seed}", name=f"Trace{seed}")
-    info["recorder"] = recorder
-    return result, info
-
-
-def describe_rejection(recorder: TraceRecorder, result: TraceResult) -> str:
-    """The events around the first one the spec could not match."""
-    k = result.matched  # 0-based index of the first unmatched event
-    lines = [f"holders' ranks: {recorder.holder_rank}"]
-    for n in range(max(0, k - 6), min(len(recorder.events), k + 2)):
-        e = recorder.events[n]
-        mark = ">>" if n == k else "  "
-        lines.append(f"{mark} {n + 1:4} {e.action}(rank {e.rank}, holder {e.holder}, status {e.status}) -> {e.state}")
-    return "\n".join(lines)
+    result = validate(recorder, tla_dir, workdir / f"s{seed}", name=f"Trace{seed}")
+    return result, recorder, info
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m cbpause.tlc.scenarios", description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=200)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--tla-dir", type=Path, default=None)
     args = parser.parse_args(argv)
+    tla_dir = args.tla_dir or default_tla_dir()
     master = args.seed if args.seed is not None else random.randrange(2**32)
     print(f"traces: seed={master} (--seed {master} reproduces this run)", flush=True)
     rng = random.Random(master)
@@ -145,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="cbpause-traces-") as tmp:
         for n in range(args.count):
             seed = rng.randrange(2**32)
-            result, info = run_and_validate(seed, Path(tmp))
+            result, recorder, info = run_and_validate(seed, Path(tmp), tla_dir)
             steps += result.steps
             states += result.states or 0
             interrupts += info["interrupted"]
@@ -153,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             if not result.accepted:
                 rejected += 1
                 print(f"REJECTED scenario {seed}: matched {result.matched} of {result.steps} steps")
-                print(describe_rejection(info["recorder"], result))
+                print(describe_rejection(recorder, result))
             if (n + 1) % 20 == 0:
                 print(f"  {n + 1} traces, {steps} steps, {rejected} rejected", flush=True)
     print(

@@ -1,0 +1,20 @@
+"""``python -m cbpause.bench``: cbpause against transformers 5.23.0's own pause, side by side.
+
+Every case runs for upstream (transformers' ``ContinuousBatchingManager`` with its
+``BackgroundThreadStatus``) and for cbpause (``cbpause.integrations.transformers``), interleaved, on the
+same model in the same process, for several repetitions.  On a shared machine absolute times are noisy;
+the ratio within one run is the figure that counts.  ``ratio`` is always cbpause's cost over upstream's
+(a time over a time, or upstream's rate over cbpause's): below 1.00 cbpause is cheaper.
+
+Prints one table, writes it as JSON (``bench.json``) and draws the latency distributions (``bench.png``,
+with matplotlib if installed) into ``--out``.  ``--quick`` finishes in under two minutes on two cores.
+
+The package: :mod:`~cbpause.bench.harness` (rows, table, the model and managers), :mod:`~cbpause.bench.cases`
+(cases 1-6 and 8), :mod:`~cbpause.bench.tp` (case 7, TP=2 worker processes), :mod:`~cbpause.bench.plot`,
+:mod:`~cbpause.bench.run` (the command line).
+"""
+
+from .harness import IMPLS, Bench, Row, format_table
+from .run import CASES, main, parse_args
+
+__all__ = ["CASES", "IMPLS", "Bench", "Row", "format_table", "main", "parse_args"]

@@ -1,0 +1,72 @@
+"""An opt-in recorder of the transitions a :class:`~cbpause.PauseProtocol` takes, for trace validation.
+
+``PauseProtocol(trace=TraceRecorder())`` records every transition under the protocol's lock: the TLA+
+action, the rank, the holder (each holder gets an index), the stop status a ``RequestStop`` asked for,
+and the rank's state after the step, so each record is consistent.  Several ``PauseProtocol`` objects (the
+ranks of a group simulated in one process) may share one recorder; its own lock orders their records
+consistently with each rank's order.  Off by default; when off, a transition pays one ``is not None`` test.
+
+This module only records: :mod:`cbpause.tlc.traces` writes a trace as a TLA+ module and has TLC validate
+it against ``tla/PauseProtocol.tla``.  Ranks and holders are numbered from 0 here, as everywhere in Python
+(:func:`cbpause.group.tla_number` converts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Hashable
+
+from .transitions import RankState
+
+__all__ = ["HOLDER_ACTIONS", "TraceEvent", "TraceRecorder", "action_of"]
+
+HOLDER_ACTIONS = frozenset({"RequestPause", "EnterPause", "LeavePause", "PauseFails", "Interrupt", "PauseTimeout"})
+
+
+def action_of(function_name: str) -> str:
+    """The TLA+ action of a transition function: ``open_window`` -> ``OpenWindow``."""
+    return "".join(part.capitalize() for part in function_name.split("_"))
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceEvent:
+    action: str  # the TLA+ action, e.g. "OpenWindow"
+    rank: int  # the rank's index (0-based)
+    holder: int | None  # the holder's index (0-based) for holder actions, else None
+    status: int  # the stop status of RequestStop, else 0
+    state: RankState  # the rank's state after the step
+
+
+class TraceRecorder:
+    """Collects the transitions of one or more ``PauseProtocol`` objects (ranks) in one order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.events: list[TraceEvent] = []
+        self.n_ranks = 0
+        self._holders: dict[tuple[int, Hashable], int] = {}
+        self.holder_rank: list[int] = []  # holder index -> its rank's index
+
+    def attach(self) -> int:
+        """A new rank: its index."""
+        with self._lock:
+            self.n_ranks += 1
+            return self.n_ranks - 1
+
+    def record(self, rank: int, function_name: str, args: tuple, before: RankState, after: RankState,
+               holder: Hashable = None) -> None:  # fmt: skip
+        """One transition of rank ``rank``; ``holder`` identifies the holder of a holder action."""
+        action = action_of(function_name)
+        if action == "Restart" and before.phase == "new":
+            return  # the first clear() establishes TLA+'s Init
+        index = None
+        with self._lock:
+            if action in HOLDER_ACTIONS:
+                key = (rank, holder)
+                index = self._holders.get(key)
+                if index is None:
+                    self.holder_rank.append(rank)
+                    index = self._holders[key] = len(self.holder_rank) - 1
+            status = int(args[0]) if action == "RequestStop" else 0
+            self.events.append(TraceEvent(action, rank, index, status, after))

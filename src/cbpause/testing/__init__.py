@@ -1,0 +1,46 @@
+"""``cbpause.testing``: what the tests, the benchmark, the soak and the demo share (as ``trio.testing`` serves
+trio's users).
+
+Standard library only, importable without torch:
+
+* :class:`Interrupter` and :func:`call_interrupted` -- real SIGINTs for a wait on the main thread;
+* :func:`run_thread`, :func:`enter_and_leave`, ``JOIN_TIMEOUT`` -- threads joined with a bound;
+* :class:`FakeLoop` (transformers' loop reduced to its calls into the status object) and :class:`Group` (a TP
+  group in one process, on the explicit loop API), :func:`end_leftover_loops`;
+* :func:`percentile`, :func:`free_port`.
+
+With the ``transformers`` extra (imported on first use): the tiny random Llama and its configs
+(:func:`tiny_llama`, :func:`tiny_llama_config`, :func:`greedy_config`, :func:`batching_config`,
+:func:`cache_blocks`), the :class:`ForwardProbe` forward pre-hook, :func:`probed` and :func:`pending_pause`;
+and for tensor parallelism in worker processes :func:`join_tp_group`, :func:`load_tp_model`,
+:func:`spawn_ranks`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .loops import FakeLoop, Group, end_leftover_loops
+from .signals import Interrupter, call_interrupted
+from .stats import percentile
+from .threads import JOIN_TIMEOUT, enter_and_leave, run_thread
+from .tp import free_port
+
+_LAZY = {
+    "ForwardProbe": "llama", "PAGE_SIZE": "llama", "batching_config": "llama", "cache_blocks": "llama",
+    "greedy_config": "llama", "pending_pause": "llama", "probed": "llama", "tiny_llama": "llama",
+    "tiny_llama_config": "llama",
+    "join_tp_group": "tp", "load_tp_model": "tp", "spawn_ranks": "tp",
+}  # fmt: skip
+
+__all__ = [
+    "JOIN_TIMEOUT", "FakeLoop", "Group", "Interrupter", "call_interrupted", "end_leftover_loops", "enter_and_leave",
+    "free_port", "percentile", "run_thread", *_LAZY,
+]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

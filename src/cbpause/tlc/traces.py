@@ -1,0 +1,138 @@
+"""Trace validation: traces recorded from real threaded runs of ``PauseProtocol`` are behaviours of the spec.
+
+A :class:`~cbpause.recorder.TraceRecorder` passed as ``PauseProtocol(trace=...)`` records every transition
+the object takes.  :func:`write_trace` writes the trace as a TLA+ module (a sequence literal: this TLC
+reads no JSON) and a ``.cfg``; ``tla/TracePauseProtocol.tla`` replays it, and :func:`validate` runs TLC on
+it (:func:`~cbpause.tlc.launcher.run_tlc`, ``mode="trace"``).  A trace is accepted when TLC reaches the end
+of the log, i.e. finds a state that violates ``TraceNotAccepted``.
+
+What is recorded is every transition applied through ``PauseProtocol._apply``: the explicit loop API, the
+holders' side (both APIs), stops, restarts and the window.  The drop-in hot paths that transformers' loop
+calls (``is_pause_requested``/``update_with_tp_status``) compose several spec steps and are not recorded
+(docs/verification.md says what that leaves out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..group import tla_number
+from ..recorder import TraceEvent, TraceRecorder
+from ..transitions import RankState
+from .launcher import run_tlc
+
+__all__ = ["TraceResult", "describe_rejection", "validate", "write_trace"]
+
+
+def _tla(value) -> str:
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(value)
+    return '"' + str(value) + '"'
+
+
+def _state(s: RankState) -> str:
+    fields = {
+        "phase": s.phase, "localStatus": s.local_status, "tpStatus": s.tp_status, "tpPause": s.tp_pause,
+        "obsStatus": s.obs_status, "obsPause": s.obs_pause, "fatal": s.fatal, "paused": s.paused, "count": s.count,
+    }  # fmt: skip
+    return "[" + ", ".join(f"{k} |-> {_tla(v)}" for k, v in fields.items()) + "]"
+
+
+def _record(e: TraceEvent) -> str:
+    holder = 0 if e.holder is None else tla_number(e.holder)
+    rank, action = tla_number(e.rank), _tla(e.action)
+    return f"[a |-> {action}, r |-> {rank}, h |-> {holder}, s |-> {e.status}, v |-> {_state(e.state)}]"
+
+
+def _tla_set(numbers: Sequence[int]) -> str:
+    return "{" + ", ".join(str(n) for n in numbers) + "}"
+
+
+def write_trace(
+    recorder: TraceRecorder, directory: Path, name: str = "Trace", events: Sequence[TraceEvent] | None = None
+) -> tuple[Path, Path]:
+    """Write ``<name>.tla`` (the log as a sequence literal) and ``<name>.cfg`` into ``directory``.
+
+    Ranks and holders are numbered as in TLA+ there (:func:`cbpause.group.tla_number`).
+    """
+    if not re.fullmatch(r"[A-Za-z]\w*", name):
+        raise ValueError(f"not a TLA+ module name: {name!r}")
+    events = recorder.events if events is None else events
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    log = "<<\n    " + ",\n    ".join(_record(e) for e in events) + "\n>>" if events else "<< >>"
+    rank_of = "<<" + ", ".join(str(tla_number(r)) for r in recorder.holder_rank) + ">>"
+    module = directory / f"{name}.tla"
+    module.write_text(
+        f"---- MODULE {name} ----\n"
+        "\\* A trace recorded from PauseProtocol (cbpause.recorder), replayed by TracePauseProtocol.\n"
+        "EXTENDS TracePauseProtocol\n\n"
+        f"TraceRankOf == {rank_of if recorder.holder_rank else '<< >>'}\n\n"
+        f"TraceLog == {log}\n"
+        "====\n"
+    )
+    holders = _tla_set([tla_number(h) for h in range(len(recorder.holder_rank))])
+    ranks = _tla_set([tla_number(r) for r in range(max(recorder.n_ranks, 1))])
+    cfg = directory / f"{name}.cfg"
+    cfg.write_text(
+        "CONSTANTS\n"
+        f"    Ranks = {ranks}\n"
+        f"    Holders = {holders}\n"
+        "    RankOf <- TraceRankOf\n"
+        "    Requests = {}\n"
+        "    Log <- TraceLog\n"
+        "INIT TraceInit\n"
+        "NEXT TraceNext\n"
+        "INVARIANT TraceNotAccepted\n"
+    )
+    return module, cfg
+
+
+@dataclasses.dataclass
+class TraceResult:
+    accepted: bool
+    steps: int  # events in the trace
+    matched: int  # events matched (all of them when accepted)
+    states: int | None  # distinct states TLC explored
+    output: str
+
+
+def validate(
+    recorder: TraceRecorder,
+    tla_dir: Path,
+    workdir: Path | None = None,
+    name: str = "Trace",
+    events: Sequence[TraceEvent] | None = None,
+) -> TraceResult:
+    """Check with TLC that the recorded trace is a behaviour of ``tla/PauseProtocol.tla``."""
+    events = recorder.events if events is None else events
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="cbpause-trace-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    for f in ("PauseProtocol.tla", "TracePauseProtocol.tla"):
+        shutil.copy(Path(tla_dir) / f, workdir / f)
+    write_trace(recorder, workdir, name, events)
+    run = run_tlc(name, f"{name}.cfg", workdir, mode="trace")
+    accepted = run.outcome == "invariant:TraceNotAccepted"
+    if not accepted and run.outcome != "ok":
+        raise RuntimeError(f"TLC could not check the trace ({run.outcome}):\n{run.output[-3000:]}")
+    matched = len(events) if accepted else (run.depth - 1 if run.depth else 0)
+    return TraceResult(accepted, len(events), matched, run.distinct_states, run.output)
+
+
+def describe_rejection(recorder: TraceRecorder, result: TraceResult, events: Sequence[TraceEvent] | None = None) -> str:
+    """The events around the first one the spec could not match (numbered as in Python)."""
+    events = recorder.events if events is None else events
+    k = result.matched  # index of the first unmatched event
+    lines = [f"holders' ranks: {recorder.holder_rank}"]
+    for n in range(max(0, k - 6), min(len(events), k + 2)):
+        e = events[n]
+        mark = ">>" if n == k else "  "
+        lines.append(f"{mark} {n + 1:4} {e.action}(rank {e.rank}, holder {e.holder}, status {e.status}) -> {e.state}")
+    return "\n".join(lines)

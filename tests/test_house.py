@@ -1,0 +1,108 @@
+"""The house: the layers of the package stay apart, and its modules and functions stay readable.
+
+* the core (the pure transitions, ``PauseProtocol``, its errors, the trace recorder) imports only the
+  standard library and the core;
+* data flows down: the integration uses the core; the tooling (``cbpause.tlc``) and ``cbpause.testing`` read
+  the core, never the integration or the applications; nothing imports the applications;
+* no module of ``src/`` is over 650 lines, no function over 80;
+* no nox session runs a module of ``tests/``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+SRC = ROOT / "src" / "cbpause"
+CORE = {"__init__", "errors", "group", "loop", "protocol", "recorder", "transitions"}
+APPLICATIONS = {"bench", "soak", "demo"}
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(SRC.parent).with_suffix("").parts).removesuffix(".__init__")
+
+
+def imports(path: Path) -> set[str]:
+    """The modules ``path`` imports, absolute (``cbpause.x`` for relative imports of the package)."""
+    package = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path)
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                if node.module:
+                    found.add(f"{base}.{node.module}")
+                else:  # from . import x: the modules x
+                    found |= {f"{base}.{alias.name}" for alias in node.names}
+            else:
+                found.add(node.module)
+    return found
+
+
+def sources() -> list[Path]:
+    return sorted(SRC.rglob("*.py"))
+
+
+def test_the_core_imports_the_standard_library_and_the_core_only():
+    for name in sorted(CORE):
+        path = SRC / f"{name}.py"
+        for imported in imports(path):
+            top = imported.split(".")[0]
+            if top == "cbpause":
+                assert imported.split(".")[1] in CORE, f"{path.name} imports {imported}"
+            else:
+                assert top in sys.stdlib_module_names or top == "__future__", f"{path.name} imports {imported}"
+
+
+@pytest.mark.parametrize("layer", ["tlc", "testing", "integrations"])
+def test_data_flows_down(layer):
+    """The tooling, the testing kit and the integration never import the applications; the tooling and the
+    testing kit never import the integration."""
+    forbidden = {f"cbpause.{app}" for app in APPLICATIONS}
+    if layer != "integrations":
+        forbidden.add("cbpause.integrations")
+    for path in (SRC / layer).rglob("*.py"):
+        for imported in imports(path):
+            assert not any(imported == f or imported.startswith(f + ".") for f in forbidden), (path, imported)
+
+
+def test_nothing_imports_an_application():
+    for path in sources():
+        own = module_name(path).split(".")[1] if "." in module_name(path) else ""
+        for imported in imports(path):
+            parts = imported.split(".")
+            if parts[0] == "cbpause" and len(parts) > 1 and parts[1] in APPLICATIONS and parts[1] != own:
+                pytest.fail(f"{path} imports the application {imported}")
+
+
+def test_modules_and_functions_stay_readable():
+    too_long = []
+    for path in sources():
+        text = path.read_text()
+        if len(text.splitlines()) > 650:
+            too_long.append(f"{path.relative_to(ROOT)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                too_long.append(f"{path.relative_to(ROOT)}: {node.name}() is {node.end_lineno - node.lineno + 1} lines")
+    assert too_long == []
+
+
+def test_no_nox_session_runs_a_module_of_the_tests():
+    noxfile = (ROOT / "noxfile.py").read_text()
+    assert not re.search(r'"-m",\s*"tests\.', noxfile)
+
+
+def test_the_import_reader_sees_relative_imports(tmp_path, monkeypatch):
+    fake = tmp_path / "cbpause"
+    fake.mkdir()
+    (fake / "protocol.py").write_text("from . import tlc\nfrom .transitions import x\nimport torch\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
+    assert imports(fake / "protocol.py") == {"cbpause.tlc", "cbpause.transitions", "torch"}
