@@ -70,8 +70,13 @@ def python_names(src: Path) -> set[str]:
                         names.add(f"{node.name}.{item.target.id}")
                     elif isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store):
                         names.add(f"{node.name}.{item.attr}")
-    # PauseProtocol's methods include its mixins' (cbpause.loop.LoopSteps).
-    names |= {f"PauseProtocol.{n.split('.', 1)[1]}" for n in set(names) if n.startswith("LoopSteps.")}
+    # PauseProtocol's methods include its mixins' (cbpause.loop.LoopSteps, cbpause.dropin.DropInLoop).
+    protocol = next(
+        node for node in ast.parse((src / "cbpause" / "protocol.py").read_text()).body
+        if isinstance(node, ast.ClassDef) and node.name == "PauseProtocol"
+    )  # fmt: skip
+    for base in (b.id for b in protocol.bases if isinstance(b, ast.Name)):
+        names |= {f"PauseProtocol.{n.split('.', 1)[1]}" for n in set(names) if n.startswith(base + ".")}
     return names
 
 

@@ -156,7 +156,11 @@ class ProtocolComparison(RuleBasedStateMachine):
     def misuse_a_loop_step(self, data):
         """A loop step the model does not enable for this rank raises RuntimeError and changes nothing (one step
         in eight is preceded by one)."""
-        r = data.draw(st.sampled_from([r for r in range(len(self.ranks)) if r not in self.dead]), label="rank")
+        # A rank whose drop-in AllReduce is pending takes the decision from the step it is given: no misuse there.
+        ranks = [r for r, p in enumerate(self.ranks) if r not in self.dead and p._pending is None]
+        if not ranks:
+            return
+        r = data.draw(st.sampled_from(ranks), label="rank")
         enabled = {gr.action_name(lbl) for lbl, _ in gr.next_steps(self.g) if "(" in lbl and index(lbl) == r}
         refused = sorted(set(RANK_LOCAL_STEPS) - enabled)
         action = data.draw(st.sampled_from(refused), label="refused step")
@@ -206,6 +210,15 @@ class ProtocolComparison(RuleBasedStateMachine):
     def do_Barrier(self, label, data):
         for p in self.ranks:
             on_loop(p.barrier)
+
+    def do_FailLoop(self, label, data):
+        p = self.rank(label)
+        s = self.before.ranks[index(label)]
+        exits = s.phase in ("read", "body", "step") and s.local_status == transitions.DONT_STOP
+        if exits and data.draw(st.booleans(), label="drop-in"):
+            on_loop(p.mark_as_stopped)  # the loop's thread ended without a stop
+        else:
+            on_loop(p.fail_loop, RuntimeError("the loop failed around its window"))
 
     def do_RecordFatalError(self, label, data):
         on_loop(self.rank(label).record_fatal_error, RuntimeError("a fatal error in the forward step"))
@@ -298,10 +311,13 @@ class ProtocolComparison(RuleBasedStateMachine):
         for r, p in enumerate(self.ranks):
             if r in self.dead:
                 continue
-            assert p.state == self.g.ranks[r], (r, p.state, self.g.ranks[r])
-            assert (p.fatal_error is not None) == p.state.fatal, (r, p.fatal_error, p.state)
+            state = p.state
+            if p._pending is not None:  # a drop-in update_with_tp_status(): its AllReduce waits for the decision
+                state = transitions.all_reduce(state, p._pending, False)
+            assert state == self.g.ranks[r], (r, state, self.g.ranks[r])
+            assert (p.fatal_error is not None) == state.fatal, (r, p.fatal_error, state)
             m = p.metrics()
-            assert (m.holders_waiting, m.holders_inside) == (p.state.waiting, p.state.inside)
+            assert (m.holders_waiting, m.holders_inside) == (state.waiting, state.inside)
         for h, hold in self.holds.items():
             if self.g.rank_of[h] not in self.dead:
                 assert hold.state == self.g.hs[h], (h, hold, self.g.hs[h])

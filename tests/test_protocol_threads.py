@@ -242,11 +242,13 @@ def test_invalid_stop_status_raises_value_error(bad):
     assert status.local_status == status.DONT_STOP
 
 
-def test_pause_refused_when_never_started_stopped_or_hard_stopping():
+def test_a_pause_before_the_loop_starts_waits_for_it_and_stops_refuse():
+    """As upstream's: the object accepts a request before any loop ran (refusing a manager that is not running
+    is the manager's job); a hard-stopping or stopped loop refuses at once."""
     status = ours()
-    with pytest.raises(RuntimeError, match="never started"):
-        status.acquire_pause(None)
-    status.clear()
+    with pytest.raises(TimeoutError):
+        status.acquire_pause(None, timeout=0.01)  # accepted, then withdrawn: no loop came
+    status.clear()  # nothing ran yet: changes nothing
     status.request_stop(status.HARD_STOP, 0)
     with pytest.raises(RuntimeError, match="hard-stopping"):
         status.acquire_pause(None)
@@ -254,6 +256,17 @@ def test_pause_refused_when_never_started_stopped_or_hard_stopping():
     with pytest.raises(RuntimeError, match="stopped"):
         status.acquire_pause(None)
     assert status.state.count == 0
+
+
+def test_a_loop_picks_up_a_pause_asked_before_it_started():
+    status = ours()
+    hold = status.request_pause()
+    loop = FakeLoop(status)
+    loop.start()  # clear() keeps the request
+    status.enter_pause(hold, timeout=WAIT)
+    assert status.state.phase == "window"
+    status.leave_pause(hold)
+    assert loop.stop()
 
 
 def test_release_from_another_thread_than_the_holder_raises():

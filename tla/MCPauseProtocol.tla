@@ -27,13 +27,14 @@ MCInterrupt(h) == "interrupt" \in Faults /\ Interrupt(h)
 MCPauseTimeout(h) == "timeout" \in Faults /\ PauseTimeout(h)
 MCRequestStop(r, s) == "stop" \in Faults /\ RequestStop(r, s)
 MCRecordFatalError(r) == "error" \in Faults /\ RecordFatalError(r)
+MCFailLoop(r) == "error" \in Faults /\ FailLoop(r)
 MCCrash(r) == "crash" \in Faults /\ (\A q \in Ranks : phase[q] # "dead") /\ Crash(r)
 MCRestart == restarts < MaxRestarts /\ Restart
 
 MCEnvironmentNext ==
     \/ \E h \in Holders : MCInterrupt(h) \/ MCPauseTimeout(h)
     \/ \E r \in Ranks : \E s \in {FLUSH_AND_STOP, HARD_STOP} : MCRequestStop(r, s)
-    \/ \E r \in Ranks : MCRecordFatalError(r) \/ MCCrash(r)
+    \/ \E r \in Ranks : MCRecordFatalError(r) \/ MCFailLoop(r) \/ MCCrash(r)
     \/ MCRestart
 
 MCSpec == Init /\ [][SystemNext \/ MCEnvironmentNext]_vars /\ Fairness

@@ -217,28 +217,37 @@ JoinPeerPause(r) ==
     /\ count[r] > 0
     /\ Park(r)
 
-\* P-FAIL-LOOP, a fatal error of rank r's loop: record it, hard-stop, fail what the
-\* driver holds, mark the loop stopped.  The group is broken: no further
-\* collective is attempted; peers find out by their own collective timeout.
-FailLoop(r) ==
+\* A fatal error of rank r's loop: record it, hard-stop, fail what the driver
+\* holds, mark the loop stopped.  The group is broken: no further collective
+\* is attempted; peers find out by their own collective timeout.
+Fail(r) ==
     /\ fatal' = [fatal EXCEPT ![r] = TRUE]
     /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]
     /\ phase' = [phase EXCEPT ![r] = "stopped"]
     /\ FailRemaining(r)
     /\ UNCHANGED <<obsStatus, obsPause, groupVars, holderVars, restarts>>
 
+\* P-FAIL-LOOP: the loop's thread fails outside a forward step and outside a
+\* collective (an exception in its own code around the pause window, or one
+\* that ends the thread): Fail.  Not while a holder is inside: the loop then
+\* waits in its window and runs no code of its own.
+FailLoop(r) ==
+    /\ Live(r)
+    /\ phase[r] # "window"
+    /\ Fail(r)
+
 \* P-PEER-PARK-TIMEOUT (fixes D3): no local holder came within the bound.
 PeerParkTimeout(r) ==
     /\ phase[r] = "peer"
     /\ count[r] = 0
-    /\ FailLoop(r)
+    /\ Fail(r)
 
 \* P-COLLECTIVE-TIMEOUT: a peer never joined the all-reduce or the barrier
 \* (it died, exited, or is held in its pause beyond the group timeout).
 CollectiveTimeout(r) ==
     /\ phase[r] \in {"reduce", "barrier"}
     /\ \E q \in Ranks : phase[q] # phase[r]
-    /\ FailLoop(r)
+    /\ Fail(r)
 
 \* P-CLOSE-WINDOW: the last holder left (paused went FALSE): close the window.
 CloseWindow(r) ==
@@ -358,11 +367,13 @@ RequestStop(r, s) ==
     /\ UNCHANGED <<phase, obsStatus, obsPause, fatal, groupVars, holderVars,
                    requestVars, restarts>>
 
-\* P-RECORD-FATAL-ERROR: an exception in the forward step.  As in transformers:
-\* request a hard stop, fail what remains, record the error, and join the
-\* group's next all-reduce with HARD_STOP so every rank stops.
+\* P-RECORD-FATAL-ERROR: an exception in the loop's own code between two
+\* iterations' collectives: in the forward step, or before it (preparing the
+\* batch, starting the loop).  As in transformers: request a hard stop, fail
+\* what remains, record the error, and join the group's next all-reduce with
+\* HARD_STOP so every rank stops.
 RecordFatalError(r) ==
-    /\ phase[r] = "step"
+    /\ phase[r] \in {"read", "body", "step"}
     /\ fatal' = [fatal EXCEPT ![r] = TRUE]
     /\ localStatus' = [localStatus EXCEPT ![r] = HARD_STOP]
     /\ obsStatus' = [obsStatus EXCEPT ![r] = HARD_STOP]
@@ -436,7 +447,7 @@ SystemNext ==
 EnvironmentNext ==
     \/ \E h \in Holders : Interrupt(h) \/ PauseTimeout(h)
     \/ \E r \in Ranks : \E s \in {FLUSH_AND_STOP, HARD_STOP} : RequestStop(r, s)
-    \/ \E r \in Ranks : RecordFatalError(r) \/ Crash(r)
+    \/ \E r \in Ranks : RecordFatalError(r) \/ FailLoop(r) \/ Crash(r)
     \/ Restart
 
 Next == SystemNext \/ EnvironmentNext

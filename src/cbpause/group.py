@@ -210,8 +210,10 @@ def _environment_steps(g: GroupState, bounds: Bounds | None) -> Iterator[tuple[s
             for status in (FLUSH_AND_STOP, HARD_STOP):
                 if t.live(s) and s.local_status < status:
                     yield f"RequestStop({tla_number(r)}, {status})", _set_rank(g, r, t.request_stop(s, status))
-        if allowed("error") and s.phase == "step":
+        if allowed("error") and s.phase in ("read", "body", "step"):
             yield "RecordFatalError" + tag, _fail_remaining(_set_rank(g, r, t.record_fatal_error(s)), r)
+        if allowed("error") and t.live(s) and s.phase != "window":
+            yield "FailLoop" + tag, _fail_remaining(_set_rank(g, r, t.fail_loop(s)), r)
         if allowed("crash") and (bounds is None or none_dead) and t.live(s):
             yield "Crash" + tag, _set_rank(g, r, t.crash(s))
     budget = bounds is None or g.restarts < bounds.max_restarts
@@ -291,7 +293,7 @@ def nothing_lost_inv(g: GroupState) -> bool:
 def type_ok(g: GroupState) -> bool:
     """R-TYPE (``TypeOK``)."""
     return (
-        all(s.phase in PHASES and s.phase != "new" for s in g.ranks)
+        all(s.phase in PHASES for s in g.ranks)
         and all(x in HOLDER_STATES for x in g.hs)
         and all(q in REQUEST_STATES for q in g.req)
         and len({(s.tp_status, s.tp_pause) for s in g.ranks}) == 1

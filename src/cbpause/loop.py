@@ -20,7 +20,7 @@ from . import transitions as t
 from .errors import PeerParkTimeout
 from .transitions import DONT_STOP, HARD_STOP, STOPPED, RankState
 
-__all__ = ["LoopSteps", "not_enabled"]
+__all__ = ["LoopSteps", "not_enabled", "quiet"]
 
 
 def not_enabled(action: str, s: RankState) -> str:
@@ -28,26 +28,73 @@ def not_enabled(action: str, s: RankState) -> str:
     return f"{action}() is not enabled in loop phase {s.phase!r} ({s})"
 
 
+def quiet(before: RankState, after: RankState) -> bool:
+    """Whether going from ``before`` to ``after`` can enable no waiter, so that it may be replayed from a memo
+    without waking anybody: the window, the holders and the loop's end are as they were."""
+    return (
+        before.paused == after.paused
+        and before.count == after.count
+        and before.waiting == after.waiting
+        and before.fatal == after.fatal
+        and (before.local_status == STOPPED) == (after.local_status == STOPPED)
+    )
+
+
+# The steps that follow an all-reduce that decided to pause (the others follow one that did not).
+_DECIDE_A_PAUSE = frozenset({t.open_window, t.skip_window, t.park_for_peer})
+
+
 class LoopSteps:
     """The explicit loop API (see the module's docstring)."""
 
     if TYPE_CHECKING:  # provided by PauseProtocol
         fatal_error: BaseException | None
+        _lock: threading.Lock
         _condition: threading.Condition
         _state: RankState
         _loop_thread: int | None
         _peer_park_timeout: float | None
         _clock: Callable[[], float]
+        _trace: object
+        _step_memo: dict
+        _pending: int | None
 
         def _apply(self, fn: Callable[..., RankState], *args: object) -> RankState: ...
 
+    def _settle_pending(self, pause: bool) -> None:
+        """The AllReduce of a drop-in ``update_with_tp_status()`` that this step shows the decision of (the caller
+        holds the lock): a loop that mixes the two APIs is recorded as it went."""
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self._apply(t.all_reduce, pending, pause)
+
     def _step(self, fn: Callable[..., RankState], guard: Callable[[RankState], bool], *args: object) -> RankState:
         """One loop step: ``fn`` if ``guard`` holds (checked under the lock), else ``RuntimeError`` and no
-        change."""
-        with self._condition:
-            if not guard(self._state):
-                raise RuntimeError(not_enabled(fn.__name__, self._state))
-            return self._apply(fn, *args)
+        change.
+
+        A steady loop takes the same step from the same state object every iteration: with trace recording off,
+        a step that can enable no waiter (:func:`quiet`) is replayed from its memo, guard included.
+        """
+        with self._lock:
+            s = self._state
+            memo = self._step_memo.get(fn)
+            if memo is not None and memo[0] is s and memo[1] == args and self._trace is None and self._pending is None:
+                self._state = memo[2]
+                return memo[2]
+            pending = self._pending
+            if pending is not None and s.phase == "reduce":
+                pause = fn in _DECIDE_A_PAUSE or (fn is t.exit_loop and s.obs_pause)
+                if not guard(t.all_reduce(s, pending, pause)):
+                    raise RuntimeError(not_enabled(fn.__name__, s))
+                self._settle_pending(pause)
+                s = self._state
+            if not guard(s):
+                raise RuntimeError(not_enabled(fn.__name__, s))
+            after = self._apply(fn, *args)
+            if quiet(s, after):
+                self._step_memo[fn] = (s, args, after)
+            return after
 
     def observe(self) -> tuple[int, bool]:
         """P-OBSERVE (``Observe``): what this rank sends to the all-reduce: (stop status, pause requested)."""
@@ -122,6 +169,7 @@ class LoopSteps:
         within ``peer_park_timeout`` seconds.
         """
         with self._condition:
+            self._settle_pending(True)
             s = self._state
             if not t.pause_decided(s):
                 raise RuntimeError(not_enabled("pause_window", s))
@@ -153,7 +201,17 @@ class LoopSteps:
         self._step(t.no_pause, lambda s: s.phase == "decided" and s.tp_status < HARD_STOP and not s.tp_pause)
 
     def start_step(self) -> None:
-        """P-START-STEP (``StartStep``).  Keeps ExclusionInv (no holder can be inside here)."""
+        """P-START-STEP (``StartStep``): a forward step is about to run.
+
+        Enforces ExclusionInv where the step runs: with a holder inside (which the invariants rule out) it
+        records a fatal error and raises instead.
+        """
+        with self._lock:
+            if self._state.inside:
+                error = RuntimeError("a forward step was about to start while a holder is inside a pause (R-EXCLUSION)")
+                if self.fatal_error is None:
+                    self.fatal_error = error
+                raise error
         self._step(t.start_step, lambda s: s.phase == "body")
 
     def end_step(self) -> None:
@@ -167,6 +225,19 @@ class LoopSteps:
     def exit_loop(self) -> None:
         """P-EXIT-LOOP (``ExitLoop``): hard stop before any window, or a flush with nothing left."""
         self._step(t.exit_loop, t.may_exit)
+
+    def fail_loop(self, error: BaseException) -> None:
+        """P-FAIL-LOOP (``FailLoop``): the loop's thread fails outside a forward step and outside a collective
+        (around the pause window, or in a way that ends the thread); record ``error`` (the first fatal error
+        wins) and stop.  No further collective: the peers find out by their own collective timeout."""
+        with self._lock:
+            self._settle_pending(self._state.obs_pause)
+            s = self._state
+            if not (t.live(s) and s.phase != "window"):
+                raise RuntimeError(not_enabled("fail_loop", s))
+            if self.fatal_error is None:
+                self.fatal_error = error
+            self._apply(t.fail_loop)
 
     def collective_timeout(self, error: BaseException) -> None:
         """P-COLLECTIVE-TIMEOUT (``CollectiveTimeout``): a peer never joined; record ``error`` and stop."""

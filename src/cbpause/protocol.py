@@ -25,7 +25,6 @@ fairness the spec assumes for ``EnterPause``.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import threading
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import transitions as t
+from .dropin import DropInLoop, Plan
 from .loop import LoopSteps
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankState
 
@@ -105,7 +105,7 @@ def _check_timeout(timeout: float | None, name: str = "timeout") -> float | None
     return float(timeout)
 
 
-class PauseProtocol(LoopSteps):
+class PauseProtocol(LoopSteps, DropInLoop):
     """Pause, stop and fatal-error protocol of one rank's continuous-batching loop.
 
     A drop-in for transformers 5.23's ``BackgroundThreadStatus`` (same constants, methods and
@@ -143,12 +143,14 @@ class PauseProtocol(LoopSteps):
         # through the Condition on the loop's hot path.
         self._lock = threading.Lock()
         self._condition = threading.Condition(self._lock)
-        self._state = RankState()
+        self._state = RankState()  # TLA+'s Init: a loop about to start
+        self._pending: int | None = None  # a drop-in loop's agreed status, its AllReduce not applied yet
         self._local = threading.local()
         self._serial = itertools.count()
         self._loop_thread: int | None = None
-        self._observe_memo: tuple[RankState | None, RankState | None] = (None, None)
-        self._reduce_memo: tuple[RankState | None, int, RankState | None] = (None, -1, None)
+        # Memos of the loop's steps, replayed while the loop cycles through the same states (trace off).
+        self._observe_memo: tuple = (None, None, None)
+        self._step_memo: dict = {}
         # metrics
         self._pauses_taken = 0
         self._windows_opened = 0
@@ -168,16 +170,6 @@ class PauseProtocol(LoopSteps):
     def peer_park_timeout_s(self) -> float | None:
         """The ``peer_park_timeout`` this object was built with (seconds, or None for ever)."""
         return self._peer_park_timeout
-
-    @property
-    def local_status(self) -> int:
-        """The locally requested stop status, possibly ahead of the value agreed by the TP group."""
-        return self._state.local_status
-
-    @property
-    def tp_status(self) -> int:
-        """The stop status last agreed by the TP group through its MAX all-reduce."""
-        return self._state.tp_status
 
     def can_accept_new_requests(self) -> str | None:
         """Why the loop cannot accept new requests, or None if it can (upstream's contract)."""
@@ -239,6 +231,12 @@ class PauseProtocol(LoopSteps):
             self._total_paused += self._last_paused
             self._window_opened_at = None
 
+    def _run(self, plan: Plan) -> RankState:
+        """Apply the steps of ``plan`` in order (the caller holds the lock)."""
+        for fn, args in plan:
+            self._apply(fn, *args)
+        return self._state
+
     def _thread_holds(self) -> list[PauseHold]:
         """The drop-in holds of the calling thread (``acquire_pause`` ... ``release_pause``)."""
         local = self._local
@@ -270,17 +268,20 @@ class PauseProtocol(LoopSteps):
     def clear(self) -> None:
         """P-RESTART (``Restart``): clear the statuses before (re)starting the loop.
 
-        Raises ``RuntimeError`` and changes nothing while a holder waits or is inside, or while the loop
-        runs (spec section 5).
+        On an object no loop has run on yet (TLA+'s Init) it changes nothing: pauses and stops asked before the
+        loop starts stay asked, for the loop to see.  Raises ``RuntimeError`` and changes nothing while a holder
+        waits or is inside a stopped loop, or while the loop runs (spec section 5).
         """
         with self._condition:
             s = self._state
+            if self._loop_thread is None and s.phase == "read" and self._pending is None:
+                return
             if s.count:
                 raise RuntimeError(
                     f"clear() while {s.waiting} holder(s) wait for a pause and {s.inside} are inside: "
                     "let them leave first"
                 )
-            if s.phase not in ("new", "stopped"):
+            if s.phase != "stopped":
                 raise RuntimeError(f"clear() while the generation loop runs (phase {s.phase!r}): stop it first")
             self.fatal_error = None
             self._loop_thread = None
@@ -297,66 +298,6 @@ class PauseProtocol(LoopSteps):
             s = self._state
             if t.live(s) and s.local_status < status:
                 self._apply(t.request_stop, status)
-            elif s.phase == "new" and s.local_status < status:
-                # Upstream records a stop asked before the loop started; so do we.
-                self._state = RankState(phase="new", local_status=status)
-
-    def record_fatal_error(self, error: BaseException) -> None:
-        """Record the loop's fatal error (the first one wins); waiting holders raise with it as ``__cause__``.
-
-        P-RECORD-FATAL-ERROR (``RecordFatalError``) when the loop reports it from a forward step.
-        """
-        with self._condition:
-            if self.fatal_error is None:
-                self.fatal_error = error
-            s = self._state
-            if s.phase == "step":
-                self._apply(t.record_fatal_error)
-            elif not s.fatal:
-                self._state = _with_fatal(s)
-                self._condition.notify_all()
-            else:
-                self._condition.notify_all()
-
-    def mark_as_stopped(self) -> None:
-        """The loop has exited (P-EXIT-LOOP's end, or after P-FAIL-LOOP); called on every exit path."""
-        with self._condition:
-            s = self._state
-            if s.phase != "stopped" and s.inside == 0:
-                self._state = _stopped(s)
-            self._condition.notify_all()
-
-    def update_with_tp_status(self, tp_status: int) -> None:
-        """Drop-in part of P-ALL-REDUCE: take the stop status the TP group agreed on.
-
-        Raises ``ValueError`` if the group status goes down (MonotoneStopInv) or is unknown.
-        """
-        if tp_status.__class__ is not int:  # the hot path takes plain ints; accept any integer type
-            if isinstance(tp_status, bool) or not hasattr(tp_status, "__index__"):
-                raise ValueError(f"Unknown TP stop status {tp_status!r}")
-            tp_status = tp_status.__index__()
-        if not DONT_STOP <= tp_status <= STOPPED:
-            raise ValueError(f"Unknown TP stop status {tp_status!r}")
-        # The group never agrees on STOPPED (a stopped loop no longer all-reduces); take it as HARD_STOP.
-        if tp_status > HARD_STOP:
-            tp_status = HARD_STOP
-        with self._lock:
-            # Only the loop calls this: it settles which thread is the loop's, should another thread's
-            # is_pause_requested() have come first.
-            self._loop_thread = threading.get_ident()
-            s = self._state
-            if tp_status < s.tp_status:
-                raise ValueError(f"TP communicated a lower stop status: {tp_status = }, {s.tp_status = }")
-            if s.phase == "reduce" and s.obs_status <= tp_status:
-                # AllReduce enables no waiter: the status grows at most to HARD_STOP and no window opens.
-                memo = self._reduce_memo
-                if s is memo[0] and tp_status == memo[1]:
-                    self._state = memo[2]
-                else:
-                    out = self._state = _all_reduce(s, tp_status, False)
-                    self._reduce_memo = (s, tp_status, out)
-            elif tp_status > s.tp_status:
-                self._state = _take_tp_status(s, tp_status)
 
     # ------------------------------------------------------------------------------------------- holders
 
@@ -501,97 +442,7 @@ class PauseProtocol(LoopSteps):
             self._apply(t.leave_pause, hold=hold)
             holds.remove(hold)
 
-    def is_pause_requested(self, local: bool = False) -> bool:
-        """Whether a pause is requested and not released yet.
-
-        With ``local=True``: by the calling thread (it waits for or holds a pause).  Otherwise, called by
-        the loop before its all-reduce, it is P-OBSERVE (``Observe``): the answer is recorded, so that the
-        protocol knows later whether a pause window was asked for locally (D1).  The first thread to call
-        it after ``clear()`` is taken to be the loop's thread until ``update_with_tp_status()``, which only
-        the loop calls, settles it.
-        """
-        if local:
-            return any(h.state != "idle" for h in self._thread_holds())
-        me = threading.get_ident()
-        with self._lock:
-            loop = self._loop_thread
-            if loop is None:
-                self._loop_thread = loop = me
-            s = self._state
-            if loop != me or s.phase not in _OBSERVE_FROM:
-                return s.count > 0
-            # Observe enables no waiter (it neither opens a window nor stops the loop): no notify.  In a
-            # steady loop the states cycle through the same memoised objects: remember the last one.
-            if s is self._observe_memo[0]:
-                s = self._state = self._observe_memo[1]
-            else:
-                out = self._state = _observe(s)
-                self._observe_memo = (s, out)
-                s = out
-            return s.obs_pause
-
-    def pause_and_wait(self) -> None:
-        """Drop-in pause window: the group decided to pause; park as the spec says, then return.
-
-        P-OPEN-WINDOW if a local holder is pending, and return when the last one leaves (P-CLOSE-WINDOW);
-        P-SKIP-WINDOW if this rank's own request was withdrawn (D1: return at once); otherwise
-        P-PARK-FOR-PEER: wait for the local holder for at most ``peer_park_timeout`` seconds, then
-        raise :class:`~cbpause.PeerParkTimeout` (P-PEER-PARK-TIMEOUT, D3).
-        """
-        with self._condition:
-            if self._loop_thread is None:
-                self._loop_thread = threading.get_ident()
-            s = self._state
-            if s.phase != "decided":
-                s = self._state = _decided(s)
-            self._state = _with_tp_pause(s)
-        self.pause_window()
-
-# ------------------------------------------------------------------------------------------------ hot paths
-# The loop calls these every iteration.  The transitions are pure functions of a small hashable state, so
-# their results are memoised: the per-iteration cost is a lock and a cache hit (see docs/performance.md).
-
-_OBSERVE_FROM = frozenset({"read", "reduce", "decided", "barrier", "body", "step"})
-
-
-@functools.lru_cache(maxsize=4096)
-def _observe(s: RankState) -> RankState:
-    # The drop-in loop does not report the end of its iteration: this call starts the next one.
-    return t.observe(s if s.phase == "read" else s._replace(phase="read"))
-
-
-_all_reduce = functools.lru_cache(maxsize=4096)(t.all_reduce)
-
-
-# ------------------------------------------------------------------------------ lenient drop-in adjustments
-# transformers' loop does not report every step of its iteration; these bring the state to where the spec
-# says the loop is when the next drop-in call arrives.  Each keeps rank_invariant.
-
-
-def _with_fatal(s: RankState) -> RankState:
-    return s._replace(fatal=True)
-
-
-def _stopped(s: RankState) -> RankState:
-    return s._replace(phase="stopped", local_status=STOPPED, paused=False)
-
-
-def _take_tp_status(s: RankState, tp_status: int) -> RankState:
-    phase = "decided" if s.phase in ("read", "barrier", "body", "step") else s.phase
-    return s._replace(phase=phase, tp_status=tp_status, local_status=max(s.local_status, tp_status))
-
-
-def _decided(s: RankState) -> RankState:
-    return s._replace(phase="decided")
-
-
-def _with_tp_pause(s: RankState) -> RankState:
-    return s._replace(tp_pause=True)
-
-
 def _refusal(s: RankState) -> str:
-    if s.phase == "new":
-        return "Cannot pause: the generation loop was never started."
     if s.fatal:
         return "Cannot pause: the generation loop died with a fatal error."
     if s.phase in ("stopped", "dead"):

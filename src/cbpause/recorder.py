@@ -58,8 +58,6 @@ class TraceRecorder:
                holder: Hashable = None) -> None:  # fmt: skip
         """One transition of rank ``rank``; ``holder`` identifies the holder of a holder action."""
         action = action_of(function_name)
-        if action == "Restart" and before.phase == "new":
-            return  # the first clear() establishes TLA+'s Init
         index = None
         with self._lock:
             if action in HOLDER_ACTIONS:

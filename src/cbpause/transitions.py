@@ -22,11 +22,10 @@ HARD_STOP = 2
 STOPPED = 3
 STOP_STATUSES = (DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED)
 
-# Where a rank's loop is (TLA+ ``phase``, spec section 3).  "new" is Python's only: a protocol object that
-# was constructed and never cleared; TLA+'s Init is what the first clear() establishes.
-PHASES = ("new", "read", "reduce", "decided", "window", "peer", "barrier", "body", "step", "stopped", "dead")
+# Where a rank's loop is (TLA+ ``phase``, spec section 3).  A new protocol object is at TLA+'s Init: "read".
+PHASES = ("read", "reduce", "decided", "window", "peer", "barrier", "body", "step", "stopped", "dead")
 # Phases in which a loop is running (TLA+ ``Live``).
-LIVE_PHASES = frozenset(PHASES) - {"new", "stopped", "dead"}
+LIVE_PHASES = frozenset(PHASES) - {"stopped", "dead"}
 # Phases of a rank that is parked between a pause decision and the barrier.
 PARKED_PHASES = frozenset({"decided", "window", "peer", "barrier"})
 
@@ -39,7 +38,7 @@ class RankState(NamedTuple):
     always holds.
     """
 
-    phase: str = "new"
+    phase: str = "read"
     local_status: int = DONT_STOP
     tp_status: int = DONT_STOP
     tp_pause: bool = False
@@ -175,15 +174,21 @@ def join_peer_pause(s: RankState) -> RankState:
     return s._replace(paused=True, phase="window")
 
 
+def _fail(s: RankState) -> RankState:
+    """TLA+ ``Fail(r)``, the effect of a fatal error of the loop: recorded, stopped, no further collective."""
+    return s._replace(fatal=True, local_status=STOPPED, phase="stopped")
+
+
 def fail_loop(s: RankState) -> RankState:
-    """P-FAIL-LOOP (``FailLoop``): record a fatal error and stop; no further collective.
+    """P-FAIL-LOOP (``FailLoop``): the loop's thread fails outside a forward step and outside a collective.
 
     pre: rank_invariant(s)
-    pre: s.inside == 0
+    pre: live(s) and s.phase != "window"
     post: __return__.fatal and __return__.local_status == STOPPED and __return__.phase == "stopped"
+    post: __return__.inside == 0
     post: rank_invariant(__return__)
     """
-    return s._replace(fatal=True, local_status=STOPPED, phase="stopped")
+    return _fail(s)
 
 
 def peer_park_timeout(s: RankState) -> RankState:
@@ -194,7 +199,7 @@ def peer_park_timeout(s: RankState) -> RankState:
     post: __return__.fatal and __return__.phase == "stopped"
     post: rank_invariant(__return__)
     """
-    return fail_loop(s)
+    return _fail(s)
 
 
 def collective_timeout(s: RankState) -> RankState:
@@ -205,7 +210,7 @@ def collective_timeout(s: RankState) -> RankState:
     post: __return__.fatal and __return__.phase == "stopped"
     post: rank_invariant(__return__)
     """
-    return fail_loop(s)
+    return _fail(s)
 
 
 def close_window(s: RankState) -> RankState:
@@ -385,11 +390,12 @@ def request_stop(s: RankState, status: int) -> RankState:
 
 
 def record_fatal_error(s: RankState) -> RankState:
-    """P-RECORD-FATAL-ERROR (``RecordFatalError``): an exception in the forward step; hard-stop and join the
-    group's next all-reduce with HARD_STOP.
+    """P-RECORD-FATAL-ERROR (``RecordFatalError``): an exception in the loop's own code between two iterations'
+    collectives (the forward step, preparing the batch, starting the loop); hard-stop and join the group's next
+    all-reduce with HARD_STOP.
 
     pre: rank_invariant(s)
-    pre: s.phase == "step"
+    pre: s.phase in ("read", "body", "step")
     post: __return__.fatal and __return__.local_status == HARD_STOP and __return__.phase == "reduce"
     post: rank_invariant(__return__)
     """
@@ -411,7 +417,7 @@ def restart(s: RankState) -> RankState:
     """P-RESTART (``Restart``, ``clear()``): start afresh; only with no holder waiting or inside.
 
     pre: rank_invariant(s)
-    pre: s.phase in ("new", "stopped") and s.count == 0
+    pre: s.phase == "stopped" and s.count == 0
     post: __return__ == RankState(phase="read")
     post: rank_invariant(__return__)
     """

@@ -1,0 +1,265 @@
+"""The loop side of the drop-in API: transformers' own loop, which reports only some steps of its iteration.
+
+transformers 5.23's loop calls, every iteration, ``is_pause_requested()`` (its Observe),
+``update_with_tp_status(tp)`` (its share of the AllReduce, without the pause decision),
+``pause_and_wait()`` if the group decided to pause, and on the way out ``record_fatal_error(error)`` and
+``mark_as_stopped()``.  It never reports NoPause, StartStep, EndStep, Idle, Barrier or ExitLoop.  Each
+drop-in call is therefore the composition of the named actions the loop took since its last call, then the
+action it reports, applied in order under one acquisition of the lock (and recorded as those actions, as
+microsoft/CCF's ``Traceccfraft.tla`` composes ``UpdateTerm \\cdot HandleAppendEntriesRequest``):
+
+* ``is_pause_requested()`` = [AllReduce(agreed, FALSE)] . [NoPause | Barrier] . [Idle | StartStep . EndStep]
+  . Observe -- the pause decision of the last all-reduce is known to be FALSE, since the loop did not pause;
+* ``update_with_tp_status(tp)`` = [the same, up to Observe], then the agreed status is held, pending: its
+  AllReduce is applied by the next call, which knows the pause decision (``local_status`` and ``tp_status``
+  read it at once, as upstream's do);
+* ``pause_and_wait()`` = [Observe] . AllReduce(agreed, TRUE) . the window (``pause_window``);
+* ``record_fatal_error(error)`` = [AllReduce] . [NoPause | Barrier] . RecordFatalError, or FailLoop where the
+  loop is not between two iterations' collectives;
+* ``mark_as_stopped()`` = [AllReduce] . [NoPause | Barrier] . ExitLoop, or FailLoop for an exit without a stop.
+
+Between the loop's Idle and a forward step nothing tells them apart: a loop asked to flush is taken to have
+stepped (StartStep . EndStep), one that was not to have idled; the state after is the same.  The pure
+functions below plan those compositions; :class:`DropInLoop` applies them.  The class is mixed into
+:class:`~cbpause.PauseProtocol` and holds no state of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from . import transitions as t
+from .loop import not_enabled, quiet
+from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankState
+
+__all__ = ["DropInLoop", "Plan", "plan_exit", "plan_fatal", "plan_to_read"]
+
+Step = tuple[Callable[..., RankState], tuple]
+Plan = tuple[Step, ...]
+
+
+def _walk(s: RankState, steps: list[Step], fn: Callable[..., RankState], *args: object) -> RankState:
+    steps.append((fn, args))
+    return fn(s, *args)
+
+
+def _settle(s: RankState, pending: int | None, pause: bool, steps: list[Step]) -> RankState:
+    """The AllReduce a drop-in loop took since its last call, with the pause decision ``pause``."""
+    if pending is not None:
+        return _walk(s, steps, t.all_reduce, pending, pause)
+    return s
+
+
+def _to_body(s: RankState, steps: list[Step]) -> RankState:
+    """NoPause or Barrier: the loop went on to the body of its iteration."""
+    if s.phase == "decided" and s.tp_status < HARD_STOP and not s.tp_pause:
+        return _walk(s, steps, t.no_pause)
+    if s.phase == "barrier":
+        return _walk(s, steps, t.barrier)
+    return s
+
+
+def plan_to_read(s: RankState, pending: int | None) -> tuple[Plan, RankState]:
+    """The steps from where the loop's last call left it to the start of its next iteration (``read``)."""
+    steps: list[Step] = []
+    s = _to_body(_settle(s, pending, False, steps), steps)
+    if s.phase == "body":
+        s = _walk(s, steps, t.idle) if s.tp_status == DONT_STOP else _walk(s, steps, t.start_step)
+    if s.phase == "step":
+        s = _walk(s, steps, t.end_step)
+    return tuple(steps), s
+
+
+def plan_fatal(s: RankState, pending: int | None) -> tuple[Plan, RankState]:
+    """The steps of a fatal error reported by a drop-in loop: RecordFatalError between two iterations'
+    collectives, FailLoop elsewhere (nothing where the error is already recorded or a holder is inside)."""
+    steps: list[Step] = []
+    if s.fatal:
+        return (), s
+    s = _to_body(_settle(s, pending, s.obs_pause, steps), steps)
+    if s.phase in ("read", "body", "step"):
+        s = _walk(s, steps, t.record_fatal_error)
+    elif t.live(s) and s.phase != "window":
+        s = _walk(s, steps, t.fail_loop)
+    return tuple(steps), s
+
+
+def plan_exit(s: RankState, pending: int | None) -> tuple[Plan, RankState]:
+    """The steps of a drop-in loop's exit: ExitLoop after a stop, FailLoop after anything else (nothing where
+    the loop has already stopped or a holder is inside)."""
+    steps: list[Step] = []
+    if pending is None and s.phase == "reduce":
+        # The last all-reduce of the exit path (transformers' fatal-error path makes one), which the drop-in
+        # loop does not report: at TP=1 its result is this rank's own contribution.
+        pending = max(s.obs_status, s.tp_status)
+    s = _to_body(_settle(s, pending, s.obs_pause, steps), steps)
+    if not t.may_exit(s) and s.local_status in (FLUSH_AND_STOP, HARD_STOP) and s.phase in ("read", "body", "step"):
+        # A stop asked since the last all-reduce: the loop went round once more, to the all-reduce that agreed
+        # on it (at TP=1, its own status).
+        plan, s = plan_to_read(s, None)
+        steps.extend(plan)
+        s = _walk(s, steps, t.observe)
+        s = _to_body(_walk(s, steps, t.all_reduce, max(s.obs_status, s.tp_status), s.obs_pause), steps)
+    if t.may_exit(s):
+        s = _walk(s, steps, t.exit_loop)
+    elif t.live(s) and s.phase != "window":
+        s = _walk(s, steps, t.fail_loop)
+    return tuple(steps), s
+
+
+class DropInLoop:
+    """The drop-in loop-side methods (see the module's docstring)."""
+
+    if TYPE_CHECKING:  # provided by PauseProtocol
+        fatal_error: BaseException | None
+        _lock: threading.Lock
+        _condition: threading.Condition
+        _state: RankState
+        _pending: int | None
+        _loop_thread: int | None
+        _trace: object
+        _observe_memo: tuple
+
+        def _apply(self, fn: Callable[..., RankState], *args: object) -> RankState: ...
+        def _run(self, plan: Plan) -> RankState: ...
+        def _thread_holds(self) -> list: ...
+        def pause_window(self) -> None: ...
+
+    @property
+    def local_status(self) -> int:
+        """The locally requested stop status, possibly ahead of the value agreed by the TP group."""
+        pending = self._pending
+        s = self._state
+        return s.local_status if pending is None or pending <= s.local_status else pending
+
+    @property
+    def tp_status(self) -> int:
+        """The stop status last agreed by the TP group through its MAX all-reduce."""
+        pending = self._pending
+        return self._state.tp_status if pending is None else pending
+
+    def is_pause_requested(self, local: bool = False) -> bool:
+        """Whether a pause is requested and not released yet.
+
+        With ``local=True``: by the calling thread (it waits for or holds a pause).  Otherwise, called by the
+        loop before its all-reduce, it is P-OBSERVE (``Observe``), after the steps the loop took since its last
+        call; the answer is recorded, so that the protocol knows later whether a pause window was asked for
+        locally (D1).  The first thread to call it (or ``update_with_tp_status()``) after ``clear()`` is taken
+        to be the loop's thread.
+        """
+        if local:
+            return any(h.state != "idle" for h in self._thread_holds())
+        me = threading.get_ident()
+        with self._lock:
+            loop = self._loop_thread
+            if loop is None:
+                self._loop_thread = loop = me
+            start = self._state
+            if loop != me:
+                return start.count > 0
+            pending = self._pending
+            memo = self._observe_memo
+            if start is memo[0] and pending == memo[1] and self._trace is None:
+                # A steady loop cycles through the same state objects: the steps are the ones taken last time.
+                self._state = s = memo[2]
+                self._pending = None
+                return s.obs_pause
+            s = self._to_reduce()
+            if s.phase != "reduce":
+                return s.count > 0
+            if quiet(start, s):
+                self._observe_memo = (start, pending, s)
+            return s.obs_pause
+
+    def _to_reduce(self) -> RankState:
+        """Observe, after the steps the drop-in loop took since its last call (the caller holds the lock)."""
+        plan, end = plan_to_read(self._state, self._pending)
+        self._pending = None
+        self._run(plan)
+        if end.phase == "read":
+            self._apply(t.observe)
+        return self._state
+
+    def update_with_tp_status(self, tp_status: int) -> None:
+        """Drop-in part of P-ALL-REDUCE: take the stop status the TP group agreed on.
+
+        The AllReduce is applied by the loop's next call, which knows the group's pause decision; until then
+        ``tp_status`` and ``local_status`` read the agreed status.  Raises ``ValueError`` if the status is
+        unknown, goes down (MonotoneStopInv) or is below what this rank sent (the result of a MAX).
+        """
+        if tp_status.__class__ is not int:  # the hot path takes plain ints; accept any integer type
+            if isinstance(tp_status, bool) or not hasattr(tp_status, "__index__"):
+                raise ValueError(f"Unknown TP stop status {tp_status!r}")
+            tp_status = tp_status.__index__()
+        if not DONT_STOP <= tp_status <= STOPPED:
+            raise ValueError(f"Unknown TP stop status {tp_status!r}")
+        # The group never agrees on STOPPED (a stopped loop no longer all-reduces); take it as HARD_STOP.
+        if tp_status > HARD_STOP:
+            tp_status = HARD_STOP
+        with self._lock:
+            # Only the loop calls this: it settles which thread is the loop's, should another thread's
+            # is_pause_requested() have come first.
+            self._loop_thread = threading.get_ident()
+            agreed = self._pending if self._pending is not None else self._state.tp_status
+            if tp_status < agreed:
+                raise ValueError(f"TP communicated a lower stop status: {tp_status = }, tp_status = {agreed}")
+            s = self._state
+            if s.phase != "reduce" or self._pending is not None:
+                s = self._to_reduce()
+            if s.phase != "reduce":
+                raise RuntimeError(not_enabled("update_with_tp_status", s))
+            if tp_status < s.obs_status:
+                raise ValueError(f"TP stop status {tp_status} is not a MAX including this rank's {s.obs_status}")
+            self._pending = tp_status
+
+    def pause_and_wait(self) -> None:
+        """Drop-in pause window: the group decided to pause; park as the spec says, then return.
+
+        [Observe] . AllReduce(agreed, TRUE), then the window: P-OPEN-WINDOW if a local holder is pending, and
+        return when the last one leaves (P-CLOSE-WINDOW); P-SKIP-WINDOW if this rank's own request was withdrawn
+        (D1: return at once); otherwise P-PARK-FOR-PEER: wait for the local holder for at most
+        ``peer_park_timeout`` seconds, then raise :class:`~cbpause.PeerParkTimeout` (P-PEER-PARK-TIMEOUT, D3).
+        """
+        with self._condition:
+            if self._loop_thread is None:
+                self._loop_thread = threading.get_ident()
+            pending, s = self._pending, self._state
+            if pending is None and not t.pause_decided(s):  # (an explicit all_reduce() decided it already)
+                s = self._to_reduce()
+                if s.phase != "reduce":
+                    raise RuntimeError(not_enabled("pause_and_wait", s))
+                pending = max(s.obs_status, s.tp_status)  # TP=1: the all-reduce of this rank alone
+            if pending is not None:
+                self._pending = None
+                s = self._apply(t.all_reduce, pending, True)
+            if not t.pause_decided(s):
+                return  # the group is hard-stopping: no window; the loop exits
+        self.pause_window()
+
+    def record_fatal_error(self, error: BaseException) -> None:
+        """Record the loop's fatal error (the first one wins); waiting holders raise with it as ``__cause__``.
+
+        P-RECORD-FATAL-ERROR (``RecordFatalError``) between two iterations' collectives (read, body, step),
+        after the steps the loop took since its last call; P-FAIL-LOOP (``FailLoop``) elsewhere.
+        """
+        with self._condition:
+            if self.fatal_error is None:
+                self.fatal_error = error
+            plan, _ = plan_fatal(self._state, self._pending)
+            self._pending = None
+            self._run(plan)
+            self._condition.notify_all()
+
+    def mark_as_stopped(self) -> None:
+        """The loop has exited; called on every exit path.  P-EXIT-LOOP after a stop, after the steps the loop
+        took since its last call; P-FAIL-LOOP for an exit without a stop (the loop's thread ended)."""
+        with self._condition:
+            plan, end = plan_exit(self._state, self._pending)
+            if plan and plan[-1][0] is t.fail_loop and self.fatal_error is None:
+                self.fatal_error = RuntimeError("the generation loop exited without a stop request")
+            self._pending = None
+            self._run(plan)
+            self._condition.notify_all()
+
