@@ -195,21 +195,21 @@ def test_5_d1_withdrawn_request_after_the_loop_read_it(manager):
     """The loop observed the pending request, then its only requester gets a real SIGINT and withdraws."""
     status = manager.background_thread_status
     observed, go_on = threading.Event(), threading.Event()
-    real_is_pause_requested = status.is_pause_requested
+    real_observe = status.observe
 
-    def is_pause_requested(local=False):
-        answer = real_is_pause_requested(local)
-        if answer and not local and threading.current_thread() is manager._generation_thread:
+    def observe():
+        sent = real_observe()
+        if sent[1]:
             observed.set()  # the loop has read "a pause is requested" for its all-reduce
             go_on.wait(WAIT)
-        return answer
+        return sent
 
-    status.is_pause_requested = is_pause_requested
+    status.observe = observe
     manager.start()
     ids = submit(manager)
     # SIGINT once the loop has read the request for its all-reduce
     assert call_interrupted(lambda: enter_and_leave(manager.pause()), observed, WAIT)
-    status.is_pause_requested = real_is_pause_requested
+    status.observe = real_observe
     go_on.set()  # the all-reduce says "pause"; nobody is left to hold it
     outs = results(manager, ids)
     assert all(len(o.generated_tokens) == MAX_NEW for o in outs)

@@ -72,12 +72,12 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
     background_thread_status: PauseProtocol
 
     def _update_tp_group_state(self) -> bool:
-        """Upstream's TP group step with the protocol told of each of its actions.
+        """Upstream's TP group step, each action of it reported to the protocol's explicit loop API.
 
-        Observe (``is_pause_requested``, recorded), AllReduce (``update_with_tp_status``), then, if the group
-        decided to pause, the window (``pause_and_wait``: open, skip for a withdrawn request, or park for a
-        peer for at most ``peer_park_timeout``) and Barrier.  Returns True if the group is hard-stopping.
-        Unlike upstream, requests drained from the queue before a failure or a hard stop are failed, not lost.
+        Observe, AllReduce, then ExitLoop on a hard stop, the window (open, skip for a withdrawn request, or
+        park for a peer for at most ``peer_park_timeout``) and Barrier if the group decided to pause, NoPause
+        otherwise.  Returns True if the group is hard-stopping.  Unlike upstream, requests drained from the
+        queue before a failure or a hard stop are failed, not lost.
         """
         status = self.background_thread_status
         # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
@@ -122,27 +122,28 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             self.output_router.fail_and_deliver(state, error)
 
     def _group_decision(self, status: PauseProtocol, payload_size: int) -> tuple[int, bool]:
-        """Observe, AllReduce, and the pause window with its Barrier if the group decided to pause.
+        """Observe, AllReduce, then ExitLoop, or the pause window with its Barrier, or NoPause.
 
         Returns the group's payload size and whether the group is hard-stopping.
         """
-        observed_pause = status.is_pause_requested()  # P-OBSERVE: recorded by the protocol (D1)
+        observed_status, observed_pause = status.observe()  # P-OBSERVE: what this rank sends (D1 remembers it)
         try:
             payload_size, tp_status, tp_pause = self.distributed_helper.tp_all_reduce_state(
-                payload_size=payload_size, stop_status=status.local_status, pause_requested=observed_pause
+                payload_size=payload_size, stop_status=observed_status, pause_requested=observed_pause
             )
         except Exception as error:
             _collective_failed(status, error)
             raise
-        status.update_with_tp_status(tp_status)  # P-ALL-REDUCE
+        status.all_reduce(tp_status, bool(tp_pause))  # P-ALL-REDUCE
         if status.tp_status == status.HARD_STOP:
+            status.exit_loop()  # P-EXIT-LOOP: a hard stop exits before any window
             return payload_size, True
         if tp_pause:
             # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
             if self.inputs_and_outputs.compute_stream is not None:
                 self.inputs_and_outputs.compute_stream.synchronize()
             # end of copy
-            status.pause_and_wait()  # P-OPEN-WINDOW / P-SKIP-WINDOW / P-PARK-FOR-PEER; raises on D3
+            status.pause_window()  # P-OPEN-WINDOW / P-SKIP-WINDOW / P-PARK-FOR-PEER, P-CLOSE-WINDOW; raises on D3
             if self.distributed_helper.cpu_comm_group is not None:
                 timeout = self.cb_config.cpu_group_timeout
                 try:
@@ -157,6 +158,8 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
                     _collective_failed(status, error)
                     raise
             status.barrier()  # P-BARRIER: the group leaves the window together
+        else:
+            status.no_pause()  # P-NO-PAUSE
         return payload_size, False
 
 
@@ -252,20 +255,74 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         self.background_thread_status.bind_loop_thread()
         super()._run_generation_loop()
 
-    def _handle_critical_error(self, error: Exception, batch_processor: Any) -> None:
-        """Upstream's fatal-error path, without its group all-reduce when the group is already broken.
+    def _generation_loop_body(self, batch_processor: Any, bootstrapping: bool) -> bool:
+        """Upstream's loop body, with the steps the spec names around the forward step reported.
 
-        A fatal error of this rank's own (P-FATAL-ERROR) tells the group through one more all-reduce, as
-        upstream does.  After P-PEER-PARK-TIMEOUT or P-COLLECTIVE-TIMEOUT the protocol has already stopped
-        the rank (phase ``stopped``): a collective could only wait for peers that are elsewhere, so none
-        is attempted (spec section 5, "A fatal error"); the peers fail at their own barrier or all-reduce.
+        P-START-STEP before the forward step (refused while a holder is inside: R-EXCLUSION is enforced where
+        the step runs), P-END-STEP once the batch is updated, P-IDLE before waiting for work, P-EXIT-LOOP on a
+        flush with nothing left.  A loop asked to flush whose pending requests cannot be scheduled now goes
+        round through an empty step (spec section 5).
         """
-        if self.background_thread_status.state.phase != "stopped":
-            super()._handle_critical_error(error, batch_processor)
+        status = self.background_thread_status
+        # copied from transformers (continuous_api.py, ContinuousBatchingManager._generation_loop_body)
+        requests_available = batch_processor.prepare_next_batch()
+        if requests_available:
+            # end of copy
+            status.start_step()
+            # copied from transformers (continuous_api.py, ContinuousBatchingManager._generation_loop_body)
+            self._generation_step()
+            self.current_batch += 1
+            # end of copy
+            if not bootstrapping:  # no update when bootstrapping an async batching generation
+                batch_processor.update_batch()
+            status.end_step()
+            return not bootstrapping
+        if status.tp_status == status.HARD_STOP:
+            return False  # P-EXIT-LOOP was taken in the group step
+        if status.tp_status == status.FLUSH_AND_STOP and not batch_processor.has_pending_requests():
+            status.exit_loop()
+            return False
+        if status.tp_status == status.DONT_STOP:
+            status.idle()
+        else:
+            status.start_step()
+            status.end_step()
+        # copied from transformers (continuous_api.py, ContinuousBatchingManager._generation_loop_body)
+        self._wake_up_loop.wait(timeout=0.1)  # wait for new requests instead of busy-spinning.
+        self._wake_up_loop.clear()
+        return True
+        # end of copy
+
+    def _handle_critical_error(self, error: Exception, batch_processor: Any) -> None:
+        """Upstream's fatal-error path, reported to the protocol, without its group all-reduce where the group is
+        already broken.
+
+        Between two iterations' collectives (read, body, step) it is P-RECORD-FATAL-ERROR: as upstream, fail
+        what remains and tell the group through one more all-reduce, then P-EXIT-LOOP.  Elsewhere (around the
+        window) it is P-FAIL-LOOP, and after P-PEER-PARK-TIMEOUT or P-COLLECTIVE-TIMEOUT the rank has stopped
+        already: a collective could only wait for peers that are elsewhere, so none is attempted (spec section
+        5, "A fatal error"); the peers fail at their own barrier or all-reduce.
+        """
+        status = self.background_thread_status
+        s = status.state
+        if s.phase in ("read", "body", "step") and not s.fatal:
+            # As upstream: fail what remains (retrieving partial outputs) before recording the error.
+            self._fail_all_remaining_requests(error, batch_processor)
+            status.record_fatal_error(error)
+            try:
+                _, tp_status, tp_pause = self.distributed_helper.tp_all_reduce_state(0, status.HARD_STOP)
+            except Exception as collective_error:
+                _collective_failed(status, collective_error)
+                return
+            status.all_reduce(tp_status, bool(tp_pause))
+            status.exit_loop()
             return
+        if s.phase not in ("stopped", "dead", "window"):
+            status.fail_loop(error)
+        else:
+            status.record_fatal_error(error)  # recorded; the rank has stopped already
         # copied from transformers (continuous_api.py, ContinuousBatchingManager._handle_critical_error)
         self._fail_all_remaining_requests(error, batch_processor)
-        self.background_thread_status.record_fatal_error(error)
         # end of copy
 
     def _create_batch_processor(self) -> _api.ContinuousBatchProcessor:
