@@ -300,3 +300,23 @@ def test_a_request_is_refused_or_delivered_never_lost_around_a_stop(manager):
     assert all(o.status in (RequestStatus.FINISHED, RequestStatus.FAILED) for o in outs)
     assert manager.get_result(timeout=0.2) is None
     manager.model.destroy_cached_continuous_batching_manager()
+
+
+class LoopKilled(BaseException):
+    """Not an Exception: what ends a thread without going through an ``except Exception``."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread ends with it
+def test_a_loop_killed_by_a_base_exception_fails_its_requests_and_its_pausers(manager):
+    """Upstream's loop catches Exception only: a BaseException ends the thread and loses every request in it."""
+    manager.start()
+    ids = submit(manager, 4)
+    release, thread, box = pending_pause(manager, manager.probe, WAIT)
+    manager.probe.fail_with = LoopKilled("killed")
+    release.set()
+    thread.join(JOIN_TIMEOUT)
+    assert isinstance(box.get("error"), RuntimeError)  # the pending pause raises: the loop failed (P-FAIL-LOOP)
+    outs = results(manager, ids)  # nothing lost
+    assert all(o.status == RequestStatus.FAILED for o in outs)
+    status = manager.background_thread_status
+    assert status.state.phase == "stopped" and status.state.fatal and isinstance(status.fatal_error, LoopKilled)

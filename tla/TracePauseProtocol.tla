@@ -1,36 +1,86 @@
 ------------------------- MODULE TracePauseProtocol -------------------------
 (***************************************************************************)
 (* Trace validation (as etcd-raft and CCF do it): replay a log recorded    *)
-(* from PauseProtocol objects (cbpause.recorder, written by cbpause.tlc.traces) against PauseProtocol.      *)
-(* Each log entry names the action, its rank and holder, and the rank's    *)
-(* state after the step; it must match an enabled action of the spec that  *)
-(* leads to that state.  TLC accepts the trace when it reaches the end of  *)
-(* the log, i.e. finds a state violating TraceNotAccepted.                 *)
+(* from PauseProtocol objects (cbpause.recorder; written as a TLA+ module  *)
+(* by cbpause.tlc.traces) against PauseProtocol.  Each log entry names the *)
+(* action, its rank, its holder and stop status, and what the step left:   *)
+(* every variable of the rank, and the holder's state.  It must match an   *)
+(* enabled action of the spec that leads to exactly that.  TLC accepts the *)
+(* trace when it reaches the end of the log, i.e. finds a state violating  *)
+(* TraceNotAccepted.                                                       *)
 (*                                                                         *)
 (* Where the implementation is not atomic, and only there:                 *)
 (*  - AllReduce, Barrier and Restart are one step of the whole group in    *)
 (*    the spec and one call per rank in the code: the first rank's record  *)
-(*    takes the group step, the others' records only check their state.    *)
-(*    A holder's or stopper's record is checked only on what it shares     *)
-(*    with the loop, whose record may lag the group step (Matches).        *)
+(*    takes the group step, the others' records only check their state.   *)
+(*    Until a rank has recorded its part, its object still shows what it  *)
+(*    showed before the group step (`prev`), and the ranks that have not   *)
+(*    caught up are `lagging`: a holder's or stopper's record on such a    *)
+(*    rank is checked against that view, and the guards of RequestPause   *)
+(*    and RequestStop, the two holder-side steps that read the loop's      *)
+(*    variables, are evaluated on it.                                      *)
 (*  - StartStep: requests are not visible to PauseProtocol (the loop owns  *)
 (*    them), so the trace runs with Requests = {} and TraceStartStep is    *)
 (*    StartStep without its HasWork guard.                                 *)
+(*  - Crash is not recorded by the rank that died: the harness that killed *)
+(*    its process adds the record.                                         *)
 (***************************************************************************)
 EXTENDS PauseProtocol, Sequences
 
 CONSTANT Log
 
-VARIABLE i
+VARIABLES
+    i,        \* how many records of the log were matched
+    lagging,  \* ranks whose object has not recorded its part of the last group step
+    prev      \* [Ranks -> View]: what each rank's object showed before that group step
 
-TraceInit == Init /\ i = 0
+traceVars == <<i, lagging, prev>>
+
+\* What a rank's object shows of the loop's and the group's variables.
+View(r) ==
+    [phase |-> phase[r], localStatus |-> localStatus[r], tpStatus |-> tpStatus,
+     tpPause |-> tpPause, obsStatus |-> obsStatus[r], obsPause |-> obsPause[r]]
+
+TraceInit == Init /\ i = 0 /\ lagging = {} /\ prev = [r \in Ranks |-> View(r)]
 
 TraceStartStep(r) ==
     /\ phase[r] = "body"
     /\ Move(r, "step")
 
-\* A group step taken by the first rank to record it; later ranks stutter.
-GroupStep(A, r, before) == IF phase[r] = before THEN A ELSE UNCHANGED vars
+\* A group step taken by the first rank to record it; the later ranks' records
+\* stutter, each catching its rank up.
+GroupStep(A, r, before) ==
+    IF phase[r] = before
+    THEN /\ A
+         /\ lagging' = {q \in Ranks : q # r /\ phase[q] = before}
+         /\ prev' = [q \in Ranks |-> View(q)]
+    ELSE /\ UNCHANGED vars
+         /\ lagging' = lagging \ {r}
+         /\ UNCHANGED prev
+
+\* The view the guards of a holder's step read: a lagging rank's object has not
+\* taken the group step yet.
+Seen(r) == IF r \in lagging THEN prev[r] ELSE View(r)
+
+\* RequestPause, with its guard on what the holder's rank showed.
+TraceRequestPause(h) ==
+    LET r == RankOf[h] IN
+    /\ hs[h] = "idle"
+    /\ Seen(r).phase \notin {"stopped", "dead"}
+    /\ Seen(r).localStatus < HARD_STOP
+    /\ ~fatal[r]
+    /\ hs' = [hs EXCEPT ![h] = "waiting"]
+    /\ count' = [count EXCEPT ![r] = count[r] + 1]
+    /\ UNCHANGED <<loopVars, groupVars, paused, requestVars, restarts>>
+
+\* RequestStop on a lagging rank: the object's status grows from what it showed;
+\* the spec's may have grown past it already, and then the step changes nothing.
+TraceRequestStop(r, s) ==
+    \/ /\ r \notin lagging
+       /\ RequestStop(r, s)
+    \/ /\ r \in lagging
+       /\ Seen(r).localStatus < s
+       /\ IF localStatus[r] < s THEN RequestStop(r, s) ELSE UNCHANGED vars
 
 Step(e) ==
     LET r == e.r
@@ -50,45 +100,54 @@ Step(e) ==
          [] e.a = "EndStep"           -> EndStep(r)
          [] e.a = "Idle"              -> Idle(r)
          [] e.a = "ExitLoop"          -> ExitLoop(r)
-         [] e.a = "RequestPause"      -> RequestPause(h)
+         [] e.a = "RequestPause"      -> TraceRequestPause(h)
          [] e.a = "EnterPause"        -> EnterPause(h)
          [] e.a = "LeavePause"        -> LeavePause(h)
          [] e.a = "PauseFails"        -> PauseFails(h)
          [] e.a = "Interrupt"         -> Interrupt(h)
          [] e.a = "PauseTimeout"      -> PauseTimeout(h)
-         [] e.a = "RequestStop"       -> RequestStop(r, e.s)
+         [] e.a = "RequestStop"       -> TraceRequestStop(r, e.s)
          [] e.a = "RecordFatalError"  -> RecordFatalError(r)
+         [] e.a = "FailLoop"          -> FailLoop(r)
+         [] e.a = "Crash"             -> Crash(r)
          [] e.a = "Restart"           -> GroupStep(Restart, r, "stopped")
          [] OTHER                     -> FALSE
 
-\* Steps taken by threads other than the loop: holders and stoppers.
-OtherThreadActions ==
-    {"RequestPause", "EnterPause", "LeavePause", "PauseFails", "Interrupt",
-     "PauseTimeout", "RequestStop"}
+GroupActions == {"AllReduce", "Barrier", "Restart"}
 
-\* The rank's variables after the step are the recorded ones.  A holder's or
-\* stopper's step is checked on the variables those threads share with the
-\* loop and no group step changes (count, paused, fatal): the loop of its rank
-\* may not have recorded its part of the last group step yet, so its phase,
-\* localStatus, tpStatus, tpPause and obsStatus may lag the spec's; the
-\* loop's own next record checks them.
+\* The lagging set and the views outside group steps: unchanged, except that a
+\* stop asked on a lagging rank grows the status its object shows.
+KeepLag(e) ==
+    /\ UNCHANGED lagging
+    /\ prev' = IF e.a = "RequestStop" /\ e.r \in lagging
+               THEN [prev EXCEPT ![e.r].localStatus =
+                        IF e.s >= prev[e.r].tpStatus THEN e.s ELSE prev[e.r].tpStatus]
+               ELSE prev
+
+\* What the record says the step left: every variable of the rank (as its
+\* object shows them: a lagging rank's loop and group variables are those of
+\* `prev`), and the holder's state for a holder's step.
 Matches(e) ==
     LET r == e.r
         v == e.v
+        shown == IF r \in lagging' THEN prev'[r]
+                 ELSE [phase |-> phase'[r], localStatus |-> localStatus'[r], tpStatus |-> tpStatus',
+                       tpPause |-> tpPause', obsStatus |-> obsStatus'[r], obsPause |-> obsPause'[r]]
     IN /\ fatal'[r] = v.fatal
        /\ paused'[r] = v.paused
        /\ count'[r] = v.count
-       /\ e.a \notin OtherThreadActions =>
-             /\ localStatus'[r] = v.localStatus
-             /\ phase'[r] = v.phase
-             /\ tpStatus' = v.tpStatus
-             /\ tpPause' = v.tpPause
-             /\ obsStatus'[r] = v.obsStatus
-             /\ obsPause'[r] = v.obsPause
+       /\ shown.phase = v.phase
+       /\ shown.localStatus = v.localStatus
+       /\ shown.tpStatus = v.tpStatus
+       /\ shown.tpPause = v.tpPause
+       /\ shown.obsStatus = v.obsStatus
+       /\ shown.obsPause = v.obsPause
+       /\ e.h # 0 => hs'[e.h] = e.hs
 
 TraceNext ==
     /\ i < Len(Log)
     /\ Step(Log[i + 1])
+    /\ IF Log[i + 1].a \in GroupActions THEN TRUE ELSE KeepLag(Log[i + 1])
     /\ Matches(Log[i + 1])
     /\ i' = i + 1
 

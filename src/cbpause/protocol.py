@@ -207,9 +207,8 @@ class PauseProtocol(LoopSteps, DropInLoop):
         if hold is not None:
             hold.state = _HOLD_AFTER[fn.__name__]
         if self._trace is not None:
-            self._trace.record(
-                self.trace_rank, fn.__name__, args, before, after, holder=None if hold is None else hold.holder
-            )
+            holder, holder_state = (None, "") if hold is None else (hold.holder, hold.state)
+            self._trace.record(self.trace_rank, fn.__name__, args, before, after, holder, holder_state)
         if after.paused != before.paused:
             self._window_metrics(after.paused)
         # Wake the waiters only when this step can enable one of them (holders wait for an open window or a

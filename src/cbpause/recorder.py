@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Hashable
 
 from .transitions import RankState
@@ -36,14 +37,22 @@ class TraceEvent:
     holder: int | None  # the holder's index (0-based) for holder actions, else None
     status: int  # the stop status of RequestStop, else 0
     state: RankState  # the rank's state after the step
+    holder_state: str = ""  # the holder's state after a holder action ("waiting", "inside", "idle")
+    time_ns: int = 0  # time.monotonic_ns() under the protocol's lock: orders the records of several processes
 
 
 class TraceRecorder:
-    """Collects the transitions of one or more ``PauseProtocol`` objects (ranks) in one order."""
+    """Collects the transitions of one or more ``PauseProtocol`` objects (ranks) in one order.
 
-    def __init__(self) -> None:
+    ``first_rank`` numbers the ranks attached to it from there: a rank of a TP group in a process of its own
+    records under its own rank, so that the traces of the group's processes can be merged
+    (:func:`cbpause.tlc.traces.merge`).
+    """
+
+    def __init__(self, first_rank: int = 0) -> None:
         self._lock = threading.Lock()
         self.events: list[TraceEvent] = []
+        self.first_rank = first_rank
         self.n_ranks = 0
         self._holders: dict[tuple[int, Hashable], int] = {}
         self.holder_rank: list[int] = []  # holder index -> its rank's index
@@ -52,11 +61,12 @@ class TraceRecorder:
         """A new rank: its index."""
         with self._lock:
             self.n_ranks += 1
-            return self.n_ranks - 1
+            return self.first_rank + self.n_ranks - 1
 
     def record(self, rank: int, function_name: str, args: tuple, before: RankState, after: RankState,
-               holder: Hashable = None) -> None:  # fmt: skip
-        """One transition of rank ``rank``; ``holder`` identifies the holder of a holder action."""
+               holder: Hashable = None, holder_state: str = "") -> None:  # fmt: skip
+        """One transition of rank ``rank``; ``holder`` identifies the holder of a holder action, ``holder_state``
+        is its state after the step."""
         action = action_of(function_name)
         index = None
         with self._lock:
@@ -67,4 +77,5 @@ class TraceRecorder:
                     self.holder_rank.append(rank)
                     index = self._holders[key] = len(self.holder_rank) - 1
             status = int(args[0]) if action == "RequestStop" else 0
-            self.events.append(TraceEvent(action, rank, index, status, after))
+            event = TraceEvent(action, rank, index, status, after, holder_state, time.monotonic_ns())
+            self.events.append(event)

@@ -29,8 +29,9 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
-from .testing import call_interrupted, enter_and_leave
+from .testing import Traffic, call_interrupted, enter_and_leave
 
 __all__ = ["Soak", "main", "run"]
 
@@ -53,40 +54,10 @@ class Tally:
             self.unexpected.append(what)
 
 
-class Ledger:
-    """Every accepted request and the terminal outputs it received."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.outputs: dict[str, int] = {}
-        self.waiting: set[str] = set()  # accepted, no output yet: read every few ms, so kept, not scanned
-        self.progress = time.monotonic()
-
-    def submitted(self, rid: str) -> None:
-        with self.lock:
-            self.outputs[rid] = 0
-            self.waiting.add(rid)
-
-    def delivered(self, rid: str) -> None:
-        with self.lock:
-            self.outputs[rid] = self.outputs.get(rid, 0) + 1
-            self.waiting.discard(rid)
-            self.progress = time.monotonic()
-
-    def open(self) -> int:
-        """How many accepted requests have had no output yet."""
-        with self.lock:
-            return len(self.waiting)
-
-    def lost_and_duplicated(self) -> tuple[int, int]:
-        with self.lock:
-            return sum(n == 0 for n in self.outputs.values()), sum(n > 1 for n in self.outputs.values())
-
-
 class Watchdog:
     """Fails the run when an operation outlives its bound; dumps every thread's stack first."""
 
-    def __init__(self, bound: float, ledger: Ledger):
+    def __init__(self, bound: float, ledger: Any):
         self.bound, self.ledger = bound, ledger
         self.ops: dict[int, tuple[str, float]] = {}
         self.lock = threading.Lock()
@@ -169,7 +140,6 @@ class Soak:
         logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)  # injected faults are expected
         self.args, self.torch = args, torch
         self.rng = random.Random(args.seed)
-        self.feeder_rng = random.Random(args.seed + 1)
         self.model = tiny_llama("cpu", args.seed)
         self.gen = greedy_config(self.MAX_NEW)
         self.cb = batching_config(num_blocks=4 * self.IN_FLIGHT * 2 + 16)
@@ -178,36 +148,12 @@ class Soak:
         self._init = init_continuous_batching
         self.manager = init_continuous_batching(self.model, self.gen, self.cb)
         self.status = self.manager.background_thread_status
-        self.tally, self.ledger = Tally(), Ledger()
-        self.wd = Watchdog(args.bound, self.ledger)
-        self.done = threading.Event()  # no more actions and requests
-        self.finished = threading.Event()  # the final stop has returned
-
-    # ---------------------------------------------------------------------------------- requests
-
-    def consume(self) -> None:
-        while True:
-            out = self.manager.get_result(timeout=0.05)
-            if out is not None:
-                self.ledger.delivered(out.request_id)
-            elif self.finished.is_set():
-                return  # the final stop has returned: every output is already in the queue
-            else:
-                self.finished.wait(0.01)  # get_result returns at once while the loop is down
-
-    def feed(self) -> None:
-        rng, vocab = self.feeder_rng, self.model.config.vocab_size
-        while not self.done.is_set():
-            if self.ledger.open() < self.IN_FLIGHT:
-                prompt = [rng.randrange(1, vocab) for _ in range(rng.randrange(3, 12))]
-                rid = self.manager.add_request(prompt, max_new_tokens=rng.randrange(4, self.MAX_NEW + 1))
-                if rid is not None:  # None: refused while stopping or stopped (upstream's contract)
-                    self.ledger.submitted(rid)
-                    self.tally.add("requests")
-                if rid is not None and rng.random() < 0.1:
-                    self.manager.cancel_request(rid)
-                    self.tally.add("cancelled")
-            self.done.wait(0.002)
+        self.tally = Tally()
+        self.traffic = Traffic(
+            self.manager, self.model.config.vocab_size, self.MAX_NEW, in_flight=self.IN_FLIGHT, seed=args.seed + 1,
+            join_timeout=args.bound,
+        )  # fmt: skip
+        self.wd = Watchdog(args.bound, self.traffic.ledger)
 
     # ------------------------------------------------------------------------------------- helpers
 
@@ -398,35 +344,29 @@ class Soak:
         args, wd, tally = self.args, self.wd, self.tally
         actions = [getattr(self, name) for name in self.ACTIONS]
         started = time.monotonic()
-        consumer = threading.Thread(target=self.consume, name="soak-consumer", daemon=True)
-        feeder = threading.Thread(target=self.feed, name="soak-feeder", daemon=True)
         wd.thread.start()
         self.manager.start()
         wd.requests_expected.set()
-        consumer.start()
-        feeder.start()
+        self.traffic.start()
         try:
             while time.monotonic() - started < args.duration and not wd.failed.is_set():
                 self.rng.choices(actions, weights=list(self.ACTIONS.values()))[0]()
         finally:
-            self.done.set()
-            feeder.join(args.bound)
+            self.traffic.stop_feeding()
             wd.requests_expected.clear()
             with wd.op("final flush stop"):
                 self.manager.stop(block=True, timeout=args.bound)
-            self.finished.set()
-            consumer.join(args.bound)
+            lost, duplicated = self.traffic.finish()
             wd.stopped.set()
             self.model.destroy_cached_continuous_batching_manager()
-        lost, duplicated = self.ledger.lost_and_duplicated()
         c = tally.counts
         if c["pause_calls"] != c["pauses"] + c["pause_raised"]:
             tally.wrong(f"pause() calls {c['pause_calls']} != entered {c['pauses']} + raised {c['pause_raised']}")
         return {
             "seed": args.seed, "seconds": round(time.monotonic() - started, 1), "pauses": c["pauses"],
             "interrupts": c["interrupts"], "timeouts": c["timeouts"], "stops": c["stops"],
-            "errors_injected": c["errors_injected"], "misuse": c["misuse"], "requests": c["requests"],
-            "lost": lost, "duplicated": duplicated, "hangs": len(wd.hangs), "cancelled": c["cancelled"],
+            "errors_injected": c["errors_injected"], "misuse": c["misuse"], "requests": self.traffic.requests,
+            "lost": lost, "duplicated": duplicated, "hangs": len(wd.hangs), "cancelled": self.traffic.ledger.cancelled,
             "restarts": c["restarts"], "unexpected": list(tally.unexpected),
         }  # fmt: skip
 

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+from .. import transitions as t
 from ..protocol import PauseProtocol
 
 SUPPORTED = "5.23"
@@ -253,7 +254,14 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
     def _run_generation_loop(self) -> None:
         # Settle which thread is the loop's before anything else can ask (D4's check relies on it).
         self.background_thread_status.bind_loop_thread()
-        super()._run_generation_loop()
+        try:
+            super()._run_generation_loop()
+        except BaseException as error:
+            # Not an Exception, so upstream's handler let it through, and every request with it: each gets its
+            # terminal output before the thread ends (R-NOTHING-LOST-DELIVERED).
+            killed = RuntimeError(f"the generation loop was killed: {error!r}")
+            self._fail_all_remaining_requests(killed, self.batch_processor)
+            raise
 
     def _generation_loop_body(self, batch_processor: Any, bootstrapping: bool) -> bool:
         """Upstream's loop body, with the steps the spec names around the forward step reported.
@@ -263,6 +271,17 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         flush with nothing left.  A loop asked to flush whose pending requests cannot be scheduled now goes
         round through an empty step (spec section 5).
         """
+        try:
+            return self._loop_body(batch_processor, bootstrapping)
+        except BaseException as error:
+            status = self.background_thread_status
+            s = status.state
+            if not isinstance(error, Exception) and t.live(s) and s.phase != "window":
+                # Upstream handles Exception only: anything else ends the thread (P-FAIL-LOOP, with this error).
+                status.fail_loop(error)
+            raise
+
+    def _loop_body(self, batch_processor: Any, bootstrapping: bool) -> bool:
         status = self.background_thread_status
         # copied from transformers (continuous_api.py, ContinuousBatchingManager._generation_loop_body)
         requests_available = batch_processor.prepare_next_batch()

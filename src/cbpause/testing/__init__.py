@@ -7,6 +7,8 @@ Standard library only, importable without torch:
 * :func:`run_thread`, :func:`enter_and_leave`, ``JOIN_TIMEOUT`` -- threads joined with a bound;
 * :class:`FakeLoop` (transformers' loop reduced to its calls into the status object) and :class:`Group` (a TP
   group in one process, on the explicit loop API), :func:`end_leftover_loops`;
+* :class:`StepGate`: hold the loop after one of its steps, or fail it there;
+* :class:`Traffic` and its :class:`Ledger`: requests flowing through a manager, each output counted;
 * :func:`percentile`, :func:`free_port`.
 
 With the ``transformers`` extra (imported on first use): the tiny random Llama and its configs
@@ -21,11 +23,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .gates import StepGate
 from .loops import FakeLoop, Group, end_leftover_loops
 from .signals import Interrupter, call_interrupted
 from .stats import percentile
 from .threads import JOIN_TIMEOUT, enter_and_leave, run_thread
 from .tp import free_port
+from .traffic import Ledger, Traffic
 
 _LAZY = {
     "ForwardProbe": "llama", "PAGE_SIZE": "llama", "batching_config": "llama", "cache_blocks": "llama",
@@ -35,8 +39,8 @@ _LAZY = {
 }  # fmt: skip
 
 __all__ = [
-    "JOIN_TIMEOUT", "FakeLoop", "Group", "Interrupter", "call_interrupted", "end_leftover_loops", "enter_and_leave",
-    "free_port", "percentile", "run_thread", *_LAZY,
+    "JOIN_TIMEOUT", "FakeLoop", "Group", "Interrupter", "StepGate", "call_interrupted", "end_leftover_loops",
+    "Ledger", "Traffic", "enter_and_leave", "free_port", "percentile", "run_thread", *_LAZY,
 ]  # fmt: skip
 
 

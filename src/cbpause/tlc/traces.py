@@ -47,8 +47,8 @@ def _state(s: RankState) -> str:
 
 def _record(e: TraceEvent) -> str:
     holder = 0 if e.holder is None else tla_number(e.holder)
-    rank, action = tla_number(e.rank), _tla(e.action)
-    return f"[a |-> {action}, r |-> {rank}, h |-> {holder}, s |-> {e.status}, v |-> {_state(e.state)}]"
+    rank, action, hs = tla_number(e.rank), _tla(e.action), _tla(e.holder_state)
+    return f"[a |-> {action}, r |-> {rank}, h |-> {holder}, hs |-> {hs}, s |-> {e.status}, v |-> {_state(e.state)}]"
 
 
 def _tla_set(numbers: Sequence[int]) -> str:
