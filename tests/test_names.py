@@ -28,7 +28,8 @@ RETIRED = {
     r"\bfatal_error\(s\)|\bt\.fatal_error\b|\bcrashes\s*(=|'|\+)": "record_fatal_error; budgets in MC*.tla",
     r"\bWitness_(enters|resumes|stops|delivers)\b": "Witness_NeverInside and its kind",
     r"\bfakeloop\b|\btrace_scenarios\b|\btinymodel\b|\bcbpause\.traces\b|\bcbpause\.conformance\b": "cbpause.testing, "
-    "cbpause.tlc.scenarios, cbpause.tlc.traces, cbpause.tlc.conformance",
+    "cbpause.scenarios, cbpause.tlc.traces, cbpause.tlc.conformance",
+    r"\bcbpause\.tlc\.scenarios\b": "cbpause.scenarios (an application: it runs the real loop)",
     r"\bis_live\b": "live",
 }
 SEARCHED = ("src", "tests", "tla", "spec", "docs", "README.md", "noxfile.py")

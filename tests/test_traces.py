@@ -6,8 +6,8 @@ import threading
 import pytest
 
 from cbpause import PauseProtocol, TraceRecorder
+from cbpause.scenarios.group import run_scenario
 from cbpause.testing import Group
-from cbpause.tlc.scenarios import run_scenario
 from cbpause.tlc.traces import describe_rejection, validate
 
 from .conftest import TLA_DIR

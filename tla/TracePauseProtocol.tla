@@ -23,7 +23,7 @@
 (*    them), so the trace runs with Requests = {} and TraceStartStep is    *)
 (*    StartStep without its HasWork guard.                                 *)
 (*  - Crash is not recorded by the rank that died: the harness that killed *)
-(*    its process adds the record.                                         *)
+(*    its process adds the record, which says only that the rank is dead.  *)
 (***************************************************************************)
 EXTENDS PauseProtocol, Sequences
 
@@ -118,7 +118,7 @@ GroupActions == {"AllReduce", "Barrier", "Restart"}
 \* The lagging set and the views outside group steps: unchanged, except that a
 \* stop asked on a lagging rank grows the status its object shows.
 KeepLag(e) ==
-    /\ UNCHANGED lagging
+    /\ lagging' = IF e.a = "Crash" THEN lagging \ {e.r} ELSE lagging
     /\ prev' = IF e.a = "RequestStop" /\ e.r \in lagging
                THEN [prev EXCEPT ![e.r].localStatus =
                         IF e.s >= prev[e.r].tpStatus THEN e.s ELSE prev[e.r].tpStatus]
@@ -133,7 +133,8 @@ Matches(e) ==
         shown == IF r \in lagging' THEN prev'[r]
                  ELSE [phase |-> phase'[r], localStatus |-> localStatus'[r], tpStatus |-> tpStatus',
                        tpPause |-> tpPause', obsStatus |-> obsStatus'[r], obsPause |-> obsPause'[r]]
-    IN /\ fatal'[r] = v.fatal
+    IN IF e.a = "Crash" THEN phase'[r] = "dead" ELSE  \* all the harness knows of a killed rank
+       /\ fatal'[r] = v.fatal
        /\ paused'[r] = v.paused
        /\ count'[r] = v.count
        /\ shown.phase = v.phase

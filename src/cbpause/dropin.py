@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import transitions as t
-from .loop import not_enabled, quiet
+from .loop import not_enabled
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankState
 
 __all__ = ["DropInLoop", "Plan", "plan_exit", "plan_fatal", "plan_to_read"]
@@ -43,6 +43,15 @@ Plan = tuple[Step, ...]
 def _walk(s: RankState, steps: list[Step], fn: Callable[..., RankState], *args: object) -> RankState:
     steps.append((fn, args))
     return fn(s, *args)
+
+
+def _unreported(s: RankState, pending: int | None) -> int | None:
+    """The agreed status of the AllReduce the loop took since its last call: ``pending`` if the loop reported it
+    (``update_with_tp_status``); if it reported none since its Observe, the all-reduce of this rank alone (a
+    loop at TP=1 that calls only ``is_pause_requested``, as transformers' unit tests write one)."""
+    if pending is None and s.phase == "reduce":
+        return max(s.obs_status, s.tp_status)
+    return pending
 
 
 def _settle(s: RankState, pending: int | None, pause: bool, steps: list[Step]) -> RankState:
@@ -62,8 +71,13 @@ def _to_body(s: RankState, steps: list[Step]) -> RankState:
 
 
 def plan_to_read(s: RankState, pending: int | None) -> tuple[Plan, RankState]:
-    """The steps from where the loop's last call left it to the start of its next iteration (``read``)."""
+    """The steps from where the loop's last call left it to the start of its next iteration (``read``).
+
+    A loop that saw a pause requested (``obs_pause``) and asks again without reporting its all-reduce or its
+    window has not gone round: nothing is planned (it has to open the window first)."""
     steps: list[Step] = []
+    if not s.obs_pause:
+        pending = _unreported(s, pending)
     s = _to_body(_settle(s, pending, False, steps), steps)
     if s.phase == "body":
         s = _walk(s, steps, t.idle) if s.tp_status == DONT_STOP else _walk(s, steps, t.start_step)
@@ -78,7 +92,7 @@ def plan_fatal(s: RankState, pending: int | None) -> tuple[Plan, RankState]:
     steps: list[Step] = []
     if s.fatal:
         return (), s
-    s = _to_body(_settle(s, pending, s.obs_pause, steps), steps)
+    s = _to_body(_settle(s, _unreported(s, pending), s.obs_pause, steps), steps)
     if s.phase in ("read", "body", "step"):
         s = _walk(s, steps, t.record_fatal_error)
     elif t.live(s) and s.phase != "window":
@@ -90,11 +104,9 @@ def plan_exit(s: RankState, pending: int | None) -> tuple[Plan, RankState]:
     """The steps of a drop-in loop's exit: ExitLoop after a stop, FailLoop after anything else (nothing where
     the loop has already stopped or a holder is inside)."""
     steps: list[Step] = []
-    if pending is None and s.phase == "reduce":
-        # The last all-reduce of the exit path (transformers' fatal-error path makes one), which the drop-in
-        # loop does not report: at TP=1 its result is this rank's own contribution.
-        pending = max(s.obs_status, s.tp_status)
-    s = _to_body(_settle(s, pending, s.obs_pause, steps), steps)
+    # An all-reduce not reported: the last one of the exit path (transformers' fatal-error path makes one), or
+    # that of a loop that reports none.  At TP=1 its result is this rank's own contribution.
+    s = _to_body(_settle(s, _unreported(s, pending), s.obs_pause, steps), steps)
     if not t.may_exit(s) and s.local_status in (FLUSH_AND_STOP, HARD_STOP) and s.phase in ("read", "body", "step"):
         # A stop asked since the last all-reduce: the loop went round once more, to the all-reduce that agreed
         # on it (at TP=1, its own status).
@@ -121,6 +133,8 @@ class DropInLoop:
         _loop_thread: int | None
         _trace: object
         _observe_memo: tuple
+
+        def _may_remember(self, before: RankState, after: RankState) -> bool: ...
 
         def _apply(self, fn: Callable[..., RankState], *args: object) -> RankState: ...
         def _run(self, plan: Plan) -> RankState: ...
@@ -152,6 +166,16 @@ class DropInLoop:
         if local:
             return any(h.state != "idle" for h in self._thread_holds())
         me = threading.get_ident()
+        memo, lock = self._observe_memo, self._lock
+        lock.acquire()  # the hot path, as LoopSteps._remember says
+        try:
+            if memo[0] is self._state and memo[1] == self._pending and memo[2] == me == self._loop_thread:
+                # A steady loop cycles through the same state objects: the steps are the ones taken last time.
+                self._state = s = memo[3]
+                self._pending = None
+                return s.obs_pause
+        finally:
+            lock.release()
         with self._lock:
             loop = self._loop_thread
             if loop is None:
@@ -160,27 +184,23 @@ class DropInLoop:
             if loop != me:
                 return start.count > 0
             pending = self._pending
-            memo = self._observe_memo
-            if start is memo[0] and pending == memo[1] and self._trace is None:
-                # A steady loop cycles through the same state objects: the steps are the ones taken last time.
-                self._state = s = memo[2]
-                self._pending = None
-                return s.obs_pause
-            s = self._to_reduce()
-            if s.phase != "reduce":
+            s, observed = self._to_reduce()
+            if not observed:  # (e.g. it asked again after seeing a pause, before its window)
                 return s.count > 0
-            if quiet(start, s):
-                self._observe_memo = (start, pending, s)
+            if self._may_remember(start, s):
+                self._observe_memo = (start, pending, me, s)
             return s.obs_pause
 
-    def _to_reduce(self) -> RankState:
-        """Observe, after the steps the drop-in loop took since its last call (the caller holds the lock)."""
+    def _to_reduce(self) -> tuple[RankState, bool]:
+        """Observe, after the steps the drop-in loop took since its last call (the caller holds the lock); the
+        state, and whether the Observe was taken."""
         plan, end = plan_to_read(self._state, self._pending)
         self._pending = None
         self._run(plan)
-        if end.phase == "read":
+        observed = end.phase == "read"
+        if observed:
             self._apply(t.observe)
-        return self._state
+        return self._state, observed
 
     def update_with_tp_status(self, tp_status: int) -> None:
         """Drop-in part of P-ALL-REDUCE: take the stop status the TP group agreed on.
@@ -198,16 +218,33 @@ class DropInLoop:
         # The group never agrees on STOPPED (a stopped loop no longer all-reduces); take it as HARD_STOP.
         if tp_status > HARD_STOP:
             tp_status = HARD_STOP
+        me = threading.get_ident()
+        if me == self._observe_memo[2]:  # the hot path of a loop whose is_pause_requested() replays its memo
+            lock = self._lock
+            lock.acquire()
+            try:
+                s = self._state
+                if (
+                    self._pending is None
+                    and s.phase == "reduce"
+                    and s.obs_status <= tp_status
+                    and s.tp_status <= tp_status
+                    and self._loop_thread == me
+                ):
+                    self._pending = tp_status
+                    return
+            finally:
+                lock.release()
         with self._lock:
             # Only the loop calls this: it settles which thread is the loop's, should another thread's
             # is_pause_requested() have come first.
-            self._loop_thread = threading.get_ident()
+            self._loop_thread = me
             agreed = self._pending if self._pending is not None else self._state.tp_status
             if tp_status < agreed:
                 raise ValueError(f"TP communicated a lower stop status: {tp_status = }, tp_status = {agreed}")
             s = self._state
             if s.phase != "reduce" or self._pending is not None:
-                s = self._to_reduce()
+                s, _ = self._to_reduce()
             if s.phase != "reduce":
                 raise RuntimeError(not_enabled("update_with_tp_status", s))
             if tp_status < s.obs_status:
@@ -227,7 +264,7 @@ class DropInLoop:
                 self._loop_thread = threading.get_ident()
             pending, s = self._pending, self._state
             if pending is None and not t.pause_decided(s):  # (an explicit all_reduce() decided it already)
-                s = self._to_reduce()
+                s, _ = self._to_reduce()
                 if s.phase != "reduce":
                     raise RuntimeError(not_enabled("pause_and_wait", s))
                 pending = max(s.obs_status, s.tp_status)  # TP=1: the all-reduce of this rank alone
@@ -258,8 +295,7 @@ class DropInLoop:
         with self._condition:
             plan, end = plan_exit(self._state, self._pending)
             if plan and plan[-1][0] is t.fail_loop and self.fatal_error is None:
-                self.fatal_error = RuntimeError("the generation loop exited without a stop request")
+                self.fatal_error = RuntimeError("the generation loop exited without a stop agreed by its group")
             self._pending = None
             self._run(plan)
             self._condition.notify_all()
-

@@ -40,6 +40,56 @@ def quiet(before: RankState, after: RankState) -> bool:
     )
 
 
+# The guards of the loop's steps: each is the ``pre:`` of its function in transitions.py, less rank_invariant
+# (tests/test_protocol_machine.py checks that a step raises exactly where its guard is false).
+def _can_observe(s: RankState) -> bool:
+    return s.phase == "read"
+
+
+def _can_open_window(s: RankState) -> bool:
+    return t.pause_decided(s) and s.count > 0
+
+
+def _can_skip_window(s: RankState) -> bool:
+    return t.pause_decided(s) and s.count == 0 and s.obs_pause
+
+
+def _can_park_for_peer(s: RankState) -> bool:
+    return t.pause_decided(s) and s.count == 0 and not s.obs_pause
+
+
+def _can_join_peer_pause(s: RankState) -> bool:
+    return s.phase == "peer" and s.count > 0
+
+
+def _can_close_window(s: RankState) -> bool:
+    return s.phase == "window" and not s.paused
+
+
+def _can_barrier(s: RankState) -> bool:
+    return s.phase == "barrier"
+
+
+def _can_no_pause(s: RankState) -> bool:
+    return s.phase == "decided" and s.tp_status < HARD_STOP and not s.tp_pause
+
+
+def _can_start_step(s: RankState) -> bool:
+    return s.phase == "body"
+
+
+def _can_end_step(s: RankState) -> bool:
+    return s.phase == "step"
+
+
+def _can_idle(s: RankState) -> bool:
+    return s.phase == "body" and s.tp_status == DONT_STOP
+
+
+# The steps a steady loop takes every iteration, which replay a memo (LoopSteps._remember).
+_HOT = ("observe", "no_pause", "start_step", "end_step", "idle")
+_NO_MEMO = (None, None)
+
 # The steps that follow an all-reduce that decided to pause (the others follow one that did not).
 _DECIDE_A_PAUSE = frozenset({t.open_window, t.skip_window, t.park_for_peer})
 
@@ -56,7 +106,12 @@ class LoopSteps:
         _peer_park_timeout: float | None
         _clock: Callable[[], float]
         _trace: object
-        _step_memo: dict
+        _memo_observe: tuple
+        _memo_all_reduce: tuple
+        _memo_no_pause: tuple
+        _memo_start_step: tuple
+        _memo_end_step: tuple
+        _memo_idle: tuple
         _pending: int | None
 
         def _apply(self, fn: Callable[..., RankState], *args: object) -> RankState: ...
@@ -69,19 +124,11 @@ class LoopSteps:
             self._pending = None
             self._apply(t.all_reduce, pending, pause)
 
-    def _step(self, fn: Callable[..., RankState], guard: Callable[[RankState], bool], *args: object) -> RankState:
-        """One loop step: ``fn`` if ``guard`` holds (checked under the lock), else ``RuntimeError`` and no
-        change.
-
-        A steady loop takes the same step from the same state object every iteration: with trace recording off,
-        a step that can enable no waiter (:func:`quiet`) is replayed from its memo, guard included.
-        """
+    def _step(self, fn: Callable[..., RankState], guard: Callable[[RankState], bool]) -> RankState:
+        """One loop step, the slow path: ``fn`` if ``guard`` holds (checked under the lock), else ``RuntimeError``
+        and no change; remembers the step for the hot path (see :meth:`_remember`)."""
         with self._lock:
             s = self._state
-            memo = self._step_memo.get(fn)
-            if memo is not None and memo[0] is s and memo[1] == args and self._trace is None and self._pending is None:
-                self._state = memo[2]
-                return memo[2]
             pending = self._pending
             if pending is not None and s.phase == "reduce":
                 pause = fn in _DECIDE_A_PAUSE or (fn is t.exit_loop and s.obs_pause)
@@ -91,16 +138,49 @@ class LoopSteps:
                 s = self._state
             if not guard(s):
                 raise RuntimeError(not_enabled(fn.__name__, s))
-            after = self._apply(fn, *args)
-            if quiet(s, after):
-                self._step_memo[fn] = (s, args, after)
+            after = self._apply(fn)
+            if fn.__name__ in _HOT:
+                self._remember(fn.__name__, s, after)
             return after
+
+    def _remember(self, action: str, before: RankState, after: RankState, *args: object) -> None:
+        """The memo of the hot path: ``self._memo_<action> = (before, *args, after)``.
+
+        A steady loop takes the same step from the same state object every iteration (transitions are interned,
+        see ``protocol._transition``), so each hot method first replays its memo, guard included, with one
+        identity test: the state object fixes every field a guard reads.  The replay takes the lock with
+        ``acquire()`` and ``try``/``finally`` rather than ``with``, which costs twice as much on CPython 3.11,
+        and several steps run every iteration.  Between ``acquire()`` and ``try`` a signal handler could raise
+        and leave the lock held; signal handlers run only on the main thread, so a loop there gets no memos,
+        and neither does a step that can wake a waiter (:func:`quiet`: the replay notifies nobody) or a
+        protocol that records a trace (the replay records nothing).  ``clear()`` forgets every memo.
+        """
+        if self._may_remember(before, after):
+            setattr(self, "_memo_" + action, (before, *args, after))
+
+    def _may_remember(self, before: RankState, after: RankState) -> bool:
+        """Whether a step from ``before`` to ``after`` may be replayed from a memo (see :meth:`_remember`)."""
+        return self._trace is None and quiet(before, after) and threading.get_ident() != threading.main_thread().ident
+
+    def _forget_memos(self) -> None:
+        for action in _HOT:
+            setattr(self, "_memo_" + action, _NO_MEMO)
+        self._memo_all_reduce = (None, None, None, None)
+        self._observe_memo = (None, None, None, None)  # the drop-in is_pause_requested()'s (DropInLoop)
 
     def observe(self) -> tuple[int, bool]:
         """P-OBSERVE (``Observe``): what this rank sends to the all-reduce: (stop status, pause requested)."""
-        with self._condition:
-            self._loop_thread = threading.get_ident()
-        s = self._step(t.observe, lambda s: s.phase == "read")
+        memo, lock = self._memo_observe, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state:
+                self._state = s = memo[1]
+                return s.obs_status, s.obs_pause
+        finally:
+            lock.release()
+        with self._lock:
+            self._loop_thread = threading.get_ident()  # the thread of the first observe() after clear()
+        s = self._step(t.observe, _can_observe)
         return s.obs_status, s.obs_pause
 
     def all_reduce(self, tp_status: int, tp_pause: bool) -> None:
@@ -108,7 +188,15 @@ class LoopSteps:
 
         Raises ``ValueError`` if the result cannot be a MAX that includes this rank's contribution.
         """
-        with self._condition:
+        memo, lock = self._memo_all_reduce, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state and memo[1] == tp_status and memo[2] == tp_pause and self._pending is None:
+                self._state = memo[3]
+                return
+        finally:
+            lock.release()
+        with self._lock:
             s = self._state
             if s.phase != "reduce":
                 raise RuntimeError(not_enabled("all_reduce", s))
@@ -118,23 +206,25 @@ class LoopSteps:
                 raise ValueError(f"all-reduced stop status {tp_status!r} is below the agreed {s.tp_status}")
             if s.obs_pause and not tp_pause:
                 raise ValueError("all-reduced pause flag is False although this rank asked for a pause")
-            self._apply(t.all_reduce, tp_status, bool(tp_pause))
+            after = self._apply(t.all_reduce, tp_status, bool(tp_pause))
+            if self._pending is None:
+                self._remember("all_reduce", s, after, tp_status, tp_pause)
 
     def open_window(self) -> None:
         """P-OPEN-WINDOW (``OpenWindow``): a local holder is pending; open the window (does not wait)."""
-        self._step(t.open_window, lambda s: t.pause_decided(s) and s.count > 0)
+        self._step(t.open_window, _can_open_window)
 
     def skip_window(self) -> None:
         """P-SKIP-WINDOW (``SkipWindow``): this rank asked, every local request was withdrawn (D1)."""
-        self._step(t.skip_window, lambda s: t.pause_decided(s) and s.count == 0 and s.obs_pause)
+        self._step(t.skip_window, _can_skip_window)
 
     def park_for_peer(self) -> None:
         """P-PARK-FOR-PEER (``ParkForPeer``): a peer asked, no local holder is pending (does not wait)."""
-        self._step(t.park_for_peer, lambda s: t.pause_decided(s) and s.count == 0 and not s.obs_pause)
+        self._step(t.park_for_peer, _can_park_for_peer)
 
     def join_peer_pause(self) -> None:
         """P-JOIN-PEER-PAUSE (``JoinPeerPause``): the local holder came; open the window."""
-        self._step(t.join_peer_pause, lambda s: s.phase == "peer" and s.count > 0)
+        self._step(t.join_peer_pause, _can_join_peer_pause)
 
     def peer_park_timeout(self) -> PeerParkTimeout:
         """P-PEER-PARK-TIMEOUT (``PeerParkTimeout``): no local holder came; record the error and stop
@@ -158,7 +248,7 @@ class LoopSteps:
 
     def close_window(self) -> None:
         """P-CLOSE-WINDOW (``CloseWindow``): the last holder left; go to the barrier."""
-        self._step(t.close_window, lambda s: s.phase == "window" and not s.paused)
+        self._step(t.close_window, _can_close_window)
 
     def pause_window(self) -> None:
         """The pause window after a pause decision: P-OPEN-WINDOW, P-SKIP-WINDOW or P-PARK-FOR-PEER, then
@@ -194,11 +284,19 @@ class LoopSteps:
 
     def barrier(self) -> None:
         """P-BARRIER (``Barrier``), this rank's part: the group left the pause window together."""
-        self._step(t.barrier, lambda s: s.phase == "barrier")
+        self._step(t.barrier, _can_barrier)
 
     def no_pause(self) -> None:
         """P-NO-PAUSE (``NoPause``)."""
-        self._step(t.no_pause, lambda s: s.phase == "decided" and s.tp_status < HARD_STOP and not s.tp_pause)
+        memo, lock = self._memo_no_pause, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state:
+                self._state = memo[1]
+                return
+        finally:
+            lock.release()
+        self._step(t.no_pause, _can_no_pause)
 
     def start_step(self) -> None:
         """P-START-STEP (``StartStep``): a forward step is about to run.
@@ -206,21 +304,45 @@ class LoopSteps:
         Enforces ExclusionInv where the step runs: with a holder inside (which the invariants rule out) it
         records a fatal error and raises instead.
         """
+        memo, lock = self._memo_start_step, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state:  # a state the step was taken from, so one with no holder inside
+                self._state = memo[1]
+                return
+        finally:
+            lock.release()
         with self._lock:
             if self._state.inside:
                 error = RuntimeError("a forward step was about to start while a holder is inside a pause (R-EXCLUSION)")
                 if self.fatal_error is None:
                     self.fatal_error = error
                 raise error
-        self._step(t.start_step, lambda s: s.phase == "body")
+        self._step(t.start_step, _can_start_step)
 
     def end_step(self) -> None:
         """P-END-STEP (``EndStep``)."""
-        self._step(t.end_step, lambda s: s.phase == "step")
+        memo, lock = self._memo_end_step, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state:
+                self._state = memo[1]
+                return
+        finally:
+            lock.release()
+        self._step(t.end_step, _can_end_step)
 
     def idle(self) -> None:
         """P-IDLE (``Idle``): no work and no stop; go round."""
-        self._step(t.idle, lambda s: s.phase == "body" and s.tp_status == DONT_STOP)
+        memo, lock = self._memo_idle, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state:
+                self._state = memo[1]
+                return
+        finally:
+            lock.release()
+        self._step(t.idle, _can_idle)
 
     def exit_loop(self) -> None:
         """P-EXIT-LOOP (``ExitLoop``): hard stop before any window, or a flush with nothing left."""

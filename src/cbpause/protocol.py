@@ -25,6 +25,7 @@ fairness the spec assumes for ``EnterPause``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import threading
@@ -149,8 +150,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         self._serial = itertools.count()
         self._loop_thread: int | None = None
         # Memos of the loop's steps, replayed while the loop cycles through the same states (trace off).
-        self._observe_memo: tuple = (None, None, None)
-        self._step_memo: dict = {}
+        self._forget_memos()
         # metrics
         self._pauses_taken = 0
         self._windows_opened = 0
@@ -202,7 +202,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         stores), so an exception landing in the caller sees them agree.
         """
         before = self._state
-        after = fn(before, *args)
+        after = _transition(fn, before, args)
         self._state = after
         if hold is not None:
             hold.state = _HOLD_AFTER[fn.__name__]
@@ -284,6 +284,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
                 raise RuntimeError(f"clear() while the generation loop runs (phase {s.phase!r}): stop it first")
             self.fatal_error = None
             self._loop_thread = None
+            self._forget_memos()
             self._apply(t.restart)
 
     def request_stop(self, status: int, global_rank: int = 0) -> None:
@@ -440,6 +441,14 @@ class PauseProtocol(LoopSteps, DropInLoop):
             hold = inside[-1]
             self._apply(t.leave_pause, hold=hold)
             holds.remove(hold)
+
+
+@functools.lru_cache(maxsize=8192)
+def _transition(fn: Callable[..., RankState], s: RankState, args: tuple) -> RankState:
+    """``fn(s, *args)``, the same object for the same arguments: transitions are pure functions of small hashable
+    values, and a steady loop cycling through the same state objects lets the memos of its steps hit."""
+    return fn(s, *args)
+
 
 def _refusal(s: RankState) -> str:
     if s.fatal:

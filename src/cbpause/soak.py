@@ -7,14 +7,20 @@ followed by restarts, fatal errors injected into the forward pass (some while a 
 misuse that must raise (stray and double releases, ``stop()`` inside a pause, ``pause()`` from the loop
 thread, bad arguments, ``clear()`` while running).  A feeder keeps requests coming and cancels some.
 
+With ``--trace-sample K`` the run is recorded (a :class:`~cbpause.TraceRecorder`), cut at its restarts into
+traces that each start from ``Init`` (:func:`~cbpause.tlc.traces.cut_at_restarts`; the soak stops and
+restarts the loop at least K times for that), and K of them, drawn with the seed, are validated by TLC
+against ``tla/PauseProtocol.tla``: the faults above are then checked by the spec, not only by the ledger.
+
 A watchdog fails the run when a pause, a stop or a request makes no progress within ``--bound`` seconds,
 after dumping every thread's stack (``faulthandler``).  At the end every submitted request must have had
 exactly one terminal output and every ``pause()`` call must have entered or raised.  The last line::
 
     soak: seconds=… pauses=… interrupts=… timeouts=… stops=… errors_injected=… misuse=… requests=…
-          lost=0 duplicated=0 hangs=0        (on one line)
+          lost=0 duplicated=0 hangs=0 [traced=K rejected=0]        (on one line)
 
-and the exit status is 1 when lost, duplicated or hangs is not 0 (or a misuse did not raise as it must).
+and the exit status is 1 when lost, duplicated, hangs or rejected is not 0 (or a misuse did not raise as it
+must, or fewer than K traces could be validated).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .testing import Traffic, call_interrupted, enter_and_leave
@@ -110,7 +117,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None, help="replays the sequence of actions (printed); thread "
                    "timing is the machine's")  # fmt: skip
     p.add_argument("--bound", type=float, default=30.0, help="watchdog bound in seconds (default 30)")
+    p.add_argument("--trace-sample", type=int, default=0, metavar="K", help="record the run and have TLC "
+                   "validate K of its traces (default 0)")  # fmt: skip
+    p.add_argument("--tla-dir", type=Path, default=None, help="the spec's folder (default: ./tla)")
     args = p.parse_args(argv)
+    if args.trace_sample < 0:
+        p.error("--trace-sample must be >= 0")
     seconds = args.seconds if args.seconds is not None else 60 * (args.minutes if args.minutes is not None else 10)
     if not seconds > 0 or not args.bound > 0:
         p.error("the duration and --bound must be > 0")
@@ -146,7 +158,12 @@ class Soak:
         self.probe = ForwardProbe()
         self.probe.attach(self.model)
         self._init = init_continuous_batching
-        self.manager = init_continuous_batching(self.model, self.gen, self.cb)
+        self.recorder = None
+        if args.trace_sample:
+            from .recorder import TraceRecorder
+
+            self.recorder = TraceRecorder()  # the cached manager keeps it across restarts
+        self.manager = init_continuous_batching(self.model, self.gen, self.cb, trace=self.recorder)
         self.status = self.manager.background_thread_status
         self.tally = Tally()
         self.traffic = Traffic(
@@ -343,13 +360,22 @@ class Soak:
     def run(self) -> dict:
         args, wd, tally = self.args, self.wd, self.tally
         actions = [getattr(self, name) for name in self.ACTIONS]
+        restarts_at_cut = 0
         started = time.monotonic()
+        # With --trace-sample K, at least one restart in each K+1-th of the run, so that there are K+1 traces.
+        cuts = [started + args.duration * (j + 1) / (args.trace_sample + 1) for j in range(args.trace_sample)]
         wd.thread.start()
         self.manager.start()
         wd.requests_expected.set()
         self.traffic.start()
         try:
             while time.monotonic() - started < args.duration and not wd.failed.is_set():
+                if cuts and time.monotonic() >= cuts[0]:
+                    cuts.pop(0)
+                    if tally.counts["restarts"] == restarts_at_cut:
+                        self.stop()
+                    restarts_at_cut = tally.counts["restarts"]
+                    continue
                 self.rng.choices(actions, weights=list(self.ACTIONS.values()))[0]()
         finally:
             self.traffic.stop_feeding()
@@ -362,13 +388,38 @@ class Soak:
         c = tally.counts
         if c["pause_calls"] != c["pauses"] + c["pause_raised"]:
             tally.wrong(f"pause() calls {c['pause_calls']} != entered {c['pauses']} + raised {c['pause_raised']}")
-        return {
+        traced = self.validate_sample() if self.recorder is not None else {}
+        return traced | {
             "seed": args.seed, "seconds": round(time.monotonic() - started, 1), "pauses": c["pauses"],
             "interrupts": c["interrupts"], "timeouts": c["timeouts"], "stops": c["stops"],
             "errors_injected": c["errors_injected"], "misuse": c["misuse"], "requests": self.traffic.requests,
             "lost": lost, "duplicated": duplicated, "hangs": len(wd.hangs), "cancelled": self.traffic.ledger.cancelled,
             "restarts": c["restarts"], "unexpected": list(tally.unexpected),
         }  # fmt: skip
+
+
+    def validate_sample(self) -> dict:
+        """TLC validates ``--trace-sample`` of the run's traces (cut at its restarts), drawn with the seed."""
+        import tempfile
+
+        from .tlc import default_tla_dir
+        from .tlc.traces import cut_at_restarts, describe_rejection, validate
+
+        pieces = cut_at_restarts(self.recorder)
+        k = self.args.trace_sample
+        if len(pieces) < k:
+            self.tally.wrong(f"only {len(pieces)} traces to validate, not {k}")
+        chosen = sorted(random.Random(self.args.seed + 2).sample(range(len(pieces)), min(k, len(pieces))))
+        traced = rejected = steps = 0
+        tla_dir = self.args.tla_dir or default_tla_dir()
+        with tempfile.TemporaryDirectory(prefix="cbpause-soak-traces-") as tmp:
+            for n in chosen:
+                result = validate(pieces[n], tla_dir, Path(tmp, f"t{n}"))
+                traced, steps = traced + 1, steps + result.steps
+                if not result.accepted:
+                    rejected += 1
+                    print(f"soak: REJECTED trace {n} of {len(pieces)}\n" + describe_rejection(pieces[n], result))
+        return {"traced": traced, "rejected": rejected, "trace_steps": steps, "traces": len(pieces)}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -379,6 +430,7 @@ def run(args: argparse.Namespace) -> dict:
 def summary_line(r: dict) -> str:
     keys = ("seconds", "pauses", "interrupts", "timeouts", "stops", "errors_injected", "misuse", "requests", "lost",
             "duplicated", "hangs")  # fmt: skip
+    keys += ("traced", "rejected") if "traced" in r else ()
     return "soak: " + " ".join(f"{k}={r[k]}" for k in keys)
 
 
@@ -387,10 +439,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"soak: seed {args.seed} for {args.duration:g} s (reproduce with --seed {args.seed})", flush=True)
     result = run(args)
     print(f"soak: {result['cancelled']} requests cancelled, {result['restarts']} restarts")
+    if "traced" in result:
+        print(f"soak: {result['traced']} of {result['traces']} traces validated by TLC, {result['trace_steps']} steps")
     for what in result["unexpected"]:
         print(f"soak: UNEXPECTED: {what}")
     print(summary_line(result))
-    bad = result["lost"] or result["duplicated"] or result["hangs"] or result["unexpected"]
+    bad = result["lost"] or result["duplicated"] or result["hangs"] or result["unexpected"] or result.get("rejected")
     return 1 if bad else 0
 
 

@@ -135,8 +135,8 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         except Exception as error:
             _collective_failed(status, error)
             raise
-        status.all_reduce(tp_status, bool(tp_pause))  # P-ALL-REDUCE
-        if status.tp_status == status.HARD_STOP:
+        status.all_reduce(tp_status, bool(tp_pause))  # P-ALL-REDUCE (raises unless tp_status is now the agreed one)
+        if tp_status == status.HARD_STOP:
             status.exit_loop()  # P-EXIT-LOOP: a hard stop exits before any window
             return payload_size, True
         if tp_pause:

@@ -1,18 +1,15 @@
-"""Random threaded scenarios of ``PauseProtocol``, recorded and validated against the TLA+ spec with TLC.
+"""Random threaded scenarios of ``PauseProtocol`` in one process, recorded and validated with TLC.
 
 Each scenario, from its own seed: 1 to 3 ranks simulated in one process (:class:`cbpause.testing.Group`,
 explicit loop API), 0 to 2 holder threads per rank pausing, some with pause timeouts, some asking for
 stops; on some runs a fatal error in a forward step, and a real SIGINT delivered to the main thread while
 it waits for a pause.  Every thread is joined with a timeout.
-
-    python -m cbpause.tlc.scenarios --count 200 [--seed S]     # what `nox -s traces` runs
 """
 
 from __future__ import annotations
 
 import argparse
 import random
-import sys
 import tempfile
 import threading
 import time
@@ -21,8 +18,8 @@ from pathlib import Path
 from ..protocol import PauseProtocol
 from ..recorder import TraceRecorder
 from ..testing import JOIN_TIMEOUT, Group, call_interrupted
-from .manifest import default_tla_dir
-from .traces import TraceResult, describe_rejection, validate
+from ..tlc.manifest import default_tla_dir
+from ..tlc.traces import TraceResult, describe_rejection, validate
 
 __all__ = ["main", "run_scenario"]
 
@@ -99,12 +96,8 @@ def run_and_validate(seed: int, workdir: Path, tla_dir: Path) -> tuple[TraceResu
     return result, recorder, info
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cbpause.tlc.scenarios", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--count", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--tla-dir", type=Path, default=None)
-    args = parser.parse_args(argv)
+def main(args: argparse.Namespace) -> int:
+    """Run ``args.count`` scenarios from ``args.seed`` and validate each trace; 1 if any is rejected."""
     tla_dir = args.tla_dir or default_tla_dir()
     master = args.seed if args.seed is not None else random.randrange(2**32)
     print(f"traces: seed={master} (--seed {master} reproduces this run)", flush=True)
@@ -130,7 +123,3 @@ def main(argv: list[str] | None = None) -> int:
         f"fatal_errors={fatals} rejected={rejected} seconds={time.monotonic() - began:.0f}"
     )
     return 1 if rejected else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,7 +7,7 @@ Standard library only, importable without torch:
 * :func:`run_thread`, :func:`enter_and_leave`, ``JOIN_TIMEOUT`` -- threads joined with a bound;
 * :class:`FakeLoop` (transformers' loop reduced to its calls into the status object) and :class:`Group` (a TP
   group in one process, on the explicit loop API), :func:`end_leftover_loops`;
-* :class:`StepGate`: hold the loop after one of its steps, or fail it there;
+* :class:`StepGate`, :func:`wait_for_phase`: hold the loop at one of its steps, or fail it there;
 * :class:`Traffic` and its :class:`Ledger`: requests flowing through a manager, each output counted;
 * :func:`percentile`, :func:`free_port`.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .gates import StepGate
+from .gates import StepGate, wait_for_phase
 from .loops import FakeLoop, Group, end_leftover_loops
 from .signals import Interrupter, call_interrupted
 from .stats import percentile
@@ -40,7 +40,7 @@ _LAZY = {
 
 __all__ = [
     "JOIN_TIMEOUT", "FakeLoop", "Group", "Interrupter", "StepGate", "call_interrupted", "end_leftover_loops",
-    "Ledger", "Traffic", "enter_and_leave", "free_port", "percentile", "run_thread", *_LAZY,
+    "Ledger", "Traffic", "enter_and_leave", "free_port", "percentile", "run_thread", "wait_for_phase", *_LAZY,
 ]  # fmt: skip
 
 

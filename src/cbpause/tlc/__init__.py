@@ -6,7 +6,6 @@
 * :mod:`~cbpause.tlc.models` -- checking the models of the manifest (``python -m cbpause.tlc``);
 * :mod:`~cbpause.tlc.conformance` -- the pure transitions and the TLA+ spec have the same state graph;
 * :mod:`~cbpause.tlc.traces` -- traces recorded from ``PauseProtocol`` are behaviours of the spec;
-* :mod:`~cbpause.tlc.scenarios` -- random threaded runs whose traces ``nox -s traces`` validates;
 * :mod:`~cbpause.tlc.tla` -- what the TLA+ modules define, read from their text.
 
 This package reads the core (:mod:`cbpause.transitions`, :mod:`cbpause.group`, :mod:`cbpause.recorder`) and

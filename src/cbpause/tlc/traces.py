@@ -6,10 +6,14 @@ reads no JSON) and a ``.cfg``; ``tla/TracePauseProtocol.tla`` replays it, and :f
 it (:func:`~cbpause.tlc.launcher.run_tlc`, ``mode="trace"``).  A trace is accepted when TLC reaches the end
 of the log, i.e. finds a state that violates ``TraceNotAccepted``.
 
-What is recorded is every transition applied through ``PauseProtocol._apply``: the explicit loop API, the
-holders' side (both APIs), stops, restarts and the window.  The drop-in hot paths that transformers' loop
-calls (``is_pause_requested``/``update_with_tp_status``) compose several spec steps and are not recorded
-(docs/verification.md says what that leaves out).
+What is recorded is every transition the object takes, all through ``PauseProtocol._apply``: the explicit
+loop API (which transformers' integration drives), the holders' side (both APIs), stops, restarts, the
+window and fatal errors.  A drop-in call that performs several spec steps at once (``is_pause_requested``,
+``update_with_tp_status``, ``pause_and_wait``, ...) is recorded as those steps, in order.  The hot paths
+replay a remembered transition without recording only while no recorder is attached
+(``cbpause.loop``'s ``_may_remember``), so a recorded run records every step.  Each record carries every
+variable the spec has for its actor (a loop record the rank's state, a holder record also the holder's
+view); ``tla/TracePauseProtocol.tla`` checks them all.
 """
 
 from __future__ import annotations
@@ -26,7 +30,88 @@ from ..recorder import TraceEvent, TraceRecorder
 from ..transitions import RankState
 from .launcher import run_tlc
 
-__all__ = ["TraceResult", "describe_rejection", "validate", "write_trace"]
+__all__ = [
+    "Trace",
+    "TraceResult",
+    "cut_at_restarts",
+    "describe_rejection",
+    "event_from_json",
+    "event_to_json",
+    "merge",
+    "validate",
+    "write_trace",
+]
+
+
+@dataclasses.dataclass
+class Trace:
+    """A trace to validate: what a :class:`~cbpause.recorder.TraceRecorder` holds (its ``events``, the rank of each
+    holder, the number of ranks), or several recorders' merged (:func:`merge`)."""
+
+    events: list[TraceEvent]
+    holder_rank: list[int]
+    n_ranks: int
+
+
+def event_to_json(e: TraceEvent) -> dict:
+    """A record as JSON, for a rank's process to hand its trace to the parent."""
+    return {**dataclasses.asdict(e), "state": e.state._asdict()}
+
+
+def event_from_json(d: dict) -> TraceEvent:
+    return TraceEvent(**{**d, "state": RankState(**d["state"])})
+
+
+def merge(parts: Sequence[tuple[Sequence[TraceEvent], Sequence[int]]], n_ranks: int) -> Trace:
+    """The traces of the ranks of one group, each recorded in its own process (``(events, holder_rank)`` each),
+    as one trace of the group, in the order of their records' ``time_ns`` (a clock shared by the processes of
+    one machine; each record was taken under its protocol's lock, when its step happened)."""
+    events: list[TraceEvent] = []
+    holder_rank: list[int] = []
+    for part_events, part_holders in parts:
+        offset = len(holder_rank)
+        holder_rank.extend(part_holders)
+        events.extend(e if e.holder is None else dataclasses.replace(e, holder=e.holder + offset) for e in part_events)
+    events.sort(key=lambda e: e.time_ns)
+    return Trace(events, holder_rank, n_ranks)
+
+
+def cut_at_restarts(recorder: TraceRecorder | Trace) -> list[Trace]:
+    """A long trace cut into traces that each start from ``Init``: one per run of the loop between restarts.
+
+    ``Restart`` is enabled only when every rank has stopped and every holder is idle (so every count is 0),
+    and it leaves every variable a record shows as ``Init`` has it; the records after a ``Restart`` are
+    therefore a behaviour from ``Init`` on their own.  Holders are numbered again in each piece, in the
+    order they first appear.  A piece without records is left out.
+
+    One rank only: in a group, ``Restart`` is one record per rank, and a rank's records between the first
+    rank's and its own are checked against the view before the restart (``TracePauseProtocol``'s ``prev``),
+    which a cut would lose.
+    """
+    if recorder.n_ranks != 1:
+        raise ValueError(f"cut_at_restarts takes one rank's trace, not {recorder.n_ranks} ranks'")
+    pieces: list[list[TraceEvent]] = [[]]
+    for e in recorder.events:
+        if e.action == "Restart":
+            pieces.append([])
+            continue
+        pieces[-1].append(e)
+    traces = []
+    for events in pieces:
+        if not events:
+            continue
+        renumber: dict[int, int] = {}
+        holder_rank: list[int] = []
+        out = []
+        for e in events:
+            if e.holder is not None:
+                if e.holder not in renumber:
+                    renumber[e.holder] = len(holder_rank)
+                    holder_rank.append(recorder.holder_rank[e.holder])
+                e = dataclasses.replace(e, holder=renumber[e.holder])
+            out.append(e)
+        traces.append(Trace(out, holder_rank, recorder.n_ranks))
+    return traces
 
 
 def _tla(value) -> str:
@@ -56,7 +141,7 @@ def _tla_set(numbers: Sequence[int]) -> str:
 
 
 def write_trace(
-    recorder: TraceRecorder, directory: Path, name: str = "Trace", events: Sequence[TraceEvent] | None = None
+    recorder: TraceRecorder | Trace, directory: Path, name: str = "Trace", events: Sequence[TraceEvent] | None = None
 ) -> tuple[Path, Path]:
     """Write ``<name>.tla`` (the log as a sequence literal) and ``<name>.cfg`` into ``directory``.
 
@@ -105,7 +190,7 @@ class TraceResult:
 
 
 def validate(
-    recorder: TraceRecorder,
+    recorder: TraceRecorder | Trace,
     tla_dir: Path,
     workdir: Path | None = None,
     name: str = "Trace",
@@ -126,7 +211,9 @@ def validate(
     return TraceResult(accepted, len(events), matched, run.distinct_states, run.output)
 
 
-def describe_rejection(recorder: TraceRecorder, result: TraceResult, events: Sequence[TraceEvent] | None = None) -> str:
+def describe_rejection(
+    recorder: TraceRecorder | Trace, result: TraceResult, events: Sequence[TraceEvent] | None = None
+) -> str:
     """The events around the first one the spec could not match (numbered as in Python)."""
     events = recorder.events if events is None else events
     k = result.matched  # index of the first unmatched event

@@ -1,0 +1,143 @@
+"""Trace scenarios on transformers' real loop, each trace validated by TLC: ``nox -s traces -- --real``.
+
+A campaign runs the TP=2 plans of :mod:`cbpause.scenarios.tp` (two processes over gloo), then single-rank
+scenarios in this process, each a few episodes of :mod:`cbpause.scenarios.episodes` on a tiny random Llama
+with requests flowing, chosen at random but steered toward the transitions of one rank that no trace has
+taken yet.  Every trace is validated against ``tla/PauseProtocol.tla``; every request must have had exactly
+one terminal output.  The run ends with the coverage of the spec's actions and transitions, and one line::
+
+    traces: real=N tp2=M validated=N rejected=0 steps=S
+
+It exits 1 if a trace was rejected, a request was lost or duplicated, a scenario failed, or the traces did not
+take every action of the spec and 90 % of its transitions of one rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..recorder import TraceRecorder
+from ..tlc.manifest import default_tla_dir
+from ..tlc.traces import Trace, TraceResult, describe_rejection, validate
+from .coverage import Coverage
+from .episodes import EPISODES, RealRank, quiet_logs
+from .tp import TP_PLANS, load_group_trace, tp_worker
+
+__all__ = ["main"]
+
+COVERAGE_TARGET = 0.9
+
+
+def choose_plan(rng: random.Random, coverage: Coverage, size: int) -> list[tuple[str, Any]]:
+    """``size`` episodes (with their phase), each drawn with a weight that grows with the transitions it is there
+    to take and no trace took yet."""
+    candidates = [(name, phase) for name, (_, phases, _) in EPISODES.items() for phase in phases]
+    missing = coverage.missing
+    weights = [1 + 20 * len(EPISODES[name][2](phase) & missing) for name, phase in candidates]
+    return [candidates[i] for i in rng.choices(range(len(candidates)), weights=weights, k=size)]
+
+
+def run_single(model: Any, probe: Any, plan: list[tuple[str, Any]], seed: int) -> tuple[Trace, dict]:
+    """One single-rank scenario: the plan's episodes on a fresh manager; its trace and what happened."""
+    recorder = TraceRecorder()
+    rank = RealRank(model, probe, recorder, traffic=True, seed=seed).start()
+    info: dict = {"plan": plan, "errors": []}
+    try:
+        probe.wait_steps(2, rank.bound)
+        for name, phase in plan:
+            EPISODES[name][0](rank, phase)
+    except Exception as error:  # noqa: BLE001 - reported; the trace so far is still validated
+        info["errors"].append(f"{type(error).__name__}: {error}")
+    probe.hold = probe.fail_with = probe.call_next = None
+    try:
+        info["lost"], info["duplicated"] = rank.finish()
+    except TimeoutError as error:
+        info["errors"].append(f"HANG: {error}")
+        info["lost"] = info["duplicated"] = 0
+    return recorder, info
+
+
+def run_tp(plan: str, checkpoint: str, seed: int, workdir: Path, deadline: float = 120.0) -> tuple[Trace, dict]:
+    """One TP=2 scenario in two spawned processes; the group's merged trace and what happened."""
+    from ..testing import free_port, spawn_ranks
+
+    outdir = workdir / f"tp-{plan}-{seed}"
+    outdir.mkdir(parents=True)
+    hung = spawn_ranks(tp_worker, (2, free_port(), checkpoint, plan, seed, str(outdir)), 2, deadline)
+    trace, info = load_group_trace(outdir, 2)
+    info["plan"] = plan
+    if hung:
+        info["errors"].append(f"ranks {hung} still running after {deadline} s (a hang)")
+    return trace, info
+
+
+class Campaign:
+    """Runs the scenarios, validates their traces, keeps the figures."""
+
+    def __init__(self, tla_dir: Path, workdir: Path):
+        self.tla_dir, self.workdir = tla_dir, workdir
+        self.coverage = Coverage()
+        self.validated = self.rejected = self.steps = self.tp2 = self.real = 0
+        self.problems: list[str] = []
+
+    def check(self, trace: Any, info: dict, name: str, n_ranks: int) -> None:
+        result: TraceResult = validate(trace, self.tla_dir, self.workdir / f"v{self.validated + self.rejected}")
+        self.steps += result.steps
+        if result.accepted:
+            self.validated += 1
+            self.coverage.add(trace.events, n_ranks)
+        else:
+            self.rejected += 1
+            self.problems.append(f"REJECTED {name} ({info['plan']}): matched {result.matched} of {result.steps}\n"
+                                 + describe_rejection(trace, result))  # fmt: skip
+        if info.get("lost") or info.get("duplicated"):
+            self.problems.append(f"{name}: lost={info['lost']} duplicated={info['duplicated']}")
+        self.problems += [f"{name} ({info['plan']}): {e}" for e in info["errors"]]
+
+    def line(self) -> str:
+        return (f"traces: real={self.real} tp2={self.tp2} validated={self.validated} rejected={self.rejected} "
+                f"steps={self.steps}")  # fmt: skip
+
+
+def main(args: argparse.Namespace) -> int:
+    """A campaign of ``args.count`` scenarios (at least the TP=2 plans), from ``args.seed``."""
+    from ..testing import ForwardProbe, tiny_llama
+
+    quiet_logs()
+    master = args.seed if args.seed is not None else random.randrange(2**32)
+    rng = random.Random(master)
+    print(f"traces: real loop, seed={master} (--seed {master} reproduces the plans)", flush=True)
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="cbpause-real-traces-") as tmp:
+        campaign = Campaign(args.tla_dir or default_tla_dir(), Path(tmp))
+        model = tiny_llama("cpu", master % 1000)
+        checkpoint = str(Path(tmp, "ckpt"))
+        model.save_pretrained(checkpoint)
+        for plan in TP_PLANS[: max(args.tp, 0)]:
+            trace, info = run_tp(plan, checkpoint, rng.randrange(2**31), Path(tmp))
+            campaign.tp2 += 1
+            campaign.check(trace, info, f"tp2 {plan}", 2)
+        probe = ForwardProbe()
+        probe.attach(model)
+        for n in range(max(args.count - campaign.tp2, 0)):
+            trace, info = run_single(model, probe, choose_plan(rng, campaign.coverage, 3), rng.randrange(2**31))
+            campaign.real += 1
+            campaign.check(trace, info, f"single {n}", 1)
+            if (n + 1) % 10 == 0:
+                print(f"  {campaign.line()} ({time.monotonic() - began:.0f} s)", flush=True)
+    for problem in campaign.problems:
+        print(problem)
+    print(campaign.coverage.report())
+    print(f"{campaign.line()} seconds={time.monotonic() - began:.0f}")
+    _, unseen = campaign.coverage.actions()
+    covered = not unseen and campaign.coverage.fraction() >= COVERAGE_TARGET
+    code = 1 if campaign.rejected or campaign.problems or not covered else 0
+    if any("HANG" in problem for problem in campaign.problems):
+        os._exit(code)  # a loop thread still parked would hold the interpreter's exit
+    return code

@@ -1,0 +1,91 @@
+"""Traces of transformers' real loop are behaviours of the TLA+ spec, and a trace altered in one place is not.
+
+One short scenario on a tiny random Llama (holders pausing while requests flow, then a stop), recorded by
+``PauseProtocol(trace=...)`` under the integration, is validated by TLC; then the same trace with one loop
+action removed, with a holder entering before its window opened, and with a holder's record claiming a state
+the rank was not in, is rejected at exactly the altered record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from cbpause.scenarios.coverage import Coverage  # noqa: E402
+from cbpause.scenarios.episodes import quiet_logs  # noqa: E402
+from cbpause.scenarios.real import run_single  # noqa: E402
+from cbpause.testing import ForwardProbe, tiny_llama  # noqa: E402
+from cbpause.tlc.traces import Trace, describe_rejection, validate  # noqa: E402
+from cbpause.transitions import HARD_STOP  # noqa: E402
+
+from .conftest import TLA_DIR  # noqa: E402
+
+pytestmark = pytest.mark.tlc
+
+
+@pytest.fixture(scope="module")
+def real_trace() -> Trace:
+    quiet_logs()
+    model = tiny_llama("cpu", 7)
+    probe = ForwardProbe()
+    probe.attach(model)
+    trace, info = run_single(model, probe, [("holders", None), ("request_at", "step")], seed=7)
+    assert info["errors"] == [] and info["lost"] == 0 and info["duplicated"] == 0, info
+    return trace
+
+
+def altered(trace: Trace, events: list) -> Trace:
+    return Trace(events, list(trace.holder_rank), trace.n_ranks)
+
+
+def first(events: list, action: str, after: int = 0) -> int:
+    return next(i for i, e in enumerate(events) if i >= after and e.action == action)
+
+
+def test_a_real_loop_trace_is_accepted_and_takes_the_loop_actions(real_trace, tmp_path, tlc_ready):
+    result = validate(real_trace, TLA_DIR, tmp_path)
+    assert result.accepted, describe_rejection(real_trace, result)
+    assert result.steps == len(real_trace.events)
+    actions = {e.action for e in real_trace.events}
+    loop = {"Observe", "AllReduce", "NoPause", "StartStep", "EndStep", "OpenWindow", "CloseWindow", "Barrier"}
+    assert loop <= actions
+    assert {"RequestPause", "EnterPause", "LeavePause", "RequestStop", "ExitLoop"} <= actions
+    coverage = Coverage()
+    coverage.add(real_trace.events, 1)
+    assert ("body", "StartStep", "step") in coverage.seen  # forward steps run in phase step
+
+
+@pytest.mark.parametrize("action", ["NoPause", "StartStep", "Barrier"])
+def test_a_real_trace_with_one_loop_action_removed_is_rejected(action, real_trace, tmp_path, tlc_ready):
+    events = list(real_trace.events)
+    k = first(events, action, after=len(events) // 4)
+    del events[k]
+    result = validate(altered(real_trace, events), TLA_DIR, tmp_path)
+    assert not result.accepted
+    assert result.matched == k  # everything before the gap matched, the record after it does not
+
+
+def test_a_holder_entering_before_the_window_opened_is_rejected(real_trace, tmp_path, tlc_ready):
+    events = list(real_trace.events)
+    opened = first(events, "OpenWindow")
+    entered = first(events, "EnterPause", after=opened)
+    enter = events.pop(entered)
+    events.insert(opened, enter)  # the holder claims to be inside while the loop is still deciding
+    result = validate(altered(real_trace, events), TLA_DIR, tmp_path)
+    assert not result.accepted
+    assert result.matched == opened
+    assert ">>" in describe_rejection(altered(real_trace, events), result)
+
+
+def test_a_holder_record_claiming_a_state_the_rank_was_not_in_is_rejected(real_trace, tmp_path, tlc_ready):
+    events = list(real_trace.events)
+    k = first(events, "RequestPause")
+    forged = events[k].state._replace(phase="step", tp_status=HARD_STOP, local_status=HARD_STOP)
+    events[k] = dataclasses.replace(events[k], state=forged)
+    result = validate(altered(real_trace, events), TLA_DIR, tmp_path)
+    assert not result.accepted
+    assert result.matched == k
