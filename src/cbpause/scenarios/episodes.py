@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .. import transitions as t
 from ..testing import StepGate, Traffic, call_interrupted, enter_and_leave, run_thread, wait_for_phase
 
 __all__ = ["EPISODES", "Killed", "RealRank", "quiet_logs"]
@@ -103,6 +104,17 @@ class RealRank:
             gate = StepGate(self.status, method, wait=self.bound)
         self._reached(gate.reached, phase)
         return gate.release
+
+    def settle(self) -> None:
+        """Let a running loop go round to its next Observe, so that what an episode left in flight (a window the
+        loop decided to skip, a barrier) is over before the next episode sets its gates."""
+        if not t.live(self.status.state):
+            return
+        gate = StepGate(self.status, "observe", wait=self.bound)
+        if not gate.reached.wait(self.bound):
+            gate.restore()
+            raise TimeoutError(f"the loop did not come round to Observe within {self.bound} s")
+        gate.release()
 
     def _reached(self, event: threading.Event, phase: str) -> None:
         if not event.wait(self.bound):

@@ -52,6 +52,7 @@ def run_single(model: Any, probe: Any, plan: list[tuple[str, Any]], seed: int) -
         probe.wait_steps(2, rank.bound)
         for name, phase in plan:
             EPISODES[name][0](rank, phase)
+            rank.settle()
     except Exception as error:  # noqa: BLE001 - reported; the trace so far is still validated
         info["errors"].append(f"{type(error).__name__}: {error}")
     probe.hold = probe.fail_with = probe.call_next = None
@@ -122,6 +123,7 @@ def main(args: argparse.Namespace) -> int:
         for plan in TP_PLANS[: max(args.tp, 0)]:
             trace, info = run_tp(plan, checkpoint, rng.randrange(2**31), Path(tmp))
             campaign.tp2 += 1
+            campaign.real += 1
             campaign.check(trace, info, f"tp2 {plan}", 2)
         probe = ForwardProbe()
         probe.attach(model)
