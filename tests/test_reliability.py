@@ -146,3 +146,8 @@ def test_soak_60_seconds_loses_nothing_and_never_hangs(capsys, tlc_ready):
     assert fields["traced"] == "5" and fields["rejected"] == "0"  # five of its traces passed TLC
     for name in ("pauses", "interrupts", "timeouts", "stops", "errors_injected", "misuse", "requests"):
         assert int(fields[name]) > 0, name  # the soak did exercise every kind of event
+
+
+def test_soak_trace_sample_refuses_a_missing_spec_before_it_starts(tmp_path, capsys):
+    assert soak.main(["--seconds", "1", "--trace-sample", "2", "--tla-dir", str(tmp_path)]) == 2
+    assert "no PauseProtocol.tla" in capsys.readouterr().err

@@ -4,7 +4,7 @@ import pytest
 
 from cbpause import group as gr
 from cbpause.tlc import load_manifest
-from cbpause.tlc.conformance import FAST_MODEL_SHAPES, Shape
+from cbpause.tlc.conformance import FAST_MODEL_SHAPES, Shape, explore
 
 from .conftest import TLA_DIR
 
@@ -14,18 +14,13 @@ EXPECTED = {m.name: m.distinct_states for m in load_manifest(TLA_DIR)}
 def reachable(shape: Shape) -> int:
     """Every invariant holds in every reachable state; MonotoneStopInv on every step."""
     start = gr.initial_group(shape.n_ranks, shape.rank_of, shape.n_requests)
-    seen, frontier = {start}, [start]
-    while frontier:
-        nxt = []
-        for g in frontier:
-            for label, succ in gr.next_steps(g, shape.bounds):
-                assert gr.monotone_stop_inv(g, succ), label
-                if succ not in seen:
-                    for name, inv in gr.GROUP_INVARIANTS.items():
-                        assert inv(succ), f"{name} broken by {label}: {succ}"
-                    seen.add(succ)
-                    nxt.append(succ)
-        frontier = nxt
+    seen = {start}
+    for g, label, succ in explore(shape):
+        assert gr.monotone_stop_inv(g, succ), label
+        if succ not in seen:
+            for name, inv in gr.GROUP_INVARIANTS.items():
+                assert inv(succ), f"{name} broken by {label}: {succ}"
+            seen.add(succ)
     return len(seen)
 
 

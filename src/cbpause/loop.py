@@ -150,10 +150,12 @@ class LoopSteps:
         see ``protocol._transition``), so each hot method first replays its memo, guard included, with one
         identity test: the state object fixes every field a guard reads.  The replay takes the lock with
         ``acquire()`` and ``try``/``finally`` rather than ``with``, which costs twice as much on CPython 3.11,
-        and several steps run every iteration.  Between ``acquire()`` and ``try`` a signal handler could raise
-        and leave the lock held; signal handlers run only on the main thread, so a loop there gets no memos,
-        and neither does a step that can wake a waiter (:func:`quiet`: the replay notifies nobody) or a
-        protocol that records a trace (the replay records nothing).  ``clear()`` forgets every memo.
+        and several steps run every iteration; for the same reason the replay is written out in each hot method
+        rather than shared (a helper would add a call to every step).  Between ``acquire()`` and ``try`` a
+        signal handler could raise and leave the lock held; signal handlers run only on the main thread, so a
+        loop there gets no memos, and neither does a step that can wake a waiter (:func:`quiet`: the replay
+        notifies nobody) or a protocol that records a trace (the replay records nothing).  ``clear()`` forgets
+        every memo.
         """
         if self._may_remember(before, after):
             setattr(self, "_memo_" + action, (before, *args, after))

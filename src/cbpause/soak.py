@@ -446,6 +446,18 @@ def summary_line(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.trace_sample:
+        from .tlc import TLCError, default_tla_dir, find_jar, find_java
+
+        try:  # before the soak, not after it: a run without TLC at the end would be wasted
+            find_java(), find_jar()
+            args.tla_dir = args.tla_dir or default_tla_dir()
+            for needed in ("PauseProtocol.tla", "TracePauseProtocol.tla"):
+                if not (args.tla_dir / needed).is_file():
+                    raise TLCError(f"no {needed} in {args.tla_dir}")
+        except TLCError as error:
+            print(f"soak: --trace-sample needs TLC: {error}", file=sys.stderr)
+            return 2
     print(f"soak: seed {args.seed} for {args.duration:g} s (reproduce with --seed {args.seed})", flush=True)
     result = run(args)
     print(f"soak: {result['cancelled']} requests cancelled, {result['restarts']} restarts")

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from .. import group as gr
 from ..recorder import HOLDER_ACTIONS, TraceEvent
-from ..tlc.conformance import FAST_MODEL_SHAPES
+from ..tlc.conformance import FAST_MODEL_SHAPES, explore
 
 __all__ = ["Coverage", "spec_transitions", "trace_transitions"]
 
@@ -33,22 +33,13 @@ def spec_transitions() -> frozenset[Transition]:
     """Every transition of one rank in the reachable state graphs of the fast models."""
     found: set[Transition] = set()
     for shape in FAST_MODEL_SHAPES.values():
-        start = gr.initial_group(shape.n_ranks, shape.rank_of, shape.n_requests)
-        seen, frontier = {start}, [start]
-        while frontier:
-            nxt = []
-            for g in frontier:
-                for label, succ in gr.next_steps(g, shape.bounds):
-                    action = gr.action_name(label)
-                    if action in GROUP_STEPS:
-                        found |= {(a.phase, action, b.phase) for a, b in zip(g.ranks, succ.ranks, strict=True)}
-                    elif action not in REQUEST_ACTIONS:
-                        r = _label_rank(g, label)
-                        found.add((g.ranks[r].phase, action, succ.ranks[r].phase))
-                    if succ not in seen:
-                        seen.add(succ)
-                        nxt.append(succ)
-            frontier = nxt
+        for g, label, succ in explore(shape):
+            action = gr.action_name(label)
+            if action in GROUP_STEPS:
+                found |= {(a.phase, action, b.phase) for a, b in zip(g.ranks, succ.ranks, strict=True)}
+            elif action not in REQUEST_ACTIONS:
+                r = _label_rank(g, label)
+                found.add((g.ranks[r].phase, action, succ.ranks[r].phase))
     return frozenset(found)
 
 

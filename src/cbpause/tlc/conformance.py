@@ -17,6 +17,7 @@ import dataclasses
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from .. import group as gr
@@ -29,6 +30,7 @@ __all__ = [
     "Shape",
     "compare",
     "encode",
+    "explore",
     "parse_tla_value",
     "python_graph",
     "read_dot",
@@ -167,26 +169,34 @@ def read_dot(path: Path) -> Graph:
 # ----------------------------------------------------------------------------------------- the two graphs
 
 
-def python_graph(shape: Shape) -> Graph:
-    """Every state and labelled transition reachable with :func:`cbpause.group.next_steps` (``MCSpec``)."""
+def explore(shape: Shape) -> Iterator[tuple[gr.GroupState, str, gr.GroupState]]:
+    """Every transition ``(state, label, successor)`` of the graph reachable with :func:`cbpause.group.next_steps`
+    (``MCSpec``) from the shape's initial state, breadth first; each state's transitions once."""
     start = gr.initial_group(shape.n_ranks, shape.rank_of, shape.n_requests)
     seen = {start}
     frontier = [start]
-    edges = set()
     while frontier:
         nxt = []
         for g in frontier:
-            here = encode(g)
-            steps = gr.next_steps(g, shape.bounds)
-            if gr.terminated(g):
-                steps = [*steps, ("Terminated", g)]  # TLA+'s stuttering Terminated step
-            for label, succ in steps:
-                edges.add((here, gr.action_name(label), encode(succ)))
+            for label, succ in gr.next_steps(g, shape.bounds):
+                yield g, label, succ
                 if succ not in seen:
                     seen.add(succ)
                     nxt.append(succ)
         frontier = nxt
-    return Graph(init={encode(start)}, states={encode(g) for g in seen}, edges=edges)
+
+
+def python_graph(shape: Shape) -> Graph:
+    """Every state and labelled transition reachable with :func:`cbpause.group.next_steps` (``MCSpec``)."""
+    start = gr.initial_group(shape.n_ranks, shape.rank_of, shape.n_requests)
+    reached, edges = {start}, set()
+    for g, label, succ in explore(shape):
+        edges.add((encode(g), gr.action_name(label), encode(succ)))
+        reached.add(succ)
+    for g in reached:
+        if gr.terminated(g):
+            edges.add((encode(g), "Terminated", encode(g)))  # TLA+'s stuttering Terminated step
+    return Graph(init={encode(start)}, states={encode(g) for g in reached}, edges=edges)
 
 
 def tlc_graph(model: Model, tla_dir: Path, workdir: Path | None = None) -> Graph:
