@@ -244,13 +244,13 @@ def test_invalid_stop_status_raises_value_error(bad):
 
 def test_a_pause_before_the_loop_starts_waits_for_it_and_stops_refuse():
     """As upstream's: the object accepts a request before any loop ran (refusing a manager that is not running
-    is the manager's job); a hard-stopping or stopped loop refuses at once."""
+    is the manager's job); a stopping or stopped loop refuses at once."""
     status = ours()
     with pytest.raises(TimeoutError):
         status.acquire_pause(None, timeout=0.01)  # accepted, then withdrawn: no loop came
     status.clear()  # nothing ran yet: changes nothing
     status.request_stop(status.HARD_STOP, 0)
-    with pytest.raises(RuntimeError, match="hard-stopping"):
+    with pytest.raises(RuntimeError, match="is stopping"):
         status.acquire_pause(None)
     status.mark_as_stopped()
     with pytest.raises(RuntimeError, match="stopped"):

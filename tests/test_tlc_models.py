@@ -14,7 +14,7 @@ FAST = [m for m in load_manifest(TLA_DIR) if m.suite == "fast"]
 def test_fast_model_gives_expected_result(model, tlc_ready):
     result = run_model(model, TLA_DIR, workers=2)
     assert result.outcome == model.expect, result.run.output[-3000:]
-    assert result.count_mismatches() == []  # distinct and total states, depth
+    assert result.count_mismatches() == []  # distinct and total states
     if model.expect != "ok":
         # An expected failure must come with a readable counterexample.
         assert result.run.trace, result.run.output[-3000:]

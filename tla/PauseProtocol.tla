@@ -193,13 +193,14 @@ OpenWindow(r) ==
     /\ count[r] > 0                             \* guard:D1
     /\ Park(r)
 
-\* P-SKIP-WINDOW (fixes D1): this rank asked for the pause, and every local request
-\* was withdrawn since: nobody is coming, so do not park; wait at the
-\* barrier for the peers' windows instead.
+\* P-SKIP-WINDOW (fixes D1): no local holder is pending and none is coming:
+\* this rank asked for the pause and every local request was withdrawn since,
+\* or a stop was asked on this rank (it admits no new pause).  Do not park;
+\* wait at the barrier for the peers' windows instead.
 SkipWindow(r) ==
     /\ PauseDecided(r)
     /\ count[r] = 0
-    /\ obsPause[r]
+    /\ obsPause[r] \/ localStatus[r] # DONT_STOP
     /\ Move(r, "barrier")
 
 \* P-PARK-FOR-PEER: a peer asked for the pause and no local holder is pending: wait,
@@ -209,6 +210,7 @@ ParkForPeer(r) ==
     /\ PauseDecided(r)
     /\ count[r] = 0
     /\ ~obsPause[r]
+    /\ localStatus[r] = DONT_STOP
     /\ Move(r, "peer")
 
 \* P-JOIN-PEER-PAUSE: the local holder came: open the window for it.
@@ -307,12 +309,14 @@ ExitLoop(r) ==
 (* Holders of rank RankOf[h].                                              *)
 
 \* P-REQUEST-PAUSE: ask for a pause.  Refused at once (a RuntimeError, no state
-\* change) when the loop is not running, is hard-stopping or has failed.
+\* change) when the loop is not running, has failed, or a stop was asked on
+\* this rank or agreed by the group (R-STOP-RETURNS: holders that keep pausing
+\* could otherwise keep a flush stop from ever completing).
 RequestPause(h) ==
     LET r == RankOf[h] IN
     /\ hs[h] = "idle"
     /\ Live(r)
-    /\ localStatus[r] < HARD_STOP
+    /\ localStatus[r] = DONT_STOP
     /\ ~fatal[r]
     /\ hs' = [hs EXCEPT ![h] = "waiting"]
     /\ count' = [count EXCEPT ![r] = count[r] + 1]
@@ -507,11 +511,18 @@ MonotoneStopInv ==
 -----------------------------------------------------------------------------
 (* Liveness, under Fairness.                                               *)
 
-\* No holder keeps its pause forever: from some point on nobody is inside.
-\* A holder that never leaves keeps its rank parked, by design (R-RESUME
-\* starts from the last holder out), so the properties that need the loop
-\* to run assume it.
-HoldersLeave == <>[](~AnyInside)
+\* Every holder inside eventually leaves (weak fairness of its LeavePause).  A
+\* holder that never leaves keeps its rank parked, by design (R-RESUME starts
+\* from the last holder out), so the properties that need the loop to run
+\* assume it.  Holders may pause again and again: no new pause is admitted
+\* once a stop is asked (RequestPause), so they cannot keep a stop waiting.
+HoldersLeave == \A h \in Holders : WF_vars(LeavePause(h))
+
+\* Holders do not keep a window open for ever between them: every rank is out
+\* of its window infinitely often.  Holders whose pauses overlap share one
+\* window (R-SAME-WINDOW), so without this, or a stop, the loop may never step
+\* again.
+WindowsClose == \A r \in Ranks : []<>(phase[r] # "window")
 
 \* R-PAUSE-RETURNS: every pause() call enters or raises; it never hangs
 \* (D1, D3).  Holders of a dead rank died with it.
@@ -546,7 +557,7 @@ FatalStopsGroupProp ==
 \* R-NOTHING-LOST-DELIVERED: every accepted request is delivered,
 \* unless the driver process itself died (and its callers with it).
 NothingLostProp ==
-    HoldersLeave =>
+    HoldersLeave /\ WindowsClose =>
     \A i \in Requests :
         (req[i] \in {"queued", "active", "done"})
             ~> (req[i] = "delivered" \/ phase[Driver] = "dead")

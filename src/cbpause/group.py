@@ -129,7 +129,7 @@ def _loop_steps(g: GroupState, r: int, s: RankState) -> Iterator[tuple[str, Grou
     if t.pause_decided(s):
         if s.count > 0:
             yield "OpenWindow" + tag, _set_rank(g, r, t.open_window(s))
-        elif s.obs_pause:
+        elif s.obs_pause or s.local_status != DONT_STOP:
             yield "SkipWindow" + tag, _set_rank(g, r, t.skip_window(s))
         else:
             yield "ParkForPeer" + tag, _set_rank(g, r, t.park_for_peer(s))

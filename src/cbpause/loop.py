@@ -51,11 +51,11 @@ def _can_open_window(s: RankState) -> bool:
 
 
 def _can_skip_window(s: RankState) -> bool:
-    return t.pause_decided(s) and s.count == 0 and s.obs_pause
+    return t.pause_decided(s) and s.count == 0 and (s.obs_pause or s.local_status != DONT_STOP)
 
 
 def _can_park_for_peer(s: RankState) -> bool:
-    return t.pause_decided(s) and s.count == 0 and not s.obs_pause
+    return t.pause_decided(s) and s.count == 0 and not s.obs_pause and s.local_status == DONT_STOP
 
 
 def _can_join_peer_pause(s: RankState) -> bool:
@@ -265,7 +265,7 @@ class LoopSteps:
             s = self._state
             if not t.pause_decided(s):
                 raise RuntimeError(not_enabled("pause_window", s))
-            if s.count == 0 and s.obs_pause:
+            if _can_skip_window(s):
                 self._apply(t.skip_window)
                 return
             if s.count > 0:

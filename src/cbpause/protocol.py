@@ -306,7 +306,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
 
         Follow with :meth:`enter_pause` (which waits), or withdraw with :meth:`interrupt`.  Raises
         ``RuntimeError`` and changes nothing from the loop's own thread (D4), or when the loop is not running,
-        is hard-stopping or has failed (chaining the fatal error).
+        is stopping (a flush or hard stop was asked) or has failed (chaining the fatal error).
         """
         self._refuse_loop_thread()
         with self._condition:
@@ -455,4 +455,5 @@ def _refusal(s: RankState) -> str:
         return "Cannot pause: the generation loop died with a fatal error."
     if s.phase in ("stopped", "dead"):
         return "Cannot pause: the generation loop has stopped."
-    return "Cannot pause: the generation loop is hard-stopping."
+    return ("Cannot pause: the generation loop is stopping (a stop was asked; no new pause is admitted, so that "
+            "the stop completes)")

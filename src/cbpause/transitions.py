@@ -142,10 +142,11 @@ def open_window(s: RankState) -> RankState:
 
 
 def skip_window(s: RankState) -> RankState:
-    """P-SKIP-WINDOW (``SkipWindow``): this rank's request was withdrawn; no window (fixes D1).
+    """P-SKIP-WINDOW (``SkipWindow``): no local holder is pending and none is coming: this rank's request was
+    withdrawn (fixes D1), or a stop was asked here (no new pause is admitted); no window.
 
     pre: rank_invariant(s)
-    pre: pause_decided(s) and s.count == 0 and s.obs_pause
+    pre: pause_decided(s) and s.count == 0 and (s.obs_pause or s.local_status != DONT_STOP)
     post: __return__.phase == "barrier" and not __return__.paused
     post: rank_invariant(__return__)
     """
@@ -156,7 +157,7 @@ def park_for_peer(s: RankState) -> RankState:
     """P-PARK-FOR-PEER (``ParkForPeer``): a peer asked; wait, bounded, for the local holder.
 
     pre: rank_invariant(s)
-    pre: pause_decided(s) and s.count == 0 and not s.obs_pause
+    pre: pause_decided(s) and s.count == 0 and not s.obs_pause and s.local_status == DONT_STOP
     post: __return__.phase == "peer"
     post: rank_invariant(__return__)
     """
@@ -302,8 +303,10 @@ def exit_loop(s: RankState) -> RankState:
 
 
 def can_request_pause(s: RankState) -> bool:
-    """The guard of P-REQUEST-PAUSE; ``pause()`` raises at once when it is false."""
-    return live(s) and s.local_status < HARD_STOP and not s.fatal
+    """The guard of P-REQUEST-PAUSE; ``pause()`` raises at once when it is false.  No new pause once a stop is
+    asked on this rank or agreed by the group: holders that keep pausing could keep a flush stop from ever
+    completing (R-STOP-RETURNS)."""
+    return live(s) and s.local_status == DONT_STOP and not s.fatal
 
 
 def request_pause(s: RankState) -> RankState:

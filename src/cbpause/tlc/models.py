@@ -9,8 +9,9 @@ Usage::
 
 A model expected to fail passes only if TLC still finds that failure: that is the evidence that the
 checker catches what matters (the "fails in an interesting way" models of tlaplus/Examples).  A model
-expected to pass must also reach the distinct and total state counts and the depth the manifest records
-(a different count means the model changed).
+expected to pass must also reach the distinct and total state counts the manifest records (a different
+count means the model changed).  The depth is recorded and shown, not checked: with several workers TLC's
+breadth-first search is not level by level, and the depth it reports varies from run to run.
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ class Result:
         pairs = (
             ("distinct states", self.model.distinct_states, self.run.distinct_states),
             ("total states", self.model.total_states, self.run.states_generated),
-            ("depth", self.model.state_depth, self.run.depth),
         )
         return [f"{what} {got} (manifest: {want})" for what, want, got in pairs if want is not None and want != got]
 
