@@ -127,6 +127,14 @@ def minimal_manager(status) -> ContinuousBatchingManager:
     return manager
 
 
+def start_loop(manager, **options) -> PlainLoop:
+    """A plain loop on ``manager``'s status, started as ``manager.start()`` would (without its ``clear()``)."""
+    loop = PlainLoop(manager.background_thread_status, manager._wake_up_loop, **options)
+    manager._generation_thread = loop.thread
+    loop.thread.start()
+    return loop
+
+
 @pytest.fixture
 def setup(impl):
     """A status of ``impl``, a manager over it, and a factory that starts a plain loop as ``manager.start()``
@@ -136,11 +144,8 @@ def setup(impl):
     loops: list[PlainLoop] = []
 
     def start(**options) -> PlainLoop:
-        loop = PlainLoop(status, manager._wake_up_loop, **options)
-        loops.append(loop)
-        manager._generation_thread = loop.thread
-        loop.thread.start()
-        return loop
+        loops.append(start_loop(manager, **options))
+        return loops[-1]
 
     yield status, manager, start
     for loop in loops:
@@ -316,9 +321,7 @@ def test_a_plain_loops_trace_is_a_behaviour_of_the_spec(scenario, tmp_path, tlc_
     recorder = TraceRecorder()
     status = PauseProtocol(trace=recorder)
     manager = minimal_manager(status)
-    loop = PlainLoop(status, manager._wake_up_loop, hard_stop_on_request=scenario == "hard_stop")
-    manager._generation_thread = loop.thread
-    loop.thread.start()
+    loop = start_loop(manager, hard_stop_on_request=scenario == "hard_stop")
     try:
         if scenario == "pauses":
             for _ in range(2):
