@@ -136,7 +136,6 @@ class DropInLoop:
         _state: RankState
         _pending: int | None
         _loop_thread: int | None
-        _trace: object
         _observe_memo: tuple
 
         def _may_remember(self, before: RankState, after: RankState) -> bool: ...
