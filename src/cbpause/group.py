@@ -279,13 +279,17 @@ def counts_inv(g: GroupState) -> bool:
 
 
 def nothing_lost_inv(g: GroupState) -> bool:
-    """R-NOTHING-LOST-ONCE (``NothingLostInv``)."""
+    """R-NOTHING-LOST-ONCE (``NothingLostInv``): at most one terminal output per request, and a stopped driver
+    holds no request (D5: none is left in a queue or a batch that nobody reads again)."""
+    driver_stopped = g.ranks[DRIVER].phase == "stopped"
     for q, o in zip(g.req, g.out, strict=True):
         if o > 1:
             return False
         if q in ("done", "delivered") and o != 1:
             return False
         if q in ("new", "queued", "active", "rejected") and o != 0:
+            return False
+        if driver_stopped and q in ("queued", "active"):
             return False
     return True
 

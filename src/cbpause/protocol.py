@@ -19,8 +19,8 @@ Three APIs:
 * the explicit holder API (``request_pause`` returns a :class:`PauseHold`; ``enter_pause``,
   ``leave_pause``, ``interrupt`` take it), one method per TLA+ action of a holder.
 
-Waiting holders are woken by ``notify_all`` on every change that can enable them, which is the strong
-fairness the spec assumes for ``EnterPause``.
+Waiting holders are woken by ``notify_all`` on every change that can enable them, which is the weak fairness
+the spec assumes for ``HolderWakes`` (``EnterPause`` or ``PauseFails``; spec section 4.4).
 """
 
 from __future__ import annotations

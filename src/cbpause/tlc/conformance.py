@@ -14,6 +14,7 @@ action name, successor) with the wrapper's ``MC`` dropped.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import shutil
 import tempfile
@@ -25,12 +26,14 @@ from .launcher import protocol_action, run_tlc
 from .manifest import Cfg, Model
 
 __all__ = [
+    "DEEP_MODEL_SHAPES",
     "FAST_MODEL_SHAPES",
     "Graph",
     "Shape",
     "compare",
     "encode",
     "explore",
+    "main",
     "parse_tla_value",
     "python_graph",
     "read_dot",
@@ -55,6 +58,13 @@ FAST_MODEL_SHAPES = {
     "PauseProtocol_1r2h": Shape(1, (0, 0), 1, gr.Bounds(frozenset({"interrupt", "timeout", "error", "stop"}), 1)),
     "PauseProtocol_2r1h": Shape(2, (0, 1), 1, gr.Bounds(frozenset({"interrupt", "crash", "stop"}), 0)),
     "PauseProtocol_peer_absent": Shape(2, (0,), 1, gr.Bounds(frozenset({"interrupt", "stop"}), 1)),
+}
+
+# The deep model whose graph `nox -s tlc_deep` compares too (`python -m cbpause.tlc.conformance`, minutes).
+DEEP_MODEL_SHAPES = {
+    "PauseProtocol_2r1h_full": Shape(
+        2, (0, 1), 1, gr.Bounds(frozenset({"interrupt", "timeout", "error", "crash", "stop"}), 1)
+    ),
 }
 
 
@@ -95,6 +105,7 @@ def encode(g: gr.GroupState) -> Encoded:
 _TOKEN = re.compile(r'\s*(<<|>>|\{|\}|,|"(?:[^"\\]|\\.)*"|-?\d+|TRUE|FALSE)')
 
 
+@functools.lru_cache(maxsize=65536)  # a graph's states share few distinct values: parse each once
 def parse_tla_value(text: str):
     """A TLA+ value as TLC prints it: integers, booleans, strings, sequences (as tuples), sets."""
     tokens = _TOKEN.findall(text)
@@ -243,3 +254,39 @@ def compare(tlc: Graph, py: Graph, limit: int = 5) -> list[str]:
         if only:
             diffs.append(f"{len(only)} states only in {name}, e.g. [{_show(min(only))}]")
     return diffs
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m cbpause.tlc.conformance [--model NAME ...]``: compare the graphs of the deep models (or of the
+    named ones, fast or deep); exit 1 on any difference."""
+    import argparse
+    import time
+
+    from .manifest import default_tla_dir, load_manifest
+
+    shapes = {**FAST_MODEL_SHAPES, **DEEP_MODEL_SHAPES}
+    parser = argparse.ArgumentParser(prog="python -m cbpause.tlc.conformance", description=main.__doc__)
+    parser.add_argument("--model", action="append", choices=sorted(shapes), help="default: the deep models")
+    args = parser.parse_args(argv)
+    tla_dir = default_tla_dir()
+    models = {m.name: m for m in load_manifest(tla_dir)}
+    failed = 0
+    for name in args.model or sorted(DEEP_MODEL_SHAPES):
+        start = time.monotonic()
+        tlc = tlc_graph(models[name], tla_dir)
+        py = python_graph(shapes[name])
+        diffs = compare(tlc, py)
+        if len(tlc.states) != models[name].distinct_states:
+            recorded = models[name].distinct_states
+            diffs.append(f"TLC reached {len(tlc.states):,} states, the manifest records {recorded:,}")
+        seconds = time.monotonic() - start
+        verdict = "same graph" if not diffs else "DIFFERENT"
+        print(f"{name}: {len(tlc.states):,} states, {len(tlc.edges):,} transitions, {verdict} ({seconds:.0f} s)")
+        for d in diffs:
+            print("   " + d)
+        failed += bool(diffs)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

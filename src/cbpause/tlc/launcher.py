@@ -37,6 +37,7 @@ __all__ = [
     "find_jar",
     "find_java",
     "format_trace",
+    "parse_coverage",
     "parse_trace",
     "protocol_action",
     "run_tlc",
@@ -61,6 +62,7 @@ class TLCRun:
     states_generated: int | None
     depth: int | None
     trace: list[tuple[str, dict[str, str]]]
+    coverage: dict[str, int] | None = None  # action (as the protocol names it) -> states it generated
 
     @property
     def states_per_minute(self) -> float | None:
@@ -110,10 +112,15 @@ def run_tlc(
     on_line: Callable[[str], None] | None = None,
     timeout: float | None = None,
     single_property: str | None = None,
+    coverage: bool = False,
 ) -> TLCRun:
-    """Run TLC on ``module`` with ``cfg`` (both in ``cwd``) and classify what it found.
+    """Run TLC on ``module`` with ``cfg`` (both in ``cwd``; ``cfg`` may be an absolute path) and classify what
+    it found.
 
     ``mode="graph"`` writes the state graph to ``dump``; ``mode="trace"`` turns deadlock checking off.
+    ``mode="check"`` checks temporal properties once, on the complete graph (``-lncheck final``): TLC's
+    periodic checks on the partial graph repeat work and can only find earlier what the final one finds.
+    ``coverage`` has TLC count, for each action, the states it generated (``TLCRun.coverage``).
     ``on_line`` sees TLC's progress and result lines as they come; after ``timeout`` seconds TLC is killed
     and the run is an ``error``.  ``single_property`` names the property a ``Temporal properties were
     violated`` refers to, when the cfg lists only one.
@@ -131,6 +138,10 @@ def run_tlc(
         extra += ["-dump", "dot,actionlabels", str(dump)]
     if mode == "trace" and "-deadlock" not in extra:
         extra.append("-deadlock")
+    if mode == "check" and "-lncheck" not in extra:
+        extra += ["-lncheck", "final"]
+    if coverage:
+        extra += ["-coverage", "60"]  # minutes between reports: one report, at the end, for any run of ours
     metadir = Path(tempfile.mkdtemp(prefix=f"tlc-{module}-"))
     cmd = [
         find_java(), "-XX:+UseParallelGC", "-cp", str(find_jar()), "tlc2.TLC",
@@ -152,7 +163,7 @@ def _stream(cmd: list[str], cwd: Path, start: float, on_line, timeout: float | N
     with proc:
         for line in proc.stdout:
             lines.append(line.rstrip("\n"))
-            if on_line is not None and line.startswith(("Progress(", "Checking ", "Finished checking", "Error:")):
+            if on_line is not None and line.startswith(("Progress(", "Checking ", "Finished c", "Error:")):
                 on_line(line.rstrip("\n"))
             if timeout is not None and time.monotonic() - start > timeout:
                 proc.kill()
@@ -167,6 +178,11 @@ _PARSE_MARKERS = ("Semantic errors:", "***Parse Error***", "*** Parse Error ***"
 _STATE_RE = re.compile(r"^(State (\d+)|Back to state (\d+)):\s*(.*)$")
 _COUNTS_RE = re.compile(r"([\d,]+) states generated, ([\d,]+) distinct states found")
 _DEPTH_RE = re.compile(r"The depth of the complete state graph search is (\d+)")
+_SIMULATED_RE = re.compile(r"^Progress: ([\d,]+) states checked", re.MULTILINE)
+# An action's line of TLC's coverage report: "<Name line .. of module M>: distinct:total".
+_COVERAGE_RE = re.compile(
+    r"^<(\w+) line \d+, col \d+ to line \d+, col \d+ of module \w+" r"(?: \([\d ]+\))?>: (\d+):(\d+)$"
+)
 
 
 def _int(text: str) -> int:
@@ -177,6 +193,7 @@ def _read(output: str, seconds: float, single_property: str | None) -> TLCRun:
     outcome, message = classify(output, single_property)
     counts = _COUNTS_RE.findall(output)
     depth = _DEPTH_RE.findall(output)
+    simulated = _SIMULATED_RE.findall(output)
     trace = parse_trace(output) if outcome not in ("ok", "parse-error", "config-error") else []
     return TLCRun(
         outcome=outcome,
@@ -184,10 +201,27 @@ def _read(output: str, seconds: float, single_property: str | None) -> TLCRun:
         output=output,
         seconds=seconds,
         distinct_states=_int(counts[-1][1]) if counts else None,
-        states_generated=_int(counts[-1][0]) if counts else None,
+        # A simulation (-simulate) counts the states of the behaviours it checked, not distinct ones.
+        states_generated=_int(counts[-1][0]) if counts else (_int(simulated[-1]) if simulated else None),
         depth=int(depth[-1]) if depth else None,
         trace=trace,
+        coverage=parse_coverage(output),
     )
+
+
+def parse_coverage(output: str) -> dict[str, int] | None:
+    """TLC's last coverage report: each action, as the protocol names it (``MCInterrupt`` is ``Interrupt``),
+    with the number of states it generated (0: it never fired).  ``None`` without a report."""
+    i = output.rfind("The coverage statistics")
+    if i < 0:
+        return None
+    found: dict[str, int] = {}
+    for line in output[i:].splitlines():
+        m = _COVERAGE_RE.match(line)
+        if m and m.group(1) != "Init":
+            name = protocol_action(m.group(1))
+            found[name] = found.get(name, 0) + int(m.group(3))
+    return found
 
 
 def classify(output: str, single_property: str | None = None) -> tuple[str, str]:
@@ -208,6 +242,9 @@ def classify(output: str, single_property: str | None = None) -> tuple[str, str]
         return "deadlock", "Deadlock reached"
     if "Model checking completed. No error has been found." in output:
         return "ok", "No error has been found"
+    m = _SIMULATED_RE.search(output)
+    if m and "Finished in" in output and not re.search(r"^Error:", output, re.MULTILINE):
+        return "ok", f"No error in the simulated behaviours ({m.group(1)} states checked)"
     m = re.search(r"^Error: (.*)$", output, re.MULTILINE)
     return "error", (m.group(1) if m else "TLC ended without a result")
 

@@ -4,6 +4,12 @@ Each model names the TLA+ module that holds its bounds, its ``.cfg``, its suite,
 and, as in tlaplus/Examples' manifest, what a run of it is: its distinct and total states, the depth of the
 search, its features (``liveness``, ``symmetry``, ``ignore deadlock``) and its runtime on the development
 machine.  A model expected to fail passes only if TLC still finds that failure.
+
+Two fields go beyond that manifest.  ``never_fires`` lists the actions that a complete run of a passing model
+must never take (TLC's action coverage; any other action that never fires fails the run: a guard that
+disables an action makes every safety property hold, vacuously).  ``witnesses`` lists, as expected results,
+the witness properties that must fail on the constants of that model: each becomes a model of its own,
+``Witness_<Property>_<model>``, whose cfg is the model's with the witness as its only invariant or property.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from .launcher import TLCError
 __all__ = ["FEATURES", "SUITES", "Cfg", "Model", "default_tla_dir", "load_manifest", "select"]
 
 SUITES = ("fast", "deep")
-FEATURES = ("liveness", "symmetry", "ignore deadlock")
+FEATURES = ("liveness", "symmetry", "ignore deadlock", "simulation")
 _REQUIRED = {"name", "module", "cfg", "suite", "expect", "features"}
 
 
@@ -40,6 +46,40 @@ class Model:
     options: tuple[str, ...] = ()
     description: str = ""
     note: str = ""
+    never_fires: tuple[str, ...] = ()
+    witnesses: tuple[str, ...] = ()
+    witness: str = ""  # set on a witness model derived from ``witnesses``: its expected result
+
+    @property
+    def simulated(self) -> bool:
+        """TLC checks random behaviours (``-simulate``), not the whole graph: no counts, no coverage."""
+        return "-simulate" in self.options
+
+    def cfg_text(self, tla_dir: Path) -> str:
+        """The cfg TLC runs: the file, or for a witness model the file's constants and specification with the
+        witness as its only invariant (or action property)."""
+        text = (Path(tla_dir) / self.cfg).read_text()
+        if not self.witness:
+            return text
+        kind, _, name = self.witness.partition(":")
+        keyword = "PROPERTY" if kind == "action-property" else "INVARIANT"
+        return Cfg(text).without("INVARIANT", "PROPERTY") + f"{keyword}\n    {name}\n"
+
+
+def _witness_models(model: Model) -> list[Model]:
+    short = model.name.removeprefix("PauseProtocol_")
+    derived = []
+    for expect in model.witnesses:
+        kind, _, prop = expect.partition(":")
+        if kind not in ("invariant", "action-property") or not prop.endswith("Witness"):
+            raise TLCError(f"model {model.name}: a witness is 'invariant:NeverXWitness' or "
+                           f"'action-property:NeverXWitness', not {expect!r}")  # fmt: skip
+        derived.append(Model(
+            name=f"Witness_{prop.removesuffix('Witness')}_{short}", module=model.module, cfg=model.cfg,
+            suite=model.suite, expect=expect, description=f"non-vacuity: {prop} must fail on {model.name}'s constants",
+            witness=expect,
+        ))  # fmt: skip
+    return derived
 
 
 def default_tla_dir() -> Path:
@@ -75,8 +115,18 @@ def load_manifest(tla_dir: Path) -> list[Model]:
             raise TLCError(f"{manifest}: model {name}: unknown fields {sorted(unknown)}")
         if any(m.name == name for m in models):
             raise TLCError(f"{manifest}: model {name} is listed twice")
-        fields = {**entry, "features": tuple(entry["features"]), "options": tuple(entry.get("options", ()))}
-        models.append(Model(**fields))
+        fields = {
+            **entry, "features": tuple(entry["features"]), "options": tuple(entry.get("options", ())),
+            "never_fires": tuple(entry.get("never_fires", ())), "witnesses": tuple(entry.get("witnesses", ())),
+        }  # fmt: skip
+        if fields.get("witness"):
+            raise TLCError(f"{manifest}: model {name}: 'witness' is set by the runner; list 'witnesses' instead")
+        model = Model(**fields)
+        models.append(model)
+        for derived in _witness_models(model):
+            if any(m.name == derived.name for m in models):
+                raise TLCError(f"{manifest}: model {derived.name} is listed twice")
+            models.append(derived)
     return models
 
 
@@ -158,4 +208,6 @@ class Cfg:
             found.append("symmetry")
         if "-deadlock" in options:
             found.append("ignore deadlock")
+        if "-simulate" in options:
+            found.append("simulation")
         return tuple(found)

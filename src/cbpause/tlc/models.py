@@ -10,7 +10,9 @@ Usage::
 A model expected to fail passes only if TLC still finds that failure: that is the evidence that the
 checker catches what matters (the "fails in an interesting way" models of tlaplus/Examples).  A model
 expected to pass must also reach the distinct and total state counts the manifest records (a different
-count means the model changed).  The depth is recorded and shown, not checked: with several workers TLC's
+count means the model changed), and fire every action but those the manifest lists as ``never_fires``
+(TLC's ``-coverage``: an action that never fires is a guard that became dead, and safety then holds
+vacuously).  The depth is recorded and shown, not checked: with several workers TLC's
 breadth-first search is not level by level, and the depth it reports varies from run to run.
 """
 
@@ -20,6 +22,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,7 +49,7 @@ class Result:
 
     def count_mismatches(self) -> list[str]:
         """The recorded figures this run did not reach (models expected to pass only)."""
-        if self.model.expect != "ok":
+        if self.model.expect != "ok" or self.model.simulated:
             return []
         pairs = (
             ("distinct states", self.model.distinct_states, self.run.distinct_states),
@@ -54,9 +57,29 @@ class Result:
         )
         return [f"{what} {got} (manifest: {want})" for what, want, got in pairs if want is not None and want != got]
 
+    def coverage_mismatches(self) -> list[str]:
+        """Actions that never fired though the manifest expects them to, or fired though it says they never do
+        (models expected to pass only)."""
+        if self.model.expect != "ok" or self.run.outcome != "ok" or self.model.simulated:
+            return []
+        if self.run.coverage is None:
+            return ["TLC printed no action coverage"]
+        never = set(self.model.never_fires)
+        unknown = sorted(never - self.run.coverage.keys())
+        dead = sorted(a for a, n in self.run.coverage.items() if n == 0 and a not in never)
+        fired = sorted(a for a in never if self.run.coverage.get(a, 0) > 0)
+        return (
+            [f"no action {a} in the spec" for a in unknown]
+            + [f"{a} never fired" for a in dead]
+            + [f"{a} fired (never_fires lists it)" for a in fired]
+        )
+
+    def mismatches(self) -> list[str]:
+        return self.count_mismatches() + self.coverage_mismatches()
+
     @property
     def passed(self) -> bool:
-        return self.matches_expectation and not self.count_mismatches()
+        return self.matches_expectation and not self.mismatches()
 
 
 def run_model(
@@ -71,18 +94,33 @@ def run_model(
     cfg = Path(tla_dir) / model.cfg
     if not cfg.is_file():
         raise TLCError(f"model {model.name}: config file {cfg} does not exist")
-    properties = Cfg.read(cfg).names("PROPERTY")
-    run = run_tlc(
-        model.module,
-        model.cfg,
-        Path(tla_dir),
-        workers=workers or max(1, min(os.cpu_count() or 1, 4)),
-        options=model.options,
-        on_line=on_line,
-        timeout=timeout,
-        single_property=properties[0] if len(properties) == 1 else None,
-    )
+    text = model.cfg_text(tla_dir)
+    properties = Cfg(text).names("PROPERTY")
+    with tempfile.TemporaryDirectory(prefix="cbpause-cfg-") as tmp:
+        if model.witness:
+            cfg = Path(tmp) / f"{model.name}.cfg"
+            cfg.write_text(text)
+        run = run_tlc(
+            model.module,
+            str(cfg.resolve()),
+            Path(tla_dir),
+            workers=workers or max(1, min(os.cpu_count() or 1, 4)),
+            options=model.options,
+            on_line=on_line,
+            timeout=timeout,
+            single_property=properties[0] if len(properties) == 1 else None,
+            coverage=model.expect == "ok" and not model.simulated,
+        )
     return Result(model, run)
+
+
+def simulation_summary(model: Model, run: TLCRun) -> str:
+    """How many behaviours a simulated model's run checked, as its options asked."""
+    opts = list(model.options)
+    num = next((o.split("=", 1)[1] for o in opts if o.startswith("num=")), "?")
+    depth = opts[opts.index("-depth") + 1] if "-depth" in opts[:-1] else "?"
+    states = "?" if run.states_generated is None else f"{run.states_generated:,}"
+    return f"simulated: {num} behaviours of up to {depth} steps, {states} states checked, no error"
 
 
 def format_table(results: list[Result]) -> str:
@@ -90,8 +128,8 @@ def format_table(results: list[Result]) -> str:
     rows = [head]
     for r in results:
         verdict = "PASS" if r.passed else "FAIL"
-        if r.matches_expectation and r.count_mismatches():
-            verdict = "FAIL: " + "; ".join(r.count_mismatches())
+        if r.matches_expectation and r.mismatches():
+            verdict = "FAIL: " + "; ".join(r.mismatches())
         spm = r.run.states_per_minute
         rows.append((
             r.model.name,
@@ -118,6 +156,8 @@ def _report(result: Result) -> None:
     if run.outcome in ("parse-error", "config-error", "error"):
         print(f"   {run.outcome}: {run.message}")
         return
+    if result.model.simulated and run.outcome == "ok":
+        print(f"   {simulation_summary(result.model, run)}")
     if run.trace:
         kind = "expected" if result.matches_expectation else "UNEXPECTED"
         print(f"   {kind} counterexample ({run.outcome}), changed variables only:")
@@ -142,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         models = select(load_manifest(tla_dir), args.model, args.suite)
         if args.list:
             for m in models:
-                print(f"{m.name:28} {m.suite:5} {m.expect:36} {m.description}")
+                print(f"{m.name:48} {m.suite:5} {m.expect:44} {m.description}")
             return 0
         find_java()
         find_jar()
