@@ -9,6 +9,8 @@ Every thread is joined with a timeout; interleavings are forced with events in t
 
 import math
 import threading
+from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 
@@ -467,3 +469,33 @@ def test_request_pause_from_the_loop_thread_raises():
     assert loop.stepped.wait(WAIT)
     assert loop.stop(hard=True)
     assert "own thread" in str(outcome.get("error")) and loop.status.state.count == 0
+
+
+@pytest.mark.parametrize("timeout", [Decimal("0.01"), Fraction(1, 100), 0, 0.01, "numpy.float32"])
+def test_every_real_number_of_seconds_is_a_timeout(timeout):
+    """Whatever a threading wait accepts: numpy scalars, Decimal, Fraction (issue 13, point 6)."""
+    if timeout == "numpy.float32":
+        timeout = pytest.importorskip("numpy").float32(0.01)
+    status = ours()
+    status.clear()  # running, but no loop reaches the all-reduce: the wait runs out
+    with pytest.raises(TimeoutError):
+        status.acquire_pause(None, timeout=timeout)
+    assert status.state.count == 0
+
+
+@pytest.mark.parametrize("huge", [math.inf, 1e300, threading.TIMEOUT_MAX * 2])
+def test_infinite_or_huge_timeouts_mean_no_timeout_on_any_thread(huge):
+    """threading's waits raise OverflowError above TIMEOUT_MAX: such a timeout means none, on a worker thread
+    too (the main thread's wait wakes in slices anyway)."""
+    loop = FakeLoop(ours()).start()
+    status = loop.status
+
+    def pause_and_leave():
+        status.acquire_pause(loop.wake, timeout=huge)
+        status.release_pause()
+
+    thread, box = run_thread(pause_and_leave, name="worker")
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive() and "error" not in box, box
+    assert loop.stop()
+    assert PauseProtocol(peer_park_timeout=huge).peer_park_timeout_s is None

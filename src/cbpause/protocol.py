@@ -25,9 +25,11 @@ the spec assumes for ``HolderWakes`` (``EnterPause`` or ``PauseFails``; spec sec
 
 from __future__ import annotations
 
+import decimal
 import functools
 import itertools
 import math
+import numbers
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -97,13 +99,25 @@ class PauseHold:
 
 
 def _check_timeout(timeout: float | None, name: str = "timeout") -> float | None:
+    """A timeout in seconds as a float, or ``None`` for none.
+
+    Any real number is accepted (``int``, ``float``, numpy scalars, ``Fraction``, ``Decimal``); infinity and
+    anything above ``threading.TIMEOUT_MAX`` mean no timeout (a ``Condition.wait`` would raise
+    ``OverflowError`` on them).  ``bool``, NaN, negative numbers and non-numbers raise ``ValueError``.
+    """
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+    if isinstance(timeout, bool) or not isinstance(timeout, (numbers.Real, decimal.Decimal)):
         raise ValueError(f"{name} must be a number of seconds or None, not {timeout!r}")
-    if math.isnan(timeout) or timeout < 0:
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError, OverflowError):  # a Decimal NaN that signals, an exotic Real
+        raise ValueError(f"{name} must be a number of seconds or None, not {timeout!r}") from None
+    if math.isnan(seconds) or seconds < 0:
         raise ValueError(f"{name} must be >= 0 seconds or None, not {timeout!r}")
-    return float(timeout)
+    if seconds > threading.TIMEOUT_MAX:
+        return None
+    return seconds
 
 
 class PauseProtocol(LoopSteps, DropInLoop):
