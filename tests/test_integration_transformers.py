@@ -404,3 +404,102 @@ def test_d5_a_request_admitted_as_the_loop_stops_gets_its_output(cbpause_or_upst
     assert out is not None, "the accepted request got no output and never will (D5)"
     assert out.request_id == rid and out.status == RequestStatus.FAILED
     assert manager.get_result(timeout=0.2) is None  # exactly one
+
+
+# ------------------------------------------------------------------ stop() never tears down a running loop
+
+UPSTREAM_TEARDOWN = "transformers 5.23.0: stop() tears down a running loop (or, on the loop thread, joins itself)"
+
+
+@pytest.fixture(
+    params=["cbpause", pytest.param("upstream", marks=pytest.mark.xfail(strict=True, reason=UPSTREAM_TEARDOWN))]
+)
+def stop_cbpause_or_upstream(request, model):
+    if request.param == "cbpause":
+        manager = cbt.init_continuous_batching(model, greedy_config(MAX_NEW), batching_config(), peer_park_timeout=WAIT)
+    else:
+        manager = model.init_continuous_batching(generation_config=greedy_config(MAX_NEW),
+                                                 continuous_batching_config=batching_config())  # fmt: skip
+    try:
+        yield manager
+    finally:
+        if manager.is_running():
+            manager.stop(block=True, timeout=JOIN_TIMEOUT, hard_stop=True)
+
+
+def every_request_finished(manager, thread, ids):
+    """The loop exits by itself, every request finished (none failed by a teardown), the teardown done."""
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive(), "the loop did not exit"
+    outs = [manager.get_result(timeout=1.0) for _ in ids]  # the loop has exited: every output is there
+    assert all(o is not None for o in outs), "a request got no output"
+    failed = [o.error for o in outs if o.status != RequestStatus.FINISHED]
+    assert not failed, failed
+    assert sorted(o.request_id for o in outs) == sorted(ids)
+    assert manager.batch_processor is None  # torn down, once the loop was done
+
+
+def test_a_stop_whose_wait_runs_out_leaves_the_loop_running_and_whole(stop_cbpause_or_upstream):
+    """stop(block=True, timeout=0.5) while another thread holds the pause: the wait runs out, the loop must
+    stay usable; when the pause ends it flushes every request and exits (issue 13, point 4)."""
+    manager = stop_cbpause_or_upstream
+    manager.start()
+    thread = manager._generation_thread
+    ids = submit(manager)
+    inside, leave = threading.Event(), threading.Event()
+
+    def holder():
+        with manager.pause():
+            inside.set()
+            leave.wait(WAIT)
+
+    held, box = run_thread(holder)
+    assert inside.wait(WAIT)
+    manager.stop(block=True, timeout=0.5)  # runs out: the loop is parked in the holder's window
+    assert thread.is_alive()
+    leave.set()
+    held.join(JOIN_TIMEOUT)
+    assert not held.is_alive() and "error" not in box
+    every_request_finished(manager, thread, ids)
+
+
+def test_a_stop_that_does_not_wait_leaves_a_busy_loop_whole(stop_cbpause_or_upstream, model):
+    """stop(block=False) once the loop has stepped: it returns at once, and the loop flushes and exits."""
+    manager = stop_cbpause_or_upstream
+    stepped = threading.Event()
+    handle = model.register_forward_pre_hook(lambda module, args: stepped.set())
+    try:
+        manager.start()
+        thread = manager._generation_thread
+        ids = submit(manager)
+        assert stepped.wait(WAIT)
+        manager.stop(block=False)
+        every_request_finished(manager, thread, ids)
+    finally:
+        handle.remove()
+
+
+def test_a_stop_from_the_loops_own_thread_returns_and_the_loop_flushes(stop_cbpause_or_upstream, model):
+    """From a forward hook, on the loop's thread: the stop is asked, the call returns (it cannot wait for
+    itself), and the loop flushes its requests and exits."""
+    manager = stop_cbpause_or_upstream
+    box = {}
+
+    def stop_once(module, args):
+        if "done" not in box:
+            box["done"] = True
+            try:
+                manager.stop(block=True, timeout=WAIT)
+            except BaseException as error:  # noqa: BLE001 - the test reports it
+                box["error"] = error
+
+    handle = model.register_forward_pre_hook(stop_once)
+    try:
+        manager.start()
+        thread = manager._generation_thread
+        ids = submit(manager)
+        thread.join(JOIN_TIMEOUT)
+        assert box.get("done") and "error" not in box, box  # upstream: "cannot join current thread"
+        every_request_finished(manager, thread, ids)
+    finally:
+        handle.remove()

@@ -11,6 +11,8 @@ This is the only module of cbpause that knows transformers' internals.  It retur
   window and P-BARRIER), so a withdrawn request no longer parks the loop (D1) and a rank parked for a peer's
   pause leaves after ``peer_park_timeout`` seconds (D3).  A collective that fails (a peer died or never
   came) is P-COLLECTIVE-TIMEOUT: the loop stops with the error recorded, and every waiter is told.
+* ``stop()`` never tears down a loop that still runs: a stop that does not wait, whose wait runs out, or that
+  comes from the loop's own thread asks for the stop and returns; the loop's exit path tears down.
 
 Everything else is upstream's: the queues, the scheduler, ``DistributedHelper`` with its
 ``tp_all_reduce_state`` MAX all-reduce, its CPU (gloo) group and its monitored barrier.  Each block copied
@@ -202,6 +204,11 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         # P-SUBMIT: the acceptance check and the enqueue happen under this lock, and so does the loop's last
         # drain of the queue; a request is then either drained (and gets its output) or refused.
         self._submit_lock = threading.Lock()
+        # stop() never tears down a loop that still runs: it leaves the teardown to the loop's exit path. The
+        # lock orders the two: either stop() sees the loop done and tears down, or the loop finds the request.
+        self._teardown_lock = threading.Lock()
+        self._loop_done = True
+        self._teardown_asked: bool | None = None  # keep_for_next_session of a stop that left the teardown
 
     def add_request(self, input_ids: list[int], *args: Any, **kwargs: Any) -> str | None:
         """Upstream's ``add_request``, atomic against the loop's exit (P-SUBMIT, R-NOTHING-LOST-DELIVERED).
@@ -246,6 +253,9 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
 
     def start(self) -> None:
         """Start the loop thread (upstream's ``start``), named so that it shows in thread dumps."""
+        if not self.is_running():
+            with self._teardown_lock:
+                self._loop_done, self._teardown_asked = False, None
         super().start()
         thread = self._generation_thread
         if isinstance(thread, threading.Thread) and thread.name.startswith("Thread-"):
@@ -262,6 +272,68 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
             killed = RuntimeError(f"the generation loop was killed: {error!r}")
             self._fail_all_remaining_requests(killed, self.batch_processor)
             raise
+        finally:
+            with self._teardown_lock:
+                self._loop_done, keep = True, self._teardown_asked
+                self._teardown_asked = None
+            if keep is not None:  # a stop() returned while the loop ran: its teardown is done here, at the end
+                self._teardown(keep)
+
+    def stop(
+        self,
+        block: bool = True,
+        timeout: float | None = None,
+        keep_for_next_session: bool = False,
+        hard_stop: bool = False,
+    ) -> None:
+        """Upstream's ``stop``, except that it never tears down a loop that still runs.
+
+        Upstream clears the batch processor (or caches the manager) as soon as its wait ends, whether or not
+        the loop has exited: after ``stop(block=False)``, a ``timeout`` that ran out while a holder was inside,
+        or a ``stop()`` from the loop's own thread, the running loop then fails every request with "Tried to
+        perform a generation step before the batch processor was initialized".  Here the stop is asked, the
+        wait (if any) happens, and the teardown is done by whichever of ``stop()`` and the loop's exit path
+        comes last.  From the loop's own thread the stop is asked and the call returns at once (it cannot
+        wait for itself).  ``RuntimeError`` from inside a pause, as upstream.
+        """
+        thread = self._generation_thread
+        if thread is None:  # never started, or already joined: upstream's checks and teardown are safe
+            super().stop(block=block, timeout=timeout, keep_for_next_session=keep_for_next_session,
+                         hard_stop=hard_stop)  # fmt: skip
+            return
+        status = self.background_thread_status
+        # copied from transformers (continuous_api.py, ContinuousBatchingManager.stop)
+        if self.background_thread_status.is_pause_requested(local=True):
+            raise RuntimeError(
+                "Cannot stop the manager from inside a pause: the generation loop is paused and cannot exit, so "
+                "this would wait forever. Leave the `pause` context before calling `stop`."
+            )
+        # end of copy
+        stop_status = status.HARD_STOP if hard_stop else status.FLUSH_AND_STOP
+        status.request_stop(stop_status, self.distributed_helper.global_rank)
+        if block and threading.current_thread() is not thread:
+            self.join(_api.perf_counter(), timeout)
+        with self._teardown_lock:
+            if not self._loop_done:
+                self._teardown_asked = keep_for_next_session
+                return
+        self._teardown(keep_for_next_session)
+
+    def _teardown(self, keep_for_next_session: bool) -> None:
+        """What upstream's ``stop`` does once the loop has exited."""
+        # copied from transformers (continuous_api.py, ContinuousBatchingManager.stop)
+        if not keep_for_next_session:
+            self.batch_processor = None
+        else:
+            _api.logger.info("Continuous batching manager will be kept for next session.")
+            self.model._cached_continuous_batching_manager = self  # type: ignore
+        if self._original_attn_impl is not None:
+            self.model.set_attn_implementation(self._original_attn_impl)
+            self._original_attn_impl = None
+        _api.gc.collect()
+        if hasattr(device_module := _api.torch.get_device_module(), "empty_cache"):
+            device_module.empty_cache()
+        # end of copy
 
     def _generation_loop_body(self, batch_processor: Any, bootstrapping: bool) -> bool:
         """Upstream's loop body, with the steps the spec names around the forward step reported.
