@@ -503,3 +503,38 @@ def test_a_stop_from_the_loops_own_thread_returns_and_the_loop_flushes(stop_cbpa
         every_request_finished(manager, thread, ids)
     finally:
         handle.remove()
+
+
+# ------------------------------------------------------------------------------- exit without stop()
+
+EXIT_SCRIPT = """
+import atexit, sys
+from cbpause.integrations import transformers as cbt
+from cbpause.testing import batching_config, greedy_config, tiny_llama
+
+def report():  # registered before start(): runs after the manager's own exit handler (atexit is LIFO)
+    outs = []
+    while (out := manager.get_result(timeout=0)) is not None:
+        outs.append(out.status.name)
+    print("outputs", len(outs), sorted(set(outs)), flush=True)
+
+atexit.register(report)
+manager = cbt.init_continuous_batching(tiny_llama(), greedy_config(10_000), batching_config())
+manager.start()
+for _ in range(3):
+    manager.add_request([1, 2, 3, 4, 5], max_new_tokens=10_000)
+if sys.argv[1] == "raise":
+    raise SystemExit("the script ends with an error, without stop()")
+"""
+
+
+@pytest.mark.parametrize("how", ["return", "raise"])
+def test_a_script_that_ends_without_stop_exits_and_answers_its_requests(how, tmp_path):
+    """Issue 13, point 7: the loop thread is a daemon and an atexit hard stop fails what is in flight."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(EXIT_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=120)
+    assert "outputs 3 ['FAILED']" in done.stdout, (done.stdout, done.stderr[-3000:])

@@ -23,7 +23,9 @@ compares every such block with the installed transformers, so a change upstream 
 
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -178,6 +180,16 @@ def _collective_failed(status: PauseProtocol, error: BaseException) -> None:
         status.record_fatal_error(error)
 
 
+EXIT_STOP_TIMEOUT = 10.0  # seconds the interpreter's exit waits for a loop that was not stopped
+
+
+def _stop_at_exit(ref: weakref.ref) -> None:
+    """At interpreter exit: hard-stop a loop that is still running, so that its requests get their output."""
+    manager = ref()
+    if manager is not None and manager.is_running():
+        manager.stop(block=True, timeout=EXIT_STOP_TIMEOUT, hard_stop=True)
+
+
 class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
     """transformers' ``ContinuousBatchingManager`` driven by :class:`PauseProtocol`.
 
@@ -209,6 +221,7 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         self._teardown_lock = threading.Lock()
         self._loop_done = True
         self._teardown_asked: bool | None = None  # keep_for_next_session of a stop that left the teardown
+        self._stop_at_exit_registered = False
 
     def add_request(self, input_ids: list[int], *args: Any, **kwargs: Any) -> str | None:
         """Upstream's ``add_request``, atomic against the loop's exit (P-SUBMIT, R-NOTHING-LOST-DELIVERED).
@@ -252,14 +265,30 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         # end of copy
 
     def start(self) -> None:
-        """Start the loop thread (upstream's ``start``), named so that it shows in thread dumps."""
-        if not self.is_running():
-            with self._teardown_lock:
-                self._loop_done, self._teardown_asked = False, None
-        super().start()
-        thread = self._generation_thread
-        if isinstance(thread, threading.Thread) and thread.name.startswith("Thread-"):
-            thread.name = "cbpause-generation-loop"
+        """Start the loop thread (upstream's ``start``), named so that it shows in thread dumps.
+
+        The thread is a daemon, and the first ``start()`` registers an ``atexit`` hard stop: a script that
+        ends (or raises) without ``stop()`` exits instead of waiting for ever on a loop that idles, and the
+        requests still in flight get their terminal output (failed) first.  The hard stop waits at most
+        ``EXIT_STOP_TIMEOUT`` seconds (a holder still inside a pause would keep it waiting).
+        """
+        # copied from transformers (continuous_api.py, ContinuousBatchingManager.start)
+        if self.is_running():
+            _api.logger.warning("Manager thread is already running.")
+            return None
+        # end of copy
+        with self._teardown_lock:
+            self._loop_done, self._teardown_asked = False, None
+        if not self._stop_at_exit_registered:
+            atexit.register(_stop_at_exit, weakref.ref(self))
+            self._stop_at_exit_registered = True
+        # copied from transformers (continuous_api.py, ContinuousBatchingManager.start)
+        self.background_thread_status.clear()
+        # end of copy
+        self._generation_thread = threading.Thread(
+            target=self._run_generation_loop, name="cbpause-generation-loop", daemon=True
+        )
+        self._generation_thread.start()
 
     def _run_generation_loop(self) -> None:
         # Settle which thread is the loop's before anything else can ask (D4's check relies on it).
