@@ -151,3 +151,55 @@ def test_soak_60_seconds_loses_nothing_and_never_hangs(capsys, tlc_ready):
 def test_soak_trace_sample_refuses_a_missing_spec_before_it_starts(tmp_path, capsys):
     assert soak.main(["--seconds", "1", "--trace-sample", "2", "--tla-dir", str(tmp_path)]) == 2
     assert "no PauseProtocol.tla" in capsys.readouterr().err
+
+
+# ------------------------------------------------------- bad requests are refused at the door (issue 13, 5)
+
+BAD_REQUESTS = [
+    ("strings", ["a", "b"], {}, TypeError, "integer token id"),
+    ("floats", [1.0, 2.5], {}, TypeError, "integer token id"),
+    ("a string prompt", "hello", {}, TypeError, "sequence of token ids"),
+    ("booleans", [True, False], {}, TypeError, "integer token id"),
+    ("an out-of-vocabulary id", [1, 10_000], {}, ValueError, "not a token id"),
+    ("a negative id", [1, -3], {}, ValueError, "not a token id"),
+    ("an empty prompt", [], {}, ValueError, "empty"),
+    ("max_new_tokens=0", PROMPT, {"max_new_tokens": 0}, ValueError, "at least 1"),
+    ("max_new_tokens=-3", PROMPT, {"max_new_tokens": -3}, ValueError, "at least 1"),
+    ("max_new_tokens=2.5", PROMPT, {"max_new_tokens": 2.5}, TypeError, "an integer"),
+    ("a float tensor", "float tensor", {}, TypeError, "1-D integer tensor"),
+]
+
+
+@pytest.mark.parametrize(("what", "prompt", "kwargs", "error", "match"), BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
+def test_a_bad_request_is_refused_at_the_door_and_the_loop_serves_the_others(manager, what, prompt, kwargs, error,
+                                                                             match):  # fmt: skip
+    """Upstream accepts these and later fails the loop, every good request in flight with it, or finishes them
+    silently; here add_request raises and enqueues nothing."""
+    if prompt == "float tensor":
+        prompt = torch.tensor([1.0, 2.0])
+    manager.start()
+    with pytest.raises(error, match=match):
+        manager.add_request(prompt, **kwargs)
+    assert manager.input_queue.empty()
+    still_usable(manager)
+
+
+def test_numpy_and_tensor_prompts_are_token_ids(manager):
+    np = pytest.importorskip("numpy")
+    manager.start()
+    ids = [manager.add_request(np.array(PROMPT), max_new_tokens=np.int64(MAX_NEW)),
+           manager.add_request(torch.tensor(PROMPT), max_new_tokens=MAX_NEW)]  # fmt: skip
+    outs = [manager.get_result(request_id=None, timeout=WAIT) for _ in ids]
+    assert sorted(o.request_id for o in outs) == sorted(ids)
+    assert all(o.status == RequestStatus.FINISHED and len(o.generated_tokens) == MAX_NEW for o in outs)
+
+
+def test_get_result_from_inside_ones_own_pause_raises_instead_of_waiting_for_ever(manager):
+    manager.start()
+    with manager.pause(timeout=WAIT):
+        manager.add_request(list(PROMPT), max_new_tokens=MAX_NEW)
+        with pytest.raises(RuntimeError, match="inside a pause would wait for ever"):
+            manager.get_result()
+        assert manager.get_result(timeout=0.05) is None  # a bounded wait is allowed: nothing comes meanwhile
+    assert manager.get_result(timeout=WAIT).status == RequestStatus.FINISHED
+    still_usable(manager)

@@ -24,6 +24,7 @@ compares every such block with the installed transformers, so a change upstream 
 from __future__ import annotations
 
 import atexit
+import numbers
 import threading
 import weakref
 from collections.abc import Iterator
@@ -180,6 +181,27 @@ def _collective_failed(status: PauseProtocol, error: BaseException) -> None:
         status.record_fatal_error(error)
 
 
+def _checked_prompt(input_ids: Any, vocab_size: int) -> list[int]:
+    """The prompt as a list of ints, or ``TypeError``/``ValueError`` naming what is wrong with it."""
+    if isinstance(input_ids, _api.torch.Tensor):
+        if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dim() != 1:
+            raise TypeError(f"input_ids must be a 1-D integer tensor, not {input_ids.dtype} of shape "
+                            f"{tuple(input_ids.shape)}")  # fmt: skip
+        input_ids = input_ids.tolist()
+    if isinstance(input_ids, (str, bytes)) or not hasattr(input_ids, "__iter__"):
+        raise TypeError(f"input_ids must be a sequence of token ids, not {type(input_ids).__name__}")
+    prompt = []
+    for i, token in enumerate(input_ids):
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+            raise TypeError(f"input_ids[{i}] must be an integer token id, not {token!r}")
+        if not 0 <= token < vocab_size:
+            raise ValueError(f"input_ids[{i}] = {token} is not a token id of this model (0 to {vocab_size - 1})")
+        prompt.append(int(token))
+    if not prompt:
+        raise ValueError("input_ids is empty: a request needs at least one prompt token")
+    return prompt
+
+
 EXIT_STOP_TIMEOUT = 10.0  # seconds the interpreter's exit waits for a loop that was not stopped
 
 
@@ -223,15 +245,45 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         self._teardown_asked: bool | None = None  # keep_for_next_session of a stop that left the teardown
         self._stop_at_exit_registered = False
 
-    def add_request(self, input_ids: list[int], *args: Any, **kwargs: Any) -> str | None:
-        """Upstream's ``add_request``, atomic against the loop's exit (P-SUBMIT, R-NOTHING-LOST-DELIVERED).
+    def add_request(
+        self,
+        input_ids: list[int],
+        request_id: str | None = None,
+        max_new_tokens: int | None = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> str | None:
+        """Upstream's ``add_request``, atomic against the loop's exit (P-SUBMIT, R-NOTHING-LOST-DELIVERED), and
+        refusing at the door what would otherwise fail later, in the loop, for every request in flight.
 
         Upstream checks that the loop accepts requests, then enqueues: a request enqueued after the loop's
         last drain is never seen again.  Returns ``None`` (and logs why) when the loop does not accept
-        requests, as upstream does; ``add_requests`` goes through here too.
+        requests, as upstream does; ``add_requests`` goes through here too.  Raises, with nothing enqueued:
+        ``TypeError`` for a prompt that is not a sequence of integers or a ``max_new_tokens`` that is not an
+        integer; ``ValueError`` for an empty prompt, a token id outside ``[0, vocab_size)``, or
+        ``max_new_tokens < 1``.
         """
+        prompt = _checked_prompt(input_ids, self.model.config.get_text_config().vocab_size)
+        if max_new_tokens is not None:
+            if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+                raise TypeError(f"max_new_tokens must be an integer, not {max_new_tokens!r}")
+            if max_new_tokens < 1:
+                raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
+            max_new_tokens = int(max_new_tokens)
         with self._submit_lock:
-            return super().add_request(input_ids, *args, **kwargs)
+            return super().add_request(prompt, request_id, max_new_tokens, *args, **kwargs)
+
+    def get_result(self, request_id: str | None = None, timeout: float | None = None) -> Any:
+        """Upstream's ``get_result``; from inside the caller's own pause, a wait without a timeout on an empty
+        output queue raises ``RuntimeError`` at once (the loop cannot produce anything until the caller
+        leaves), as ``stop()`` does there.  With a timeout it returns ``None`` when that runs out."""
+        status = self.background_thread_status
+        if timeout is None and status.is_pause_requested(local=True) and self.output_router.output_queue.empty():
+            raise RuntimeError(
+                "get_result() without a timeout from inside a pause would wait for ever: the generation loop is "
+                "paused until this thread leaves the pause. Leave it first, or pass a timeout."
+            )
+        return super().get_result(request_id=request_id, timeout=timeout)
 
     def _fail_all_remaining_requests(self, error: Exception, batch_processor: Any) -> None:
         with self._submit_lock:  # the loop's last drain (see add_request)
