@@ -538,3 +538,52 @@ def test_a_script_that_ends_without_stop_exits_and_answers_its_requests(how, tmp
     script.write_text(EXIT_SCRIPT)
     done = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=120)
     assert "outputs 3 ['FAILED']" in done.stdout, (done.stdout, done.stderr[-3000:])
+
+
+# --------------------------------------------------------- a hold belongs to the pause, not to the thread
+
+
+def test_a_pause_entered_on_one_thread_ends_on_another_exactly_once(manager):
+    """As an asyncio executor does: __enter__ on one worker thread, __exit__ on another (issue 13, point 1)."""
+    manager.start()
+    status = manager.background_thread_status
+    cm = manager.pause(timeout=WAIT)
+    entered, box = run_thread(cm.__enter__, name="enter")
+    entered.join(JOIN_TIMEOUT)
+    assert "error" not in box and status.state.inside == 1
+    assert not status.is_pause_requested(local=True)  # this thread holds nothing
+    left, box = run_thread(lambda: cm.__exit__(None, None, None), name="exit")
+    left.join(JOIN_TIMEOUT)
+    assert not left.is_alive() and "error" not in box, box
+    assert status.state.inside == 0 and status.state.count == 0
+    assert not cm.__exit__(None, None, None)  # the hold left once: a second exit changes nothing (D2)
+    assert status.state.count == 0 and status.state.inside == 0
+    ids = submit(manager)
+    assert all(len(o.generated_tokens) == MAX_NEW for o in results(manager, ids))
+
+
+def test_a_pause_collected_without_exit_releases_its_hold(manager, caplog):
+    """A context manager in a reference cycle, entered and dropped: the collector, on another thread, releases
+    the hold and logs who entered; the loop resumes."""
+    import gc
+
+    manager.start()
+    status = manager.background_thread_status
+
+    class Owner:
+        pass
+
+    def enter_and_drop():
+        owner = Owner()
+        owner.cycle, owner.cm = owner, manager.pause(timeout=WAIT)
+        owner.cm.__enter__()
+
+    thread, box = run_thread(enter_and_drop, name="dropper")
+    thread.join(JOIN_TIMEOUT)
+    assert "error" not in box and status.state.inside == 1
+    collector, _ = run_thread(gc.collect, name="collector")
+    collector.join(JOIN_TIMEOUT)
+    assert status.state.inside == 0 and status.state.count == 0
+    assert "never exited" in caplog.text and "dropper" in caplog.text
+    ids = submit(manager)
+    assert all(len(o.generated_tokens) == MAX_NEW for o in results(manager, ids))

@@ -59,7 +59,7 @@ def test_release_without_acquire(manager):
 
 def test_double_release(manager):
     manager.start()
-    with pytest.raises(RuntimeError, match="without a matching acquire_pause"):
+    with pytest.raises(RuntimeError, match="already released"):
         with manager.pause(timeout=WAIT):
             manager.background_thread_status.release_pause()  # the first release; the context's is the second
     still_usable(manager)

@@ -72,7 +72,7 @@ def test_the_integration_marks_its_copies():
     assert len(found) >= 8
     assert {function for _, _, function, _, _ in found} >= {
         "ContinuousBatchProcessor._update_tp_group_state",
-        "ContinuousBatchingManager.pause",
+        "ContinuousBatchingManager.stop",
         "ContinuousBatchingManager._handle_critical_error",
         "ContinuousMixin.init_continuous_batching",
     }

@@ -413,17 +413,20 @@ class PauseProtocol(LoopSteps, DropInLoop):
             self._own(hold, "inside", "leave_pause")
             self._apply(t.leave_pause, hold=hold)
 
-    def acquire_pause(self, wake_up_loop: threading.Event | None = None, timeout: float | None = None) -> None:
+    def acquire_pause(self, wake_up_loop: threading.Event | None = None, timeout: float | None = None) -> PauseHold:
         """Drop-in: P-REQUEST-PAUSE, then wait for P-ENTER-PAUSE, P-PAUSE-FAILS, P-INTERRUPT or P-PAUSE-TIMEOUT.
 
-        Returns once this thread is inside the pause; :meth:`release_pause` on the same thread leaves it.
-        Raises as :meth:`request_pause` and :meth:`enter_pause` do.  The request and the wait happen under one
+        Returns the hold once this thread is inside the pause: :meth:`release_pause` on the same thread leaves
+        it, and so does :meth:`leave_pause` with the hold, from any thread (once: a second leave raises).  The
+        hold counts as this thread's for ``is_pause_requested(local=True)`` until it leaves.  Raises as
+        :meth:`request_pause` and :meth:`enter_pause` do.  The request and the wait happen under one
         acquisition of the lock, so an interrupt anywhere in between withdraws exactly the request that went
         in.
         """
         timeout = _check_timeout(timeout)
         self._refuse_loop_thread()
         holds = self._thread_holds()
+        holds[:] = [h for h in holds if h.state != "idle"]  # left from another thread (leave_pause)
         with self._condition:
             hold = self._new_hold(threading.get_ident())
             try:
@@ -438,6 +441,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
                 if hold.state == "idle" and hold in holds:
                     holds.remove(hold)
                 raise
+            return hold
 
     def release_pause(self) -> None:
         """Drop-in P-LEAVE-PAUSE (``LeavePause``): this thread's last pause ends; the last holder out lets the
@@ -446,6 +450,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         Raises ``RuntimeError`` and changes nothing if this thread holds no pause (D2, CountsInv).
         """
         holds = self._thread_holds()
+        holds[:] = [h for h in holds if h.state != "idle"]  # left from another thread (leave_pause)
         with self._condition:
             inside = [h for h in holds if h.state == "inside"]
             if not inside:

@@ -303,18 +303,31 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         (D4); ``TimeoutError`` when the loop has not paused within ``timeout`` seconds; ``ValueError`` for a
         negative or non-numeric ``timeout``.  In every case, and on ``KeyboardInterrupt`` while waiting, the
         request is withdrawn first (P-INTERRUPT, P-PAUSE-TIMEOUT).
+
+        The hold belongs to the pause, not to the thread: the ``with`` block may end on another thread (an
+        asyncio executor's ``__exit__``), and a context manager that is garbage-collected without having been
+        exited releases its hold (logging an error that names the thread that entered).
         """
         # A loop that died says why: its fatal error is the cause, as when it dies during the wait.
-        cause = self.background_thread_status.fatal_error
+        status = self.background_thread_status
+        cause = status.fatal_error
         if not self.is_running():
             raise RuntimeError("Cannot pause generation while no generation loop is running.") from cause
-        self.background_thread_status.acquire_pause(self._wake_up_loop, timeout=timeout)
-        # copied from transformers (continuous_api.py, ContinuousBatchingManager.pause)
+        hold = status.acquire_pause(self._wake_up_loop, timeout=timeout)
+        entered_on = threading.current_thread().name
         try:
             yield
+        except GeneratorExit:  # the context manager was closed (collected) without its with block ending
+            _api.logger.error(f"A pause entered on thread {entered_on!r} was never exited; released when its "
+                              "context manager was garbage-collected")  # fmt: skip
+            raise
         finally:
-            self.background_thread_status.release_pause()
-        # end of copy
+            try:
+                status.leave_pause(hold)  # P-LEAVE-PAUSE, from whichever thread ends the pause
+            except RuntimeError:
+                raise RuntimeError(
+                    "this pause was already released (a release_pause() inside the with block?): nothing was changed"
+                ) from None
 
     def start(self) -> None:
         """Start the loop thread (upstream's ``start``), named so that it shows in thread dumps.
