@@ -327,10 +327,15 @@ def test_a_loop_killed_by_a_base_exception_fails_its_requests_and_its_pausers(ma
 UPSTREAM_D5 = "D5: transformers 5.23.0 loses an accepted request (drained before a hard stop, or enqueued late)"
 
 
-@pytest.fixture(params=["cbpause", pytest.param("upstream", marks=pytest.mark.xfail(strict=True, reason=UPSTREAM_D5))])
-def cbpause_or_upstream(request, model):
-    """cbpause's manager, or transformers' own one, unchanged (the reference that loses the request)."""
-    if request.param == "cbpause":
+def upstream_fails(reason: str) -> list:
+    """The params of a fixture of cbpause's manager or transformers' own, where upstream must fail."""
+    return ["cbpause", pytest.param("upstream", marks=pytest.mark.xfail(strict=True, reason=reason))]
+
+
+def ours_or_theirs(kind: str, model):
+    """cbpause's manager, or transformers' own one, unchanged (the reference that has the defect); stopped and
+    forgotten after the test."""
+    if kind == "cbpause":
         manager = cbt.init_continuous_batching(model, greedy_config(MAX_NEW), batching_config(), peer_park_timeout=WAIT)
     else:
         manager = model.init_continuous_batching(generation_config=greedy_config(MAX_NEW),
@@ -341,6 +346,11 @@ def cbpause_or_upstream(request, model):
         if manager.is_running():
             manager.stop(block=True, timeout=JOIN_TIMEOUT, hard_stop=True)
         model.destroy_cached_continuous_batching_manager()
+
+
+@pytest.fixture(params=upstream_fails(UPSTREAM_D5))
+def cbpause_or_upstream(request, model):
+    yield from ours_or_theirs(request.param, model)
 
 
 def test_d5_a_request_drained_as_a_hard_stop_is_agreed_gets_its_output(cbpause_or_upstream, monkeypatch):
@@ -411,20 +421,9 @@ def test_d5_a_request_admitted_as_the_loop_stops_gets_its_output(cbpause_or_upst
 UPSTREAM_TEARDOWN = "transformers 5.23.0: stop() tears down a running loop (or, on the loop thread, joins itself)"
 
 
-@pytest.fixture(
-    params=["cbpause", pytest.param("upstream", marks=pytest.mark.xfail(strict=True, reason=UPSTREAM_TEARDOWN))]
-)
+@pytest.fixture(params=upstream_fails(UPSTREAM_TEARDOWN))
 def stop_cbpause_or_upstream(request, model):
-    if request.param == "cbpause":
-        manager = cbt.init_continuous_batching(model, greedy_config(MAX_NEW), batching_config(), peer_park_timeout=WAIT)
-    else:
-        manager = model.init_continuous_batching(generation_config=greedy_config(MAX_NEW),
-                                                 continuous_batching_config=batching_config())  # fmt: skip
-    try:
-        yield manager
-    finally:
-        if manager.is_running():
-            manager.stop(block=True, timeout=JOIN_TIMEOUT, hard_stop=True)
+    yield from ours_or_theirs(request.param, model)
 
 
 def every_request_finished(manager, thread, ids):
