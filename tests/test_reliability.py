@@ -203,3 +203,19 @@ def test_get_result_from_inside_ones_own_pause_raises_instead_of_waiting_for_eve
         assert manager.get_result(timeout=0.05) is None  # a bounded wait is allowed: nothing comes meanwhile
     assert manager.get_result(timeout=WAIT).status == RequestStatus.FINISHED
     still_usable(manager)
+
+
+def test_a_second_manager_on_a_model_driven_by_a_running_one_is_refused(manager):
+    """Two loops on one model: a holder of one would see the other's forward steps (R-EXCLUSION)."""
+    manager.start()
+    second = cbt.init_continuous_batching(manager.model, greedy_config(MAX_NEW), batching_config())
+    with pytest.raises(RuntimeError, match="already driven by another running"):
+        second.start()
+    assert not second.is_running()
+    still_usable(manager)
+    manager.stop(block=True, timeout=WAIT)
+    second.start()  # the first has stopped: the model is free
+    try:
+        still_usable(second)
+    finally:
+        second.stop(block=True, timeout=WAIT)

@@ -204,6 +204,11 @@ def _checked_prompt(input_ids: Any, vocab_size: int) -> list[int]:
 
 EXIT_STOP_TIMEOUT = 10.0  # seconds the interpreter's exit waits for a loop that was not stopped
 
+# The manager whose loop last started on each model: two loops stepping one model would each pause only
+# their own, and a holder of one would see the other's forward steps (R-EXCLUSION).
+_DRIVER_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_DRIVER_LOCK = threading.Lock()
+
 
 def _stop_at_exit(ref: weakref.ref) -> None:
     """At interpreter exit: hard-stop a loop that is still running, so that its requests get their output."""
@@ -332,7 +337,9 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
     def start(self) -> None:
         """Start the loop thread (upstream's ``start``), named so that it shows in thread dumps.
 
-        The thread is a daemon, and the first ``start()`` registers an ``atexit`` hard stop: a script that
+        ``RuntimeError`` while another manager's loop runs on the same model (its pauses would not stop this
+        loop's forward steps).  The thread is a daemon, and the first ``start()`` registers an ``atexit`` hard
+        stop: a script that
         ends (or raises) without ``stop()`` exits instead of waiting for ever on a loop that idles, and the
         requests still in flight get their terminal output (failed) first.  The hard stop waits at most
         ``EXIT_STOP_TIMEOUT`` seconds (a holder still inside a pause would keep it waiting).
@@ -342,6 +349,15 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
             _api.logger.warning("Manager thread is already running.")
             return None
         # end of copy
+        with _DRIVER_LOCK:
+            ref = _DRIVER_OF.get(self.model)
+            other = ref() if ref is not None else None
+            if other is not None and other is not self and other.is_running():
+                raise RuntimeError(
+                    "this model is already driven by another running continuous-batching manager: its pauses would "
+                    "not stop this one's forward steps. Stop that manager first, or use it."
+                )
+            _DRIVER_OF[self.model] = weakref.ref(self)
         with self._teardown_lock:
             self._loop_done, self._teardown_asked = False, None
         if not self._stop_at_exit_registered:
