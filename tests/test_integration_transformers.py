@@ -559,30 +559,3 @@ def test_a_pause_entered_on_one_thread_ends_on_another_exactly_once(manager):
     assert status.state.count == 0 and status.state.inside == 0
     ids = submit(manager)
     assert all(len(o.generated_tokens) == MAX_NEW for o in results(manager, ids))
-
-
-def test_a_pause_collected_without_exit_releases_its_hold(manager, caplog):
-    """A context manager in a reference cycle, entered and dropped: the collector, on another thread, releases
-    the hold and logs who entered; the loop resumes."""
-    import gc
-
-    manager.start()
-    status = manager.background_thread_status
-
-    class Owner:
-        pass
-
-    def enter_and_drop():
-        owner = Owner()
-        owner.cycle, owner.cm = owner, manager.pause(timeout=WAIT)
-        owner.cm.__enter__()
-
-    thread, box = run_thread(enter_and_drop, name="dropper")
-    thread.join(JOIN_TIMEOUT)
-    assert "error" not in box and status.state.inside == 1
-    collector, _ = run_thread(gc.collect, name="collector")
-    collector.join(JOIN_TIMEOUT)
-    assert status.state.inside == 0 and status.state.count == 0
-    assert "never exited" in caplog.text and "dropper" in caplog.text
-    ids = submit(manager)
-    assert all(len(o.generated_tokens) == MAX_NEW for o in results(manager, ids))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -54,6 +55,18 @@ SHAPES = [
 STEPS = [0]  # steps taken by every machine of this process, for the fuzz report
 LOOP = ThreadPoolExecutor(max_workers=1, thread_name_prefix="machine-loop")  # the loops' own thread
 CALL_TIMEOUT = 10.0
+
+
+def _finished_thread():
+    thread = threading.Thread(target=lambda: None, name="holder-that-died")
+    thread.start()
+    thread.join()
+    return thread
+
+
+# HolderDies: the system's holders all act on the test's thread, so a holder "dies" by its hold being moved to a
+# thread that has ended (tests/test_reliability.py kills real threads inside real pauses).
+FINISHED_THREAD = _finished_thread()
 
 # Loop steps whose guard is the rank's own: where the model does not enable one for a rank, the
 # system must refuse it.  (The others also depend on the peers or on the requests, which a rank cannot see.)
@@ -257,7 +270,7 @@ class ProtocolComparison(RuleBasedStateMachine):
             return
         s = self.g.ranks[self.g.rank_of[h]]
         if s.paused:
-            p.acquire_pause(None, timeout=0)
+            self.holds[h] = p.acquire_pause(None, timeout=0)
             self.settle(h, "EnterPause")
         elif s.local_status == transitions.STOPPED or s.fatal:
             with pytest.raises(RuntimeError, match="stopped before it could pause"):
@@ -297,10 +310,27 @@ class ProtocolComparison(RuleBasedStateMachine):
 
     def do_LeavePause(self, label, data):
         h, p = self.holder(label)
-        if self.api[h] == "explicit":
+        # Drop-in holders share the test's thread: release_pause() leaves the thread's last pause, which must be
+        # this holder's; otherwise its hold leaves from "another thread".
+        mine = [x for x in p._thread_holds() if x.state == "inside"]
+        if self.api[h] == "explicit" or not mine or mine[-1] is not self.holds[h]:
             p.leave_pause(self.holds[h])
         else:
             p.release_pause()
+
+    def do_HolderDies(self, label, data):
+        h, _ = self.holder(label)
+        self.holds[h].thread = FINISHED_THREAD
+
+    def do_ReleaseDeadHolder(self, label, data):
+        """One call releases every dead holder of the rank: the model takes the others' steps too."""
+        h, p = self.holder(label)
+        released = on_loop(p.release_dead_holders)
+        rank = self.g.rank_of[h]
+        others = [x for x, state in enumerate(self.g.hs) if state.startswith("dead:") and self.g.rank_of[x] == rank]
+        for other in others:
+            self.settle(other, "ReleaseDeadHolder")
+        assert released == 1 + len(others)
 
     # ------------------------------------------------------------------------------------ what must hold
 
@@ -320,7 +350,7 @@ class ProtocolComparison(RuleBasedStateMachine):
             assert (m.holders_waiting, m.holders_inside) == (state.waiting, state.inside)
         for h, hold in self.holds.items():
             if self.g.rank_of[h] not in self.dead:
-                assert hold.state == self.g.hs[h], (h, hold, self.g.hs[h])
+                assert hold.state == self.g.hs[h].removeprefix("dead:"), (h, hold, self.g.hs[h])
 
     @invariant()
     def model_invariants(self):

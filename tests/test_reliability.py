@@ -144,7 +144,8 @@ def test_soak_60_seconds_loses_nothing_and_never_hangs(capsys, tlc_ready):
     fields = dict(kv.split("=") for kv in last.split()[1:])
     assert fields["lost"] == "0" and fields["duplicated"] == "0" and fields["hangs"] == "0"
     assert fields["traced"] == "5" and fields["rejected"] == "0"  # five of its traces passed TLC
-    for name in ("pauses", "interrupts", "timeouts", "stops", "errors_injected", "misuse", "requests"):
+    for name in ("pauses", "interrupts", "timeouts", "stops", "errors_injected", "misuse", "requests", "deaths",
+                 "collected", "handovers", "stops_with_timeout"):
         assert int(fields[name]) > 0, name  # the soak did exercise every kind of event
 
 
@@ -219,3 +220,80 @@ def test_a_second_manager_on_a_model_driven_by_a_running_one_is_refused(manager)
         still_usable(second)
     finally:
         second.stop(block=True, timeout=WAIT)
+
+
+LONG = list(range(1, 50)) * 60  # 2,940 tokens: more than the 2,048 the test cache holds per request
+
+
+def test_a_prompt_too_long_for_the_cache_is_refused_at_the_door_once_the_cache_exists(manager):
+    manager.start()
+    still_usable(manager, n=1)  # the loop has built its cache
+    with pytest.raises(ValueError, match="cannot fit the KV cache"):
+        manager.add_request(LONG, max_new_tokens=MAX_NEW)
+    assert manager.input_queue.empty()
+    still_usable(manager)
+
+
+def test_a_prompt_too_long_for_the_cache_sent_before_it_exists_fails_alone(manager):
+    """Upstream: "No requests can be scheduled" becomes the loop's fatal error, failing every request in flight."""
+    manager.start()  # the loop builds its cache on its own thread: these may come first
+    bad = manager.add_request(LONG, max_new_tokens=MAX_NEW)
+    good = manager.add_request(list(PROMPT), max_new_tokens=MAX_NEW)
+    outs = {}
+    for _ in range(2):
+        out = manager.get_result(timeout=WAIT)
+        outs[out.request_id] = out
+    assert outs[bad].status == RequestStatus.FAILED and "cannot fit the KV cache" in outs[bad].error
+    assert outs[good].status == RequestStatus.FINISHED
+    assert manager.background_thread_status.fatal_error is None
+    still_usable(manager)
+
+
+def test_a_request_id_in_flight_is_refused_and_free_again_once_delivered(manager):
+    """Upstream: the duplicate makes the scheduler fail the loop (IndexError) and loses a request."""
+    manager.start()
+    with manager.pause(timeout=WAIT):  # the first stays in flight meanwhile
+        assert manager.add_request(list(PROMPT), request_id="mine", max_new_tokens=MAX_NEW) == "mine"
+        with pytest.raises(ValueError, match="already in use"):
+            manager.add_request(list(PROMPT), request_id="mine", max_new_tokens=MAX_NEW)
+        assert manager.input_queue.qsize() == 1
+        with pytest.raises(TypeError, match="request_id must be a string"):
+            manager.add_request(list(PROMPT), request_id=7, max_new_tokens=MAX_NEW)
+    assert manager.get_result(timeout=WAIT).request_id == "mine"
+    assert manager.add_request(list(PROMPT), request_id="mine", max_new_tokens=MAX_NEW) == "mine"  # free again
+    assert manager.get_result(timeout=WAIT).status == RequestStatus.FINISHED
+    still_usable(manager)
+
+
+def test_generated_request_ids_skip_the_ids_a_caller_chose(manager):
+    manager.start()
+    with manager.pause(timeout=WAIT):
+        taken = f"req_{manager._request_counter}"  # the id the next generated one would have had
+        manager.add_request(list(PROMPT), request_id=taken, max_new_tokens=MAX_NEW)
+        generated = manager.add_request(list(PROMPT), max_new_tokens=MAX_NEW)
+        assert generated != taken
+    outs = {manager.get_result(timeout=WAIT).request_id for _ in range(2)}
+    assert outs == {taken, generated}
+    still_usable(manager)
+
+
+def test_a_model_moved_to_another_dtype_inside_a_pause_fails_the_loop_with_a_clear_error(manager):
+    """Upstream: the next forward step fails with index_copy_'s dtype error.  Stop and start builds a new cache."""
+    manager.start()
+    model = manager.model
+    try:
+        with manager.pause(timeout=WAIT):
+            model.to(torch.float64)
+        out = manager.get_result(timeout=WAIT) if manager.add_request(list(PROMPT), max_new_tokens=MAX_NEW) else None
+        assert out is None or out.status == RequestStatus.FAILED
+        thread_done = manager._generation_thread
+        thread_done.join(WAIT)
+        error = manager.background_thread_status.fatal_error
+        assert error is not None and "inside a pause" in str(error) and "float64" in str(error)
+        manager.stop(block=True, timeout=WAIT)
+        manager.start()  # a new cache, of the new dtype
+        still_usable(manager)
+    finally:
+        if manager.is_running():
+            manager.stop(block=True, timeout=WAIT)
+        model.to(torch.float32)

@@ -4,7 +4,7 @@ import pytest
 
 from cbpause import group as gr
 from cbpause.tlc import load_manifest
-from cbpause.tlc.conformance import FAST_MODEL_SHAPES, Shape, explore
+from cbpause.tlc.conformance import FAST_MODEL_SHAPES, Shape, encode, explore
 
 from .conftest import TLA_DIR
 
@@ -12,7 +12,9 @@ EXPECTED = {m.name: m.distinct_states for m in load_manifest(TLA_DIR)}
 
 
 def reachable(shape: Shape) -> int:
-    """Every invariant holds in every reachable state; MonotoneStopInv on every step."""
+    """Every invariant holds in every reachable state; MonotoneStopInv on every step.  States are counted as TLC
+    sees them (:func:`encode`): Python tells a dead holder that was waiting from one that was inside, TLA+ does
+    not."""
     start = gr.initial_group(shape.n_ranks, shape.rank_of, shape.n_requests)
     seen = {start}
     for g, label, succ in explore(shape):
@@ -21,7 +23,7 @@ def reachable(shape: Shape) -> int:
             for name, inv in gr.GROUP_INVARIANTS.items():
                 assert inv(succ), f"{name} broken by {label}: {succ}"
             seen.add(succ)
-    return len(seen)
+    return len({encode(g) for g in seen})
 
 
 @pytest.mark.parametrize("name", sorted(FAST_MODEL_SHAPES))

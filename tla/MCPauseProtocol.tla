@@ -14,17 +14,18 @@
 EXTENDS PauseProtocol, TLC
 
 CONSTANTS
-    Faults,       \* subset of {"interrupt", "timeout", "error", "crash", "stop"}
+    Faults,       \* subset of {"interrupt", "timeout", "error", "crash", "stop", "death"}
                   \* ("stray" too, in the upstream models only)
     MaxRestarts   \* how many times the group may be cleared and restarted
 
-ASSUME Faults \subseteq {"interrupt", "timeout", "error", "crash", "stop", "stray"}
+ASSUME Faults \subseteq {"interrupt", "timeout", "error", "crash", "stop", "death", "stray"}
 ASSUME MaxRestarts \in Nat
 
 \* The environment's actions, each within its budget.  One crash at most
 \* per behaviour: a dead rank stays dead, so this is "no rank has died".
 MCInterrupt(h) == "interrupt" \in Faults /\ Interrupt(h)
 MCPauseTimeout(h) == "timeout" \in Faults /\ PauseTimeout(h)
+MCHolderDies(h) == "death" \in Faults /\ HolderDies(h)
 MCRequestStop(r, s) == "stop" \in Faults /\ RequestStop(r, s)
 MCRecordFatalError(r) == "error" \in Faults /\ RecordFatalError(r)
 MCFailLoop(r) == "error" \in Faults /\ FailLoop(r)
@@ -32,12 +33,17 @@ MCCrash(r) == "crash" \in Faults /\ (\A q \in Ranks : phase[q] # "dead") /\ Cras
 MCRestart == restarts < MaxRestarts /\ Restart
 
 MCEnvironmentNext ==
-    \/ \E h \in Holders : MCInterrupt(h) \/ MCPauseTimeout(h)
+    \/ \E h \in Holders : MCInterrupt(h) \/ MCPauseTimeout(h) \/ MCHolderDies(h)
     \/ \E r \in Ranks : \E s \in {FLUSH_AND_STOP, HARD_STOP} : MCRequestStop(r, s)
     \/ \E r \in Ranks : MCRecordFatalError(r) \/ MCFailLoop(r) \/ MCCrash(r)
     \/ MCRestart
 
 MCSpec == Init /\ [][SystemNext \/ MCEnvironmentNext]_vars /\ Fairness
+
+\* MCSpec without P-RELEASE-DEAD-HOLDER: the models of it must fail (holders
+\* that die leave their loop parked for ever), which shows the fault is real.
+MCSpecWithoutRecovery ==
+    Init /\ [][SystemNextWithoutRecovery \/ MCEnvironmentNext]_vars /\ FairnessWithoutRecovery
 
 \* Holder-to-rank maps (a .cfg cannot write a function).
 OneHolderOnRankOne == [h \in {1} |-> 1]

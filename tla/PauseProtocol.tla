@@ -41,7 +41,9 @@ StopStatuses == DONT_STOP..STOPPED
 
 Phases == {"read", "reduce", "decided", "window", "peer", "barrier",
            "body", "step", "stopped", "dead"}
-HolderStates == {"idle", "waiting", "inside"}
+\* "dead": the holder's thread ended while it waited or was inside, without
+\* leaving; its count stays until the protocol notices (ReleaseDeadHolder).
+HolderStates == {"idle", "waiting", "inside", "dead"}
 RequestStates == {"new", "queued", "active", "done", "delivered", "rejected"}
 
 Driver == CHOOSE r \in Ranks : \A q \in Ranks : r <= q
@@ -359,6 +361,25 @@ PauseTimeout(h) ==
     /\ phase[RankOf[h]] # "dead"
     /\ Drop(h)
 
+\* P-HOLDER-DIES: a holder's thread ends while it waits or is inside, without
+\* leaving (it returned or was killed with the pause's context manager still
+\* referenced).  Nothing else changes: the protocol does not know yet.
+HolderDies(h) ==
+    /\ hs[h] \in {"waiting", "inside"}
+    /\ phase[RankOf[h]] # "dead"
+    /\ hs' = [hs EXCEPT ![h] = "dead"]
+    /\ UNCHANGED <<loopVars, groupVars, count, paused, requestVars, restarts>>
+
+\* P-RELEASE-DEAD-HOLDER: the recovery.  The loop, parked in its window, checks
+\* its holders' threads at a short interval and releases the hold of one that
+\* died (as LeavePause or Interrupt would); clear() does the same on a stopped
+\* loop before it restarts.  A dead holder slot may be taken again by a new
+\* thread (RequestPause from "idle").
+ReleaseDeadHolder(h) ==
+    /\ hs[h] = "dead"
+    /\ phase[RankOf[h]] \in {"window", "stopped"}
+    /\ Drop(h)
+
 -----------------------------------------------------------------------------
 (* Stoppers, the environment, requests.                                    *)
 
@@ -438,18 +459,23 @@ LoopAction(r) ==
 
 HolderWakes(h) == EnterPause(h) \/ PauseFails(h)
 
-\* What the loops, the group and the holders do.
-SystemNext ==
+\* What the loops, the group and the holders do, less the recovery from dead
+\* holders (the witness models check that without it the loop stays parked).
+SystemNextWithoutRecovery ==
     \/ \E r \in Ranks : LoopAction(r)
     \/ AllReduce \/ Barrier
     \/ \E h \in Holders : RequestPause(h) \/ HolderWakes(h) \/ LeavePause(h)
     \/ \E i \in Requests : Submit(i) \/ Deliver(i)
     \/ Terminated
 
+SystemNext ==
+    \/ SystemNextWithoutRecovery
+    \/ \E h \in Holders : ReleaseDeadHolder(h)
+
 \* What the environment does to them.  The model wrappers (MC*.tla) bound
 \* each of these with a budget of their own.
 EnvironmentNext ==
-    \/ \E h \in Holders : Interrupt(h) \/ PauseTimeout(h)
+    \/ \E h \in Holders : Interrupt(h) \/ PauseTimeout(h) \/ HolderDies(h)
     \/ \E r \in Ranks : \E s \in {FLUSH_AND_STOP, HARD_STOP} : RequestStop(r, s)
     \/ \E r \in Ranks : RecordFatalError(r) \/ FailLoop(r) \/ Crash(r)
     \/ Restart
@@ -462,13 +488,20 @@ Next == SystemNext \/ EnvironmentNext
 \* spec/PROTOCOL.md, section 4.4, names the code that makes each one true.
 \* Weak fairness is enough for a waiting holder: once HolderWakes(h) is
 \* enabled it stays enabled until h takes it (its own count keeps the window
-\* open; a stopped loop stays stopped while a holder waits).
-Fairness ==
+\* open; a stopped loop stays stopped while a holder waits).  The recovery
+\* is fair where the loop does it, parked in its window (it wakes at least
+\* every HOLDER_CHECK_S seconds there); on a stopped loop only clear() does
+\* it, and nobody has to call clear().
+FairnessWithoutRecovery ==
     /\ \A r \in Ranks : WF_vars(LoopAction(r))
     /\ WF_vars(AllReduce)
     /\ WF_vars(Barrier)
     /\ \A h \in Holders : WF_vars(HolderWakes(h))
     /\ \A i \in Requests : WF_vars(Deliver(i))
+
+Fairness ==
+    /\ FairnessWithoutRecovery
+    /\ \A h \in Holders : WF_vars(phase[RankOf[h]] = "window" /\ ReleaseDeadHolder(h))
 
 Spec == Init /\ [][Next]_vars /\ Fairness
 
@@ -537,11 +570,14 @@ PauseReturnsProp ==
     \A h \in Holders :
         (hs[h] = "waiting") ~> (hs[h] # "waiting" \/ phase[RankOf[h]] = "dead")
 
-\* R-RESUME: once no holder of the rank waits or is inside, a parked loop
-\* resumes or stops.
+\* R-RESUME: once no live holder of the rank waits or is inside (the others
+\* left, or their threads died), a parked loop resumes or stops, unless a
+\* new holder comes to pause it again (it may join the open window).
+LiveHolderOn(r) == \E h \in HoldersOf(r) : hs[h] \in {"waiting", "inside"}
 ResumeProp ==
     \A r \in Ranks :
-        (phase[r] = "window" /\ count[r] = 0) ~> (phase[r] \notin {"window", "barrier"})
+        (phase[r] = "window" /\ ~LiveHolderOn(r))
+            ~> (phase[r] \notin {"window", "barrier"} \/ LiveHolderOn(r))
 
 \* R-STOP-RETURNS: a stop completes unless some holder keeps its pause
 \* forever.

@@ -22,6 +22,8 @@
 (*  - StartStep: requests are not visible to PauseProtocol (the loop owns  *)
 (*    them), so the trace runs with Requests = {} and TraceStartStep is    *)
 (*    StartStep without its HasWork guard.                                 *)
+(*  - HolderDies is not seen by the code: the ReleaseDeadHolder record     *)
+(*    stands for the death and the release (TraceReleaseDeadHolder).       *)
 (*  - Crash is not recorded by the rank that died: the harness that killed *)
 (*    its process adds the record, which says only that the rank is dead.  *)
 (***************************************************************************)
@@ -82,6 +84,13 @@ TraceRequestStop(r, s) ==
        /\ Seen(r).localStatus < s
        /\ IF localStatus[r] < s THEN RequestStop(r, s) ELSE UNCHANGED vars
 
+\* ReleaseDeadHolder: the code does not see a holder's thread die (HolderDies),
+\* only the release that follows; its record stands for both steps.
+TraceReleaseDeadHolder(h) ==
+    /\ hs[h] \in {"waiting", "inside"}
+    /\ phase[RankOf[h]] \in {"window", "stopped"}
+    /\ Drop(h)
+
 Step(e) ==
     LET r == e.r
         h == e.h
@@ -106,6 +115,7 @@ Step(e) ==
          [] e.a = "PauseFails"        -> PauseFails(h)
          [] e.a = "Interrupt"         -> Interrupt(h)
          [] e.a = "PauseTimeout"      -> PauseTimeout(h)
+         [] e.a = "ReleaseDeadHolder" -> TraceReleaseDeadHolder(h)
          [] e.a = "RequestStop"       -> TraceRequestStop(r, e.s)
          [] e.a = "RecordFatalError"  -> RecordFatalError(r)
          [] e.a = "FailLoop"          -> FailLoop(r)

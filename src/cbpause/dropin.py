@@ -263,7 +263,7 @@ class DropInLoop:
         (D1: return at once); otherwise P-PARK-FOR-PEER: wait for the local holder for at most
         ``peer_park_timeout`` seconds, then raise :class:`~cbpause.PeerParkTimeout` (P-PEER-PARK-TIMEOUT, D3).
         """
-        with self._condition:
+        with self._lock:
             if self._loop_thread is None:
                 self._loop_thread = threading.get_ident()
             pending, s = self._pending, self._state
@@ -285,7 +285,7 @@ class DropInLoop:
         P-RECORD-FATAL-ERROR (``RecordFatalError``) between two iterations' collectives (read, body, step),
         after the steps the loop took since its last call; P-FAIL-LOOP (``FailLoop``) elsewhere.
         """
-        with self._condition:
+        with self._lock:
             if self.fatal_error is None:
                 self.fatal_error = error
             plan, _ = plan_fatal(self._state, self._pending)
@@ -296,7 +296,7 @@ class DropInLoop:
     def mark_as_stopped(self) -> None:
         """The loop has exited; called on every exit path.  P-EXIT-LOOP after a stop, after the steps the loop
         took since its last call; P-FAIL-LOOP for an exit without a stop (the loop's thread ended)."""
-        with self._condition:
+        with self._lock:
             plan, end = plan_exit(self._state, self._pending)
             if plan and plan[-1][0] is t.fail_loop and self.fatal_error is None:
                 self.fatal_error = RuntimeError("the generation loop exited without a stop agreed by its group")

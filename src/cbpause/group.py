@@ -21,15 +21,22 @@ from dataclasses import dataclass, replace
 from . import transitions as t
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, PARKED_PHASES, PHASES, STOPPED, RankState
 
-HOLDER_STATES = ("idle", "waiting", "inside")
+# A dead holder (TLA+ "dead") is kept as "dead:waiting" or "dead:inside": the rank counts it where it was, and
+# its release (ReleaseDeadHolder) takes it from there; tla_holder_state() gives TLA+'s value.
+HOLDER_STATES = ("idle", "waiting", "inside", "dead:waiting", "dead:inside")
 REQUEST_STATES = ("new", "queued", "active", "done", "delivered", "rejected")
-FAULTS = frozenset({"interrupt", "timeout", "error", "crash", "stop"})
+FAULTS = frozenset({"interrupt", "timeout", "error", "crash", "stop", "death"})
 DRIVER = 0  # the TP driver, TLA+'s Driver: the smallest rank
 
 
 def tla_number(index: int) -> int:
     """The TLA+ number of the rank or holder with Python index ``index`` (see the module's docstring)."""
     return index + 1
+
+
+def tla_holder_state(state: str) -> str:
+    """TLA+'s ``hs[h]`` for a holder state of :data:`HOLDER_STATES` (``"dead:inside"`` -> ``"dead"``)."""
+    return state.split(":", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -165,6 +172,9 @@ def _holder_steps(g: GroupState, h: int, state: str, s: RankState) -> Iterator[t
         yield "LeavePause" + tag, _set_holder(_set_rank(g, r, t.leave_pause(s)), h, "idle")
     if state == "waiting" and not s.paused and (s.local_status == STOPPED or s.fatal):
         yield "PauseFails" + tag, _set_holder(_set_rank(g, r, t.pause_fails(s)), h, "idle")
+    if state.startswith("dead:") and s.phase in ("window", "stopped"):
+        released = t.release_dead_holder(s, state == "dead:inside")
+        yield "ReleaseDeadHolder" + tag, _set_holder(_set_rank(g, r, released), h, "idle")
 
 
 def _system_steps(g: GroupState) -> Iterator[tuple[str, GroupState]]:
@@ -203,6 +213,8 @@ def _environment_steps(g: GroupState, bounds: Bounds | None) -> Iterator[tuple[s
                 yield "Interrupt" + tag, _set_holder(_set_rank(g, r, t.interrupt(s)), h, "idle")
             if allowed("timeout"):
                 yield "PauseTimeout" + tag, _set_holder(_set_rank(g, r, t.pause_timeout(s)), h, "idle")
+        if state in ("waiting", "inside") and s.phase != "dead" and allowed("death"):
+            yield f"HolderDies({tla_number(h)})", holder_dies(g, h)
     none_dead = all(s.phase != "dead" for s in g.ranks)
     for r, s in enumerate(g.ranks):
         tag = f"({tla_number(r)})"
@@ -219,6 +231,16 @@ def _environment_steps(g: GroupState, bounds: Bounds | None) -> Iterator[tuple[s
     budget = bounds is None or g.restarts < bounds.max_restarts
     if budget and all(s.phase == "stopped" for s in g.ranks) and all(x == "idle" for x in g.hs):
         yield "Restart", replace(g, ranks=tuple(t.restart(s) for s in g.ranks), restarts=g.restarts + 1)
+
+
+def holder_dies(g: GroupState, h: int) -> GroupState:
+    """P-HOLDER-DIES (``HolderDies``): holder ``h``'s thread ends while it waits or is inside; only ``hs`` changes
+    (the rank does not know yet; :func:`cbpause.transitions.release_dead_holder` is what it does once it does).
+
+    pre: g.hs[h] in ("waiting", "inside")
+    post: __return__.hs[h] == "dead:" + g.hs[h] and __return__.ranks == g.ranks
+    """
+    return _set_holder(g, h, "dead:" + g.hs[h])
 
 
 def next_steps(g: GroupState, bounds: Bounds | None = None) -> list[tuple[str, GroupState]]:
@@ -326,6 +348,6 @@ GROUP_INVARIANTS = {
 __all__ = [
     "DRIVER", "FAULTS", "GROUP_INVARIANTS", "HOLDER_STATES", "REQUEST_STATES", "Bounds", "GroupState",
     "action_name", "any_inside", "counts_inv", "deliver", "exclusion_inv", "has_work", "initial_group",
-    "monotone_stop_inv", "next_steps", "nothing_lost_inv", "same_window_inv", "submit", "terminated", "tla_number",
-    "type_ok",
+    "holder_dies", "monotone_stop_inv", "next_steps", "nothing_lost_inv", "same_window_inv", "submit", "terminated",
+    "tla_holder_state", "tla_number", "type_ok",
 ]  # fmt: skip

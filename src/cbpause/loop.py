@@ -20,7 +20,11 @@ from . import transitions as t
 from .errors import PeerParkTimeout
 from .transitions import DONT_STOP, HARD_STOP, STOPPED, RankState
 
-__all__ = ["LoopSteps", "not_enabled", "quiet"]
+__all__ = ["HOLDER_CHECK_S", "LoopSteps", "not_enabled", "quiet"]
+
+# A loop parked in its pause window wakes at least this often to look for holders whose thread died without
+# leaving (P-RELEASE-DEAD-HOLDER), so that it resumes within this bound of the death (spec section 4.4).
+HOLDER_CHECK_S = 0.25
 
 
 def not_enabled(action: str, s: RankState) -> str:
@@ -115,6 +119,7 @@ class LoopSteps:
         _pending: int | None
 
         def _apply(self, fn: Callable[..., RankState], *args: object) -> RankState: ...
+        def _release_dead_holders(self) -> int: ...
 
     def _settle_pending(self, pause: bool) -> None:
         """The AllReduce of a drop-in ``update_with_tp_status()`` that this step shows the decision of (the caller
@@ -231,7 +236,7 @@ class LoopSteps:
     def peer_park_timeout(self) -> PeerParkTimeout:
         """P-PEER-PARK-TIMEOUT (``PeerParkTimeout``): no local holder came; record the error and stop
         (P-FAIL-LOOP).  Returns the :class:`~cbpause.PeerParkTimeout` it recorded, for the loop to raise."""
-        with self._condition:
+        with self._lock:
             s = self._state
             if not (s.phase == "peer" and s.count == 0):
                 raise RuntimeError(not_enabled("peer_park_timeout", s))
@@ -256,11 +261,12 @@ class LoopSteps:
         """The pause window after a pause decision: P-OPEN-WINDOW, P-SKIP-WINDOW or P-PARK-FOR-PEER, then
         P-JOIN-PEER-PAUSE or P-PEER-PARK-TIMEOUT, and P-CLOSE-WINDOW.  Returns at the barrier.
 
-        Blocks while a holder is inside.  Raises :class:`~cbpause.PeerParkTimeout` (the fatal error is
+        Blocks while a holder is inside; releases the holds of holders whose thread died (P-RELEASE-DEAD-HOLDER),
+        within ``HOLDER_CHECK_S`` seconds of the death.  Raises :class:`~cbpause.PeerParkTimeout` (the fatal error is
         recorded and the loop is stopped, P-FAIL-LOOP) when parked for a peer's pause with no local holder
         within ``peer_park_timeout`` seconds.
         """
-        with self._condition:
+        with self._lock:
             self._settle_pending(True)
             s = self._state
             if not t.pause_decided(s):
@@ -280,9 +286,26 @@ class LoopSteps:
                         raise self._peer_park_expired()
                     self._condition.wait(remaining)
                 self._apply(t.join_peer_pause)
-            while self._state.paused:
-                self._condition.wait()
+            # Parked: wake at least every HOLDER_CHECK_S to release the holds of holders whose thread died
+            # (P-RELEASE-DEAD-HOLDER; the fairness of ReleaseDeadHolder in the spec rests on this loop).
+            while True:
+                self._release_dead_holders()
+                if not self._state.paused:
+                    break
+                self._condition.wait(HOLDER_CHECK_S)
             self._apply(t.close_window)
+
+    def release_dead_holders(self) -> int:
+        """P-RELEASE-DEAD-HOLDER (``ReleaseDeadHolder``): release the hold of every holder whose thread ended while
+        it waited or was inside, without leaving (P-HOLDER-DIES), logging an error that names the thread; returns
+        how many.  Enabled while the loop is parked in its window (``pause_window`` does it there at least every
+        ``HOLDER_CHECK_S`` seconds: a loop that steps through its window itself must do the same) and on a
+        stopped loop (``clear()`` does it first)."""
+        with self._lock:
+            s = self._state
+            if s.phase not in ("window", "stopped"):
+                raise RuntimeError(not_enabled("release_dead_holders", s))
+            return self._release_dead_holders()
 
     def barrier(self) -> None:
         """P-BARRIER (``Barrier``), this rank's part: the group left the pause window together."""
@@ -365,7 +388,7 @@ class LoopSteps:
 
     def collective_timeout(self, error: BaseException) -> None:
         """P-COLLECTIVE-TIMEOUT (``CollectiveTimeout``): a peer never joined; record ``error`` and stop."""
-        with self._condition:
+        with self._lock:
             s = self._state
             if s.phase not in ("reduce", "barrier"):
                 raise RuntimeError(not_enabled("collective_timeout", s))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import decimal
 import functools
 import itertools
+import logging
 import math
 import numbers
 import threading
@@ -38,13 +39,15 @@ from typing import TYPE_CHECKING
 
 from . import transitions as t
 from .dropin import DropInLoop, Plan
-from .loop import LoopSteps
+from .loop import HOLDER_CHECK_S, LoopSteps
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankState
 
 if TYPE_CHECKING:
     from .recorder import TraceRecorder
 
-__all__ = ["PauseHold", "PauseMetrics", "PauseProtocol"]
+__all__ = ["HOLDER_CHECK_S", "PauseHold", "PauseMetrics", "PauseProtocol"]
+
+logger = logging.getLogger("cbpause")
 
 # CPython loses a SIGINT that lands after the main thread released the GIL to block on a lock and before
 # the block starts: the handler runs only when the thread wakes.  A holder waiting on the main thread
@@ -59,6 +62,7 @@ _HOLD_AFTER = {
     "pause_fails": "idle",
     "interrupt": "idle",
     "pause_timeout": "idle",
+    "release_dead_holder": "idle",
 }
 
 
@@ -83,19 +87,22 @@ class PauseHold:
     """One holder's pause on one rank, from :meth:`PauseProtocol.request_pause` to its end.
 
     ``state`` is the holder's TLA+ state ``hs[h]``: ``"waiting"``, ``"inside"``, then ``"idle"`` once it
-    left, failed, timed out or was interrupted.  A hold belongs to the protocol object that issued it.
+    left, failed, timed out, was interrupted, or was released because ``thread`` died (P-RELEASE-DEAD-HOLDER).
+    A hold belongs to the protocol object that issued it; any thread may end it (:meth:`PauseProtocol.leave_pause`),
+    but it lives only as long as ``thread``, the thread that asked for it.
     """
 
-    __slots__ = ("_protocol", "holder", "requested_at", "state")
+    __slots__ = ("_protocol", "holder", "requested_at", "state", "thread")
 
     def __init__(self, protocol: PauseProtocol, holder: Hashable, requested_at: float):
         self._protocol = protocol
         self.holder = holder  # who holds it, for traces: a thread of the drop-in API, or this hold
         self.requested_at = requested_at
         self.state = "idle"
+        self.thread = threading.current_thread()
 
     def __repr__(self) -> str:
-        return f"<PauseHold {self.state}>"
+        return f"<PauseHold {self.state} of thread {self.thread.name!r}>"
 
 
 def _check_timeout(timeout: float | None, name: str = "timeout") -> float | None:
@@ -154,8 +161,10 @@ class PauseProtocol(LoopSteps, DropInLoop):
         self.trace_rank = trace.attach() if trace is not None else 0
         self.fatal_error: BaseException | None = None
         self._clock = clock
-        # A plain (non-reentrant) lock: no method re-enters it, and `with self._lock` is cheaper than going
-        # through the Condition on the loop's hot path.
+        # A plain (non-reentrant) lock: no method re-enters it.  Every method takes it with `with self._lock`, never
+        # `with self._condition`: the lock's __enter__/__exit__ are C, with no point where CPython delivers a signal
+        # between acquiring (releasing) the lock and returning, where Condition's are Python functions, at whose
+        # start a KeyboardInterrupt can land and leave the lock held.  The Condition shares the lock, for waiting.
         self._lock = threading.Lock()
         self._condition = threading.Condition(self._lock)
         self._state = RankState()  # TLA+'s Init: a loop about to start
@@ -163,6 +172,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         self._local = threading.local()
         self._serial = itertools.count()
         self._loop_thread: int | None = None
+        self._holds: dict[PauseHold, None] = {}  # the holds waiting or inside, in request order
         # Memos of the loop's steps, replayed while the loop cycles through the same states (trace off).
         self._forget_memos()
         # metrics
@@ -195,7 +205,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
 
     def metrics(self) -> PauseMetrics:
         """A consistent snapshot of the pause metrics."""
-        with self._condition:
+        with self._lock:
             s = self._state
             return PauseMetrics(
                 pauses_taken=self._pauses_taken,
@@ -217,9 +227,16 @@ class PauseProtocol(LoopSteps, DropInLoop):
         """
         before = self._state
         after = _transition(fn, before, args)
-        self._state = after
-        if hold is not None:
-            hold.state = _HOLD_AFTER[fn.__name__]
+        if hold is None:
+            self._state = after
+        else:
+            # One statement, so that no line event (where settrace, or a test standing in for a signal, could
+            # raise) separates the rank's state from the holder's.
+            self._state, hold.state = after, _HOLD_AFTER[fn.__name__]
+            if hold.state == "idle":
+                self._holds.pop(hold, None)
+            else:
+                self._holds[hold] = None
         if self._trace is not None:
             holder, holder_state = (None, "") if hold is None else (hold.holder, hold.state)
             self._trace.record(self.trace_rank, fn.__name__, args, before, after, holder, holder_state)
@@ -276,6 +293,18 @@ class PauseProtocol(LoopSteps, DropInLoop):
                 "the loop would wait for itself"
             )
 
+    def _release_dead_holders(self) -> int:
+        """P-RELEASE-DEAD-HOLDER for every hold whose thread died without leaving (the caller holds the lock; the
+        loop is parked in its window, or stopped); returns how many.  Logs an error that names the thread."""
+        dead = [h for h in self._holds if h.state != "idle" and not h.thread.is_alive()]
+        for hold in dead:
+            logger.error(
+                "a pause held by thread %r (%s) was released: the thread ended while it %s, without leaving",
+                hold.thread.name, hold.state, "waited for the pause" if hold.state == "waiting" else "was inside",
+            )  # fmt: skip
+            self._apply(t.release_dead_holder, hold.state == "inside", hold=hold)
+        return len(dead)
+
     # ------------------------------------------------------------------------------------------- stopping
 
     def clear(self) -> None:
@@ -285,10 +314,13 @@ class PauseProtocol(LoopSteps, DropInLoop):
         loop starts stay asked, for the loop to see.  Raises ``RuntimeError`` and changes nothing while a holder
         waits or is inside a stopped loop, or while the loop runs (spec section 5).
         """
-        with self._condition:
+        with self._lock:
             s = self._state
             if self._loop_thread is None and s.phase == "read" and self._pending is None:
                 return
+            if s.phase == "stopped":
+                self._release_dead_holders()
+                s = self._state
             if s.count:
                 raise RuntimeError(
                     f"clear() while {s.waiting} holder(s) wait for a pause and {s.inside} are inside: "
@@ -308,7 +340,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         """
         if status not in (FLUSH_AND_STOP, HARD_STOP) or isinstance(status, bool):
             raise ValueError(f"Invalid stop status {status!r} from rank {global_rank}")
-        with self._condition:
+        with self._lock:
             s = self._state
             if t.live(s) and s.local_status < status:
                 self._apply(t.request_stop, status)
@@ -323,7 +355,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         is stopping (a flush or hard stop was asked) or has failed (chaining the fatal error).
         """
         self._refuse_loop_thread()
-        with self._condition:
+        with self._lock:
             hold = self._new_hold(None)
             try:
                 self._apply(t.request_pause, hold=hold)
@@ -340,6 +372,10 @@ class PauseProtocol(LoopSteps, DropInLoop):
         s = self._state
         if not t.can_request_pause(s):
             raise RuntimeError(_refusal(s)) from self.fatal_error
+        # An asynchronous exception between a hold's last store and its removal from the registry (_apply) leaves an
+        # idle hold there: forget those here, so the registry stays the holds waiting or inside.
+        for idle in [h for h in self._holds if h.state == "idle"]:
+            del self._holds[idle]
         hold = PauseHold(self, holder, self._clock())
         if holder is None:
             hold.holder = ("hold", next(self._serial))
@@ -357,17 +393,26 @@ class PauseProtocol(LoopSteps, DropInLoop):
         Raises ``RuntimeError`` (P-PAUSE-FAILS, the fatal error as ``__cause__``) if the loop stops first,
         ``TimeoutError`` (P-PAUSE-TIMEOUT) after ``timeout`` seconds (``0`` enters only an open window).  On
         these, and on any exception while waiting (P-INTERRUPT), the request is withdrawn before the exception
-        propagates (CountsInv).
+        propagates (CountsInv); an asynchronous exception (``KeyboardInterrupt``) that lands just after the entry
+        leaves the pause again before it propagates.
         """
         timeout = _check_timeout(timeout)
-        with self._condition:
+        with self._lock:
             self._own(hold, "waiting", "enter_pause")
             try:
                 self._wait_for_window(hold, timeout)
             except BaseException:
-                if hold.state == "waiting":
-                    self._apply(t.interrupt, hold=hold)
+                self._withdraw(hold)
                 raise
+
+    def _withdraw(self, hold: PauseHold) -> None:
+        """An exception is leaving :meth:`enter_pause` or :meth:`acquire_pause` (the caller holds the lock): the
+        caller of those will not leave a pause it does not know it entered, so withdraw the request (P-INTERRUPT)
+        or, if an asynchronous exception landed just after the entry, leave (P-LEAVE-PAUSE)."""
+        if hold.state == "waiting":
+            self._apply(t.interrupt, hold=hold)
+        elif hold.state == "inside":
+            self._apply(t.leave_pause, hold=hold)
 
     def _wait_for_window(self, hold: PauseHold, timeout: float | None) -> None:
         """The wait of a waiting ``hold`` (the caller holds the lock): EnterPause, PauseFails or PauseTimeout.
@@ -400,7 +445,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
 
         Raises ``RuntimeError`` and changes nothing unless ``hold`` is waiting.
         """
-        with self._condition:
+        with self._lock:
             self._own(hold, "waiting", "interrupt")
             self._apply(t.interrupt, hold=hold)
 
@@ -409,11 +454,17 @@ class PauseProtocol(LoopSteps, DropInLoop):
 
         Raises ``RuntimeError`` and changes nothing unless ``hold`` is inside (D2, CountsInv).
         """
-        with self._condition:
+        with self._lock:
             self._own(hold, "inside", "leave_pause")
             self._apply(t.leave_pause, hold=hold)
 
-    def acquire_pause(self, wake_up_loop: threading.Event | None = None, timeout: float | None = None) -> PauseHold:
+    def acquire_pause(
+        self,
+        wake_up_loop: threading.Event | None = None,
+        timeout: float | None = None,
+        *,
+        into: list[PauseHold] | None = None,
+    ) -> PauseHold:
         """Drop-in: P-REQUEST-PAUSE, then wait for P-ENTER-PAUSE, P-PAUSE-FAILS, P-INTERRUPT or P-PAUSE-TIMEOUT.
 
         Returns the hold once this thread is inside the pause: :meth:`release_pause` on the same thread leaves
@@ -421,24 +472,29 @@ class PauseProtocol(LoopSteps, DropInLoop):
         hold counts as this thread's for ``is_pause_requested(local=True)`` until it leaves.  Raises as
         :meth:`request_pause` and :meth:`enter_pause` do.  The request and the wait happen under one
         acquisition of the lock, so an interrupt anywhere in between withdraws exactly the request that went
-        in.
+        in, and an exception that lands just after the entry leaves again: an exception from this call means no
+        pause is held.
+
+        ``into``, a list, gets the hold appended the moment it is requested, for a caller that must find it even
+        when an asynchronous exception lands after this returns and before the caller stored the result.
         """
         timeout = _check_timeout(timeout)
         self._refuse_loop_thread()
         holds = self._thread_holds()
         holds[:] = [h for h in holds if h.state != "idle"]  # left from another thread (leave_pause)
-        with self._condition:
+        with self._lock:
             hold = self._new_hold(threading.get_ident())
             try:
                 self._apply(t.request_pause, hold=hold)
                 holds.append(hold)
+                if into is not None:
+                    into.append(hold)
                 if wake_up_loop is not None:
                     wake_up_loop.set()
                 self._wait_for_window(hold, timeout)
             except BaseException:
-                if hold.state == "waiting":
-                    self._apply(t.interrupt, hold=hold)  # P-INTERRUPT: withdraw before it propagates (D1)
-                if hold.state == "idle" and hold in holds:
+                self._withdraw(hold)  # P-INTERRUPT (D1), or P-LEAVE-PAUSE just after the entry
+                if hold in holds:
                     holds.remove(hold)
                 raise
             return hold
@@ -451,7 +507,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         """
         holds = self._thread_holds()
         holds[:] = [h for h in holds if h.state != "idle"]  # left from another thread (leave_pause)
-        with self._condition:
+        with self._lock:
             inside = [h for h in holds if h.state == "inside"]
             if not inside:
                 raise RuntimeError(

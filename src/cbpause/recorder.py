@@ -22,7 +22,9 @@ from .transitions import RankState
 
 __all__ = ["HOLDER_ACTIONS", "TraceEvent", "TraceRecorder", "action_of"]
 
-HOLDER_ACTIONS = frozenset({"RequestPause", "EnterPause", "LeavePause", "PauseFails", "Interrupt", "PauseTimeout"})
+HOLDER_ACTIONS = frozenset(
+    {"RequestPause", "EnterPause", "LeavePause", "PauseFails", "Interrupt", "PauseTimeout", "ReleaseDeadHolder"}
+)
 
 
 def action_of(function_name: str) -> str:

@@ -3,9 +3,13 @@
 For ``--minutes`` (or ``--seconds``), with a printed seed that reproduces the choice of actions, the main
 thread picks at random among: 1 to 8 holder threads pausing (some updating the weights inside), a real
 SIGINT delivered to the main thread while it waits for a pause, pause timeouts, flush and hard stops
-followed by restarts, fatal errors injected into the forward pass (some while a pause is pending), and
-misuse that must raise (stray and double releases, ``stop()`` inside a pause, ``pause()`` from the loop
-thread, bad arguments, ``clear()`` while running).  A feeder keeps requests coming and cancels some.
+followed by restarts, fatal errors injected into the forward pass (some while a pause is pending), holder
+threads that die inside a pause or while waiting (the loop must release them and resume), pauses whose
+context manager the garbage collector closes on another thread, pauses entered on one thread and left on
+another, stops whose wait times out while a holder is inside or that do not block (no request may fail
+with "batch processor was not initialized"), and misuse that must raise (stray and double releases,
+``stop()`` inside a pause, ``pause()`` from the loop thread, bad arguments, ``clear()`` while running).  A
+feeder keeps requests coming and cancels some.
 
 With ``--trace-sample K`` the run is recorded (a :class:`~cbpause.TraceRecorder`), cut at its restarts into
 traces that each start from ``Init`` (:func:`~cbpause.tlc.traces.cut_at_restarts`; the soak stops and
@@ -137,7 +141,10 @@ class Soak:
     at random (one method each: :meth:`holders`, :meth:`interrupt`, :meth:`timeout`, :meth:`stop`,
     :meth:`fatal`, :meth:`misuse`), weighted by ``ACTIONS``."""
 
-    ACTIONS = {"holders": 6, "interrupt": 2, "timeout": 2, "stop": 1, "fatal": 1, "misuse": 3}
+    ACTIONS = {
+        "holders": 6, "interrupt": 2, "timeout": 2, "stop": 1, "fatal": 1, "misuse": 3, "death": 2, "collected": 1,
+        "handover": 1, "stop_timeout": 1,
+    }  # fmt: skip
     MAX_NEW, IN_FLIGHT = 16, 8
 
     def __init__(self, args: argparse.Namespace):
@@ -150,6 +157,7 @@ class Soak:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
         logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)  # injected faults are expected
+        logging.getLogger("cbpause").setLevel(logging.CRITICAL)  # so are holders that die
         self.args, self.torch = args, torch
         self.rng = random.Random(args.seed)
         self.model = tiny_llama("cpu", args.seed)
@@ -171,6 +179,7 @@ class Soak:
             join_timeout=args.bound,
         )  # fmt: skip
         self.wd = Watchdog(args.bound, self.traffic.ledger)
+        self.resume_after_death = 0.0  # the longest time from a holder's death to the release of its hold
 
     # ------------------------------------------------------------------------------------- helpers
 
@@ -302,6 +311,130 @@ class Soak:
                 self.tally.wrong(f"a pause pending at a fatal error gave {outcome}")
         self.restart()
 
+    def death(self) -> None:
+        """A holder thread ends inside a pause (its context manager kept) or while waiting (an explicit request, or
+        a drop-in acquire_pause() never released): the loop must release it, log it, and resume."""
+        kind = self.rng.choice(["inside", "waiting", "drop-in"])
+        kept: list = []
+
+        def dies() -> None:
+            if kind == "inside":
+                cm = self.manager.pause(timeout=self.args.bound)
+                cm.__enter__()
+                kept.append(cm)  # referenced: neither __exit__ nor the collector will release it
+            elif kind == "waiting":
+                kept.append(self.status.request_pause(self.manager._wake_up_loop))
+            else:
+                kept.append(self.status.acquire_pause(self.manager._wake_up_loop, timeout=self.args.bound))
+
+        try:
+            thread = threading.Thread(target=dies, name=f"soak-holder-dies-{kind}")
+            thread.start()
+            thread.join(self.args.bound)
+        except RuntimeError:  # the loop is stopping or failed: pause() refuses, nothing to release
+            return
+        died = time.monotonic()
+        with self.wd.op(f"release of a holder that died {kind}"):
+            while self.status.state.count and not self.wd.failed.is_set():
+                time.sleep(0.01)  # polling a figure, not synchronising: the release is the loop's, on its clock
+        self.resume_after_death = max(self.resume_after_death, time.monotonic() - died)
+        if kept and getattr(kept[0], "state", "idle") != "idle":
+            self.tally.wrong(f"the hold of a holder that died {kind} was not released")
+        self.tally.add("deaths")
+
+    def collected(self) -> None:
+        """A pause's context manager in a reference cycle, entered by a thread that stays alive; the collector
+        runs on this thread and must release the hold."""
+        import gc
+
+        entered, done = threading.Event(), threading.Event()
+        outcome: list[str] = []
+
+        def holder() -> None:
+            try:
+                cycle: dict = {"cm": self.manager.pause(timeout=self.args.bound)}
+                cycle["self"] = cycle
+                cycle["cm"].__enter__()
+                del cycle  # only the collector can reach it now
+                outcome.append("entered")
+            except (RuntimeError, TimeoutError) as error:
+                outcome.append(type(error).__name__)
+            finally:
+                entered.set()
+            done.wait(self.args.bound)
+
+        gc.disable()
+        thread = threading.Thread(target=holder, name="soak-holder-of-a-cycle")
+        try:
+            thread.start()
+            entered.wait(self.args.bound)
+            gc.collect()
+        finally:
+            gc.enable()
+            done.set()
+            thread.join(self.args.bound)
+        if outcome == ["entered"]:
+            if self.status.state.inside:
+                self.tally.wrong("a collected pause kept its hold")
+            self.tally.add("collected")
+
+    def handover(self) -> None:
+        """A pause entered on one thread and left on another (an asyncio executor's __enter__ and __exit__)."""
+        cm = self.manager.pause(timeout=self.args.bound)
+        box: list = []
+        enter = threading.Thread(target=lambda: box.append(self._try(cm.__enter__)), name="soak-enters")
+        enter.start()
+        enter.join(self.args.bound)
+        if box != [None]:
+            return  # the loop refused the pause (stopping): nothing held
+        left: list = []
+        leave = threading.Thread(target=lambda: left.append(self._try(lambda: cm.__exit__(None, None, None))),
+                                 name="soak-leaves")  # fmt: skip
+        leave.start()
+        leave.join(self.args.bound)
+        if left != [None] or self.status.state.inside:
+            self.tally.wrong(f"a pause left from another thread: {left}, {self.status.state}")
+        self.tally.add("handovers")
+
+    @staticmethod
+    def _try(fn) -> BaseException | None:
+        try:
+            fn()
+        except (RuntimeError, TimeoutError) as error:
+            return error
+        return None
+
+    def stop_timeout(self) -> None:
+        """A stop that returns before the loop ended: blocking with a timeout while a holder is inside, or not
+        blocking on a busy loop; the loop tears itself down, and no request fails for it."""
+        inside, leave = threading.Event(), threading.Event()
+        holder = None
+        if self.rng.random() < 0.5:
+
+            def hold() -> None:
+                with self.manager.pause(timeout=self.args.bound):
+                    inside.set()
+                    leave.wait(self.args.bound)
+
+            holder = threading.Thread(target=hold, name="soak-holder-at-stop")
+            holder.start()
+            inside.wait(self.args.bound)
+        self.wd.requests_expected.clear()
+        thread = self.manager._generation_thread
+        with self.wd.op("stop that does not wait"):
+            if holder is not None:
+                self.manager.stop(block=True, timeout=0.05, hard_stop=self.rng.random() < 0.5)
+            else:
+                self.manager.stop(block=False, hard_stop=self.rng.random() < 0.5)
+        leave.set()
+        if holder is not None:
+            holder.join(self.args.bound)
+        with self.wd.op("the loop's own exit after a stop that returned"):
+            if thread is not None:
+                thread.join(self.args.bound)
+        self.tally.add("stops_with_timeout")
+        self.restart()
+
     def misuse(self) -> None:
         """One misuse of the API, drawn at random: it must raise its documented error (and change nothing)."""
         kinds = {
@@ -386,6 +519,9 @@ class Soak:
             wd.stopped.set()
             self.model.destroy_cached_continuous_batching_manager()
         c = tally.counts
+        torn = [e for e in self.traffic.ledger.errors if "batch processor" in e]
+        if torn:
+            tally.wrong(f"{len(torn)} requests failed with a torn-down batch processor: {torn[0]}")
         if c["pause_calls"] != c["pauses"] + c["pause_raised"]:
             tally.wrong(f"pause() calls {c['pause_calls']} != entered {c['pauses']} + raised {c['pause_raised']}")
         traced = self.validate_sample() if self.recorder is not None else {}
@@ -394,7 +530,9 @@ class Soak:
             "interrupts": c["interrupts"], "timeouts": c["timeouts"], "stops": c["stops"],
             "errors_injected": c["errors_injected"], "misuse": c["misuse"], "requests": self.traffic.requests,
             "lost": lost, "duplicated": duplicated, "hangs": len(wd.hangs), "cancelled": self.traffic.ledger.cancelled,
-            "restarts": c["restarts"], "unexpected": list(tally.unexpected),
+            "restarts": c["restarts"], "unexpected": list(tally.unexpected), "deaths": c["deaths"],
+            "collected": c["collected"], "handovers": c["handovers"], "stops_with_timeout": c["stops_with_timeout"],
+            "resume_after_death_s": round(self.resume_after_death, 3),
         }  # fmt: skip
 
 
@@ -438,8 +576,9 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def summary_line(r: dict) -> str:
-    keys = ("seconds", "pauses", "interrupts", "timeouts", "stops", "errors_injected", "misuse", "requests", "lost",
-            "duplicated", "hangs")  # fmt: skip
+    keys = ("seconds", "pauses", "interrupts", "timeouts", "stops", "errors_injected", "misuse", "deaths", "collected",
+            "handovers", "stops_with_timeout", "resume_after_death_s", "requests", "lost", "duplicated",
+            "hangs")  # fmt: skip
     keys += ("traced", "rejected") if "traced" in r else ()
     return "soak: " + " ".join(f"{k}={r[k]}" for k in keys)
 

@@ -377,6 +377,21 @@ def pause_timeout(s: RankState) -> RankState:
     return _drop_waiting(s)
 
 
+def release_dead_holder(s: RankState, inside: bool) -> RankState:
+    """P-RELEASE-DEAD-HOLDER (``ReleaseDeadHolder``): the thread of a holder that was waiting (``inside`` false) or
+    inside died without leaving (P-HOLDER-DIES, which changes nothing here: the rank does not know yet); the loop
+    parked in its window, or ``clear()`` on a stopped loop, releases its hold.  Keeps CountsInv.
+
+    pre: rank_invariant(s)
+    pre: s.phase in ("window", "stopped")
+    pre: s.inside > 0 if inside else s.waiting > 0
+    post: __return__.count == s.count - 1
+    post: __return__.paused == (s.paused and __return__.count > 0)
+    post: rank_invariant(__return__)
+    """
+    return leave_pause(s) if inside else _drop_waiting(s)
+
+
 # ------------------------------------------------------------------------------------------ stoppers, faults
 
 
@@ -433,5 +448,5 @@ __all__ = [
     "observe", "all_reduce", "open_window", "skip_window", "park_for_peer", "join_peer_pause", "fail_loop",
     "peer_park_timeout", "collective_timeout", "close_window", "barrier", "no_pause", "start_step", "end_step",
     "idle", "exit_loop", "request_pause", "enter_pause", "leave_pause", "pause_fails", "interrupt",
-    "pause_timeout", "request_stop", "record_fatal_error", "crash", "restart",
+    "pause_timeout", "release_dead_holder", "request_stop", "record_fatal_error", "crash", "restart",
 ]  # fmt: skip

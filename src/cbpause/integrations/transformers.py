@@ -1,6 +1,7 @@
 """``PauseProtocol`` driving transformers' own continuous-batching loop (transformers 5.23.x only).
 
-This is the only module of cbpause that knows transformers' internals.  It returns transformers' own
+This module and :mod:`cbpause.integrations.admission` (what ``add_request`` refuses, what fails alone) are the
+only code of cbpause that knows transformers' internals.  It returns transformers' own
 ``ContinuousBatchingManager`` (a subclass, same methods) whose status object is a
 :class:`~cbpause.PauseProtocol`, and changes the loop only where the protocol needs it:
 
@@ -24,7 +25,6 @@ compares every such block with the installed transformers, so a change upstream 
 from __future__ import annotations
 
 import atexit
-import numbers
 import threading
 import weakref
 from collections.abc import Iterator
@@ -33,7 +33,7 @@ from datetime import timedelta
 from typing import Any
 
 from .. import transitions as t
-from ..protocol import PauseProtocol
+from ..protocol import PauseHold, PauseProtocol
 
 SUPPORTED = "5.23"
 
@@ -64,6 +64,8 @@ check_transformers_version(_transformers.__version__)
 from transformers import ContinuousBatchingConfig, GenerationConfig  # noqa: E402
 from transformers.generation.continuous_batching import continuous_api as _api  # noqa: E402
 from transformers.generation.continuous_batching.distributed import dist as _dist  # noqa: E402
+
+from . import admission  # noqa: E402
 
 __all__ = ["PausableBatchProcessor", "PausableContinuousBatchingManager", "init_continuous_batching"]
 
@@ -164,6 +166,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
                     _collective_failed(status, error)
                     raise
             status.barrier()  # P-BARRIER: the group leaves the window together
+            admission.check_model_unchanged(self)
         else:
             status.no_pause()  # P-NO-PAUSE
         return payload_size, False
@@ -181,33 +184,33 @@ def _collective_failed(status: PauseProtocol, error: BaseException) -> None:
         status.record_fatal_error(error)
 
 
-def _checked_prompt(input_ids: Any, vocab_size: int) -> list[int]:
-    """The prompt as a list of ints, or ``TypeError``/``ValueError`` naming what is wrong with it."""
-    if isinstance(input_ids, _api.torch.Tensor):
-        if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dim() != 1:
-            raise TypeError(f"input_ids must be a 1-D integer tensor, not {input_ids.dtype} of shape "
-                            f"{tuple(input_ids.shape)}")  # fmt: skip
-        input_ids = input_ids.tolist()
-    if isinstance(input_ids, (str, bytes)) or not hasattr(input_ids, "__iter__"):
-        raise TypeError(f"input_ids must be a sequence of token ids, not {type(input_ids).__name__}")
-    prompt = []
-    for i, token in enumerate(input_ids):
-        if isinstance(token, bool) or not isinstance(token, numbers.Integral):
-            raise TypeError(f"input_ids[{i}] must be an integer token id, not {token!r}")
-        if not 0 <= token < vocab_size:
-            raise ValueError(f"input_ids[{i}] = {token} is not a token id of this model (0 to {vocab_size - 1})")
-        prompt.append(int(token))
-    if not prompt:
-        raise ValueError("input_ids is empty: a request needs at least one prompt token")
-    return prompt
-
-
 EXIT_STOP_TIMEOUT = 10.0  # seconds the interpreter's exit waits for a loop that was not stopped
 
 # The manager whose loop last started on each model: two loops stepping one model would each pause only
 # their own, and a holder of one would see the other's forward steps (R-EXCLUSION).
 _DRIVER_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _DRIVER_LOCK = threading.Lock()
+
+
+def _leave(status: PauseProtocol, hold: PauseHold) -> None:
+    """P-LEAVE-PAUSE at the end of a ``pause()`` block, from whichever thread ends it.
+
+    An asynchronous exception (``KeyboardInterrupt``) that lands in the release, before the hold left, does not
+    leak it: the release is finished, then the exception propagates.
+    """
+    try:
+        status.leave_pause(hold)
+    except RuntimeError:
+        if hold.state != "idle":
+            raise
+        raise RuntimeError(
+            "this pause was already released (a release_pause() inside the with block, or its thread died and the "
+            "loop released it?): nothing was changed"
+        ) from None
+    except BaseException:
+        if hold.state == "inside":
+            status.leave_pause(hold)
+        raise
 
 
 def _stop_at_exit(ref: weakref.ref) -> None:
@@ -249,6 +252,10 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         self._loop_done = True
         self._teardown_asked: bool | None = None  # keep_for_next_session of a stop that left the teardown
         self._stop_at_exit_registered = False
+        # The ids of the requests in flight (added, no terminal output delivered yet): a duplicate would make the
+        # scheduler mix two requests up and fail the loop (upstream), so add_request refuses one.
+        self._live_ids: set[str] = set()
+        self.output_router = admission.TrackingRouter(self._live_ids)
 
     def add_request(
         self,
@@ -264,19 +271,38 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         Upstream checks that the loop accepts requests, then enqueues: a request enqueued after the loop's
         last drain is never seen again.  Returns ``None`` (and logs why) when the loop does not accept
         requests, as upstream does; ``add_requests`` goes through here too.  Raises, with nothing enqueued:
-        ``TypeError`` for a prompt that is not a sequence of integers or a ``max_new_tokens`` that is not an
-        integer; ``ValueError`` for an empty prompt, a token id outside ``[0, vocab_size)``, or
-        ``max_new_tokens < 1``.
+        ``TypeError`` for a prompt that is not a sequence of integers, a ``max_new_tokens`` that is not an
+        integer or a ``request_id`` that is not a string; ``ValueError`` for an empty prompt, a token id outside
+        ``[0, vocab_size)``, ``max_new_tokens < 1``, a prompt plus ``max_new_tokens`` that cannot fit the KV cache,
+        or a ``request_id`` of a request still in flight (added, its terminal output not delivered yet).  The
+        cache's size is known once the loop built it; a request too long for it that comes earlier fails alone,
+        with the same ``ValueError`` as its error, when the loop takes it.
         """
-        prompt = _checked_prompt(input_ids, self.model.config.get_text_config().vocab_size)
-        if max_new_tokens is not None:
-            if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
-                raise TypeError(f"max_new_tokens must be an integer, not {max_new_tokens!r}")
-            if max_new_tokens < 1:
-                raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
-            max_new_tokens = int(max_new_tokens)
+        prompt = admission.checked_prompt(input_ids, self.model.config.get_text_config().vocab_size)
+        max_new_tokens = admission.checked_max_new_tokens(max_new_tokens)
+        new_tokens = self.generation_config.max_new_tokens if max_new_tokens is None else max_new_tokens
+        admission.check_fits(len(prompt) + (new_tokens or 0), admission.cache_capacity(self.batch_processor))
+        if request_id is not None and not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a string, not {request_id!r}")
         with self._submit_lock:
-            return super().add_request(prompt, request_id, max_new_tokens, *args, **kwargs)
+            if request_id is None:
+                # upstream's naming, skipping the ids a caller chose that are still in flight
+                with self._request_lock:
+                    request_id = f"req_{self._request_counter}"
+                    self._request_counter += 1
+                    while request_id in self._live_ids:
+                        request_id = f"req_{self._request_counter}"
+                        self._request_counter += 1
+            elif request_id in self._live_ids:
+                raise ValueError(f"request_id {request_id!r} is already in use by a request in flight")
+            self._live_ids.add(request_id)  # before the enqueue: the loop may deliver its output at once
+            added = None
+            try:
+                added = super().add_request(prompt, request_id, max_new_tokens, *args, **kwargs)
+            finally:
+                if added is None:  # refused (the loop does not accept requests), or the enqueue raised
+                    self._live_ids.discard(request_id)
+            return added
 
     def get_result(self, request_id: str | None = None, timeout: float | None = None) -> Any:
         """Upstream's ``get_result``; from inside the caller's own pause, a wait without a timeout on an empty
@@ -318,21 +344,32 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         cause = status.fatal_error
         if not self.is_running():
             raise RuntimeError("Cannot pause generation while no generation loop is running.") from cause
-        hold = status.acquire_pause(self._wake_up_loop, timeout=timeout)
-        entered_on = threading.current_thread().name
+        # acquire_pause appends the hold to `holds` the moment it is requested: an asynchronous exception that lands
+        # after the entry and before the with block (where the assignment of a result would be) still finds it.
+        holds: list[PauseHold] = []
+        entered = False
         try:
-            yield
-        except GeneratorExit:  # the context manager was closed (collected) without its with block ending
-            _api.logger.error(f"A pause entered on thread {entered_on!r} was never exited; released when its "
-                              "context manager was garbage-collected")  # fmt: skip
-            raise
-        finally:
             try:
-                status.leave_pause(hold)  # P-LEAVE-PAUSE, from whichever thread ends the pause
-            except RuntimeError:
-                raise RuntimeError(
-                    "this pause was already released (a release_pause() inside the with block?): nothing was changed"
-                ) from None
+                status.acquire_pause(self._wake_up_loop, timeout=timeout, into=holds)
+                entered = True
+                yield
+            except GeneratorExit:  # the context manager was closed (collected) without its with block ending
+                if holds[0].state == "idle":  # its thread died, and the loop released it (P-RELEASE-DEAD-HOLDER)
+                    entered = False
+                else:
+                    _api.logger.error(f"A pause entered on thread {holds[0].thread.name!r} was never exited; "
+                                      "released when its context manager was garbage-collected")  # fmt: skip
+                raise
+            finally:
+                # acquire_pause leaves nothing held when it raises; an exception after it returned leaves the hold
+                # inside.
+                if holds and (entered or holds[0].state == "inside"):
+                    _leave(status, holds[0])
+        except BaseException:
+            # An asynchronous exception that landed in the finally above before its release: release, then propagate.
+            if holds and holds[0].state == "inside":
+                status.leave_pause(holds[0])
+            raise
 
     def start(self) -> None:
         """Start the loop thread (upstream's ``start``), named so that it shows in thread dumps.
@@ -531,29 +568,12 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         if type(processor) is _api.ContinuousBatchProcessor:
             # Same object, our TP group step; the class adds no state.  Avoids copying upstream's constructor.
             processor.__class__ = PausableBatchProcessor
+        processor._cbpause_model = self.model  # for the check at the resume (admission.check_model_unchanged)
         scheduler = processor.scheduler
         if not getattr(scheduler, "_cbpause_delivers_cancellations", False):  # a reused processor has it
-            _deliver_cancellations(scheduler, processor.output_router)
+            admission.deliver_cancellations(scheduler, processor.output_router)
+            admission.refuse_what_cannot_fit(scheduler, processor)
         return processor
-
-
-def _deliver_cancellations(scheduler: Any, router: Any) -> None:
-    """Give each cancelled request a terminal output: FAILED, error ``"cancelled by cancel_request()"``.
-
-    Upstream removes a cancelled request from the scheduler and delivers nothing, so a caller waiting for
-    it (``get_result``, ``request_id_iter``) waits for ever (R-NOTHING-LOST-DELIVERED).  The scheduler's
-    own method is wrapped on the instance, since its caller (``prepare_next_batch``) is upstream's.
-    """
-    clear = scheduler.clear_cancelled_requests
-
-    def clear_cancelled_requests() -> list:
-        states = clear()
-        for state in states:
-            router.fail_and_deliver(state, RuntimeError("cancelled by cancel_request()"))
-        return states
-
-    scheduler.clear_cancelled_requests = clear_cancelled_requests
-    scheduler._cbpause_delivers_cancellations = True
 
 
 def init_continuous_batching(

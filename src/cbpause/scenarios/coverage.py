@@ -25,7 +25,7 @@ REQUEST_ACTIONS = frozenset({"Submit", "Deliver"})
 
 def _label_rank(g: gr.GroupState, label: str) -> int:
     index = int(label.split("(", 1)[1].split(",", 1)[0].rstrip(")")) - 1
-    return g.rank_of[index] if gr.action_name(label) in HOLDER_ACTIONS else index
+    return g.rank_of[index] if gr.action_name(label) in HOLDER_ACTIONS | {"HolderDies"} else index
 
 
 @functools.cache

@@ -25,14 +25,17 @@ class Ledger:
         self.waiting: set[str] = set()  # accepted, no output yet: read every few ms, so kept, not scanned
         self.progress = time.monotonic()
         self.cancelled = 0
+        self.errors: list[str] = []  # the error of every failed output, in order
 
     def submitted(self, rid: str) -> None:
         with self.lock:
             self.outputs[rid] = 0
             self.waiting.add(rid)
 
-    def delivered(self, rid: str) -> None:
+    def delivered(self, rid: str, error: str | None = None) -> None:
         with self.lock:
+            if error is not None:
+                self.errors.append(error)
             self.outputs[rid] = self.outputs.get(rid, 0) + 1
             self.waiting.discard(rid)
             self.progress = time.monotonic()
@@ -90,7 +93,7 @@ class Traffic:
         while True:
             out = self.manager.get_result(timeout=0.05)
             if out is not None:
-                self.ledger.delivered(out.request_id)
+                self.ledger.delivered(out.request_id, out.error)
             elif self._finished.is_set():
                 return  # the loop has stopped for good: every output is already in the queue
             else:

@@ -58,6 +58,9 @@ FAST_MODEL_SHAPES = {
     "PauseProtocol_1r2h": Shape(1, (0, 0), 1, gr.Bounds(frozenset({"interrupt", "timeout", "error", "stop"}), 1)),
     "PauseProtocol_2r1h": Shape(2, (0, 1), 1, gr.Bounds(frozenset({"interrupt", "crash", "stop"}), 0)),
     "PauseProtocol_peer_absent": Shape(2, (0,), 1, gr.Bounds(frozenset({"interrupt", "stop"}), 1)),
+    "PauseProtocol_1r2h_deaths": Shape(
+        1, (0, 0), 1, gr.Bounds(frozenset({"interrupt", "error", "stop", "death"}), 1)
+    ),
 }
 
 # The deep model whose graph `nox -s tlc_deep` compares too (`python -m cbpause.tlc.conformance`, minutes).
@@ -91,7 +94,7 @@ def encode(g: gr.GroupState) -> Encoded:
                 "fatal": tuple(s.fatal for s in r),
                 "tpStatus": r[0].tp_status,
                 "tpPause": r[0].tp_pause,
-                "hs": g.hs,
+                "hs": tuple(gr.tla_holder_state(x) for x in g.hs),
                 "count": tuple(s.count for s in r),
                 "paused": tuple(s.paused for s in r),
                 "req": g.req,

@@ -11,7 +11,7 @@ import re
 __all__ = ["checked_definitions", "definitions", "next_actions"]
 
 # Operators of Next that group actions rather than being one.
-_GROUPS = {"LoopAction", "HolderWakes", "SystemNext", "EnvironmentNext"}
+_GROUPS = {"LoopAction", "HolderWakes", "SystemNext", "SystemNextWithoutRecovery", "EnvironmentNext"}
 # Actions of Next that take no argument.
 _NULLARY = {"AllReduce", "Barrier", "Restart", "Terminated"}
 
@@ -23,7 +23,7 @@ def definitions(text: str) -> set[str]:
 
 def next_actions(text: str) -> set[str]:
     """The actions of ``Next`` in ``tla/PauseProtocol.tla`` (the system's and the environment's)."""
-    body = text[text.index("LoopAction(r) ==") : text.index("\nFairness ==")]
+    body = text[text.index("LoopAction(r) ==") : text.index("\nFairnessWithoutRecovery ==")]
     called = set(re.findall(r"\b([A-Z]\w+)\(", body)) | (_NULLARY & set(re.findall(r"\b(\w+)\b", body)))
     return called - _GROUPS
 

@@ -1,0 +1,136 @@
+"""What the transformers integration refuses at the door, and what it fails alone in the loop (issue 13).
+
+Part of the integration (:mod:`cbpause.integrations.transformers` imports it after its version check): with
+that module, the only code of cbpause that knows transformers' internals.  A bad request is refused by
+``add_request`` with a ``TypeError`` or ``ValueError`` and nothing enqueued; what can only fail later (a request
+too long for a cache the loop had not built yet) fails that request alone; a cancelled request gets its
+terminal output; a model moved to another dtype or device inside a pause stops the loop with a clear error.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+from transformers.generation.continuous_batching import continuous_api as _api
+
+__all__ = [
+    "TrackingRouter", "cache_capacity", "check_fits", "check_model_unchanged", "checked_max_new_tokens",
+    "checked_prompt", "deliver_cancellations", "refuse_what_cannot_fit",
+]  # fmt: skip
+
+
+def checked_prompt(input_ids: Any, vocab_size: int) -> list[int]:
+    """The prompt as a list of ints, or ``TypeError``/``ValueError`` naming what is wrong with it."""
+    if isinstance(input_ids, _api.torch.Tensor):
+        if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dim() != 1:
+            raise TypeError(f"input_ids must be a 1-D integer tensor, not {input_ids.dtype} of shape "
+                            f"{tuple(input_ids.shape)}")  # fmt: skip
+        input_ids = input_ids.tolist()
+    if isinstance(input_ids, (str, bytes)) or not hasattr(input_ids, "__iter__"):
+        raise TypeError(f"input_ids must be a sequence of token ids, not {type(input_ids).__name__}")
+    prompt = []
+    for i, token in enumerate(input_ids):
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+            raise TypeError(f"input_ids[{i}] must be an integer token id, not {token!r}")
+        if not 0 <= token < vocab_size:
+            raise ValueError(f"input_ids[{i}] = {token} is not a token id of this model (0 to {vocab_size - 1})")
+        prompt.append(int(token))
+    if not prompt:
+        raise ValueError("input_ids is empty: a request needs at least one prompt token")
+    return prompt
+
+
+def checked_max_new_tokens(max_new_tokens: Any) -> int | None:
+    """``max_new_tokens`` as an int (None: the generation config's), or ``TypeError``/``ValueError``."""
+    if max_new_tokens is None:
+        return None
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+        raise TypeError(f"max_new_tokens must be an integer, not {max_new_tokens!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
+    return int(max_new_tokens)
+
+
+class TrackingRouter(_api.OutputRouter):
+    """Upstream's output router, which also forgets each request id once its terminal output is delivered: the ids
+    in ``live`` are the requests in flight, which ``add_request`` refuses to reuse."""
+
+    def __init__(self, live: set[str]) -> None:
+        super().__init__()
+        self.live = live
+
+    def deliver(self, output: Any) -> None:
+        super().deliver(output)
+        if output.is_finished():
+            self.live.discard(output.request_id)
+
+    def deliver_batch(self, outputs: list) -> None:
+        super().deliver_batch(outputs)
+        for output in outputs:
+            if output.is_finished():
+                self.live.discard(output.request_id)
+
+
+def cache_capacity(processor: Any) -> int | None:
+    """The most tokens (prompt plus new ones) one request can hold in the processor's KV cache, or None before the
+    loop built it."""
+    cache = getattr(processor, "cache", None)
+    return None if cache is None else int(cache.max_tokens_read)
+
+
+def check_fits(n_tokens: int, capacity: int | None) -> None:
+    if capacity is not None and n_tokens > capacity:
+        raise ValueError(
+            f"the prompt plus max_new_tokens ({n_tokens} tokens) cannot fit the KV cache, which holds {capacity} "
+            "tokens per request (ContinuousBatchingConfig.num_blocks x page_size)"
+        )
+
+
+def refuse_what_cannot_fit(scheduler: Any, processor: Any) -> None:
+    """A request too long for the cache fails alone when the loop takes it (``ValueError``, the request's error),
+    instead of failing the loop and every request in flight once it cannot be scheduled (upstream's "No requests
+    can be scheduled").  ``add_request`` refuses it at the door once the cache exists; one added before comes here.
+    The scheduler's method is wrapped on the instance: its caller (``_update_tp_group_state``'s upstream loop over
+    new requests) fails the one request whose ``add_waiting_request`` raises, and goes on."""
+    add = scheduler.add_waiting_request
+
+    def add_waiting_request(state: Any) -> None:
+        check_fits(len(state.initial_tokens) + state.max_new_tokens, cache_capacity(processor))
+        add(state)
+
+    scheduler.add_waiting_request = add_waiting_request
+
+
+def deliver_cancellations(scheduler: Any, router: Any) -> None:
+    """Give each cancelled request a terminal output: FAILED, error ``"cancelled by cancel_request()"``.
+
+    Upstream removes a cancelled request from the scheduler and delivers nothing, so a caller waiting for
+    it (``get_result``, ``request_id_iter``) waits for ever (R-NOTHING-LOST-DELIVERED).  The scheduler's
+    own method is wrapped on the instance, since its caller (``prepare_next_batch``) is upstream's.
+    """
+    clear = scheduler.clear_cancelled_requests
+
+    def clear_cancelled_requests() -> list:
+        states = clear()
+        for state in states:
+            router.fail_and_deliver(state, RuntimeError("cancelled by cancel_request()"))
+        return states
+
+    scheduler.clear_cancelled_requests = clear_cancelled_requests
+    scheduler._cbpause_delivers_cancellations = True
+
+
+def check_model_unchanged(processor: Any) -> None:
+    """At the resume: a holder that moved the model to another dtype or device inside the pause gets a clear error
+    (the loop's fatal error, every request in flight failed with it) instead of a low-level one from the first
+    kernel that mixes the model with the KV cache, which keeps the dtype and device it was built with."""
+    cache, model = processor.cache, getattr(processor, "_cbpause_model", None)
+    if model is None:
+        return
+    if (model.dtype, model.device) != (cache.dtype, cache.device):
+        raise RuntimeError(
+            f"the model was moved to {model.dtype} on {model.device} inside a pause, but the KV cache of this loop is "
+            f"{cache.dtype} on {cache.device}: change dtype or device only while the manager is stopped (stop(), "
+            "then start() builds a new cache), or move the model back before the pause ends"
+        )

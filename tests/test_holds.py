@@ -1,0 +1,261 @@
+"""A hold belongs to the pause, not to the thread; no hold outlives its holder (issue 13, points 1 and 2).
+
+On the real loop (tiny Llama, CPU): a holder thread that dies inside or while waiting, a context manager
+collected by the garbage collector on another thread, a pause entered on one executor thread and exited on
+another, and an asynchronous ``KeyboardInterrupt`` raised at every line of ``pause()``, of its context
+manager and of the protocol's calls (``sys.settrace`` stands in for a signal: it can raise at any line event,
+a superset of the points where CPython runs a signal handler).  After each, the protocol holds no request of
+the holder, the exception (if any) has propagated, and the loop serves requests again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dis
+import functools
+import gc
+import logging
+import sys
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from transformers.generation.continuous_batching.requests import RequestStatus  # noqa: E402
+
+import cbpause.protocol  # noqa: E402
+from cbpause.integrations import transformers as cbt  # noqa: E402
+from cbpause.testing import JOIN_TIMEOUT, batching_config, greedy_config, run_thread, tiny_llama  # noqa: E402
+
+from .conftest import MAX_NEW, WAIT, results, submit  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama()
+
+
+@pytest.fixture
+def manager(model):
+    manager = cbt.init_continuous_batching(model, greedy_config(MAX_NEW), batching_config())
+    manager.start()
+    yield manager
+    if manager.is_running():
+        manager.stop(block=True, timeout=WAIT)
+
+
+def no_hold_left(manager) -> None:
+    status = manager.background_thread_status
+    state = status.state
+    assert (state.count, state.waiting, state.inside) == (0, 0, 0), state
+    assert not [h for h in status._holds if h.state != "idle"], status._holds  # none waiting or inside
+
+
+def serves(manager, n: int = 2) -> None:
+    outs = results(manager, submit(manager, n))
+    assert all(o.status == RequestStatus.FINISHED and len(o.generated_tokens) == MAX_NEW for o in outs)
+
+
+def parked_until_released(manager, caplog, thread_name: str) -> None:
+    """Requests sent while the dead holder counts are served once the loop released it, with the error logged."""
+    outs = results(manager, submit(manager, 2))  # a hang here fails with "no output within WAIT s"
+    assert all(o.status == RequestStatus.FINISHED for o in outs)
+    no_hold_left(manager)
+    logged = [r.getMessage() for r in caplog.records if r.name == "cbpause"]
+    assert any(thread_name in m and "without leaving" in m for m in logged), logged
+
+
+# ------------------------------------------------------------------------------------------ point 1
+
+
+def test_a_holder_thread_that_dies_inside_is_released_and_the_loop_resumes(manager, caplog):
+    """The thread returns with its context manager still referenced (kept here): no __exit__, no GC."""
+    kept = []
+
+    def holder():
+        cm = manager.pause(timeout=WAIT)
+        cm.__enter__()
+        kept.append(cm)
+
+    thread, box = run_thread(holder, name="holder-dies-inside")
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive() and "error" not in box
+    with caplog.at_level(logging.ERROR, logger="cbpause"):
+        parked_until_released(manager, caplog, "holder-dies-inside")
+    # The late exit of the kept context manager changes nothing and says why.
+    with pytest.raises(RuntimeError, match="already released"):
+        kept[0].__exit__(None, None, None)
+    no_hold_left(manager)
+    serves(manager)
+
+
+def test_a_drop_in_holder_that_ends_without_release_pause_is_released(manager, caplog):
+    status = manager.background_thread_status
+    thread, box = run_thread(lambda: status.acquire_pause(manager._wake_up_loop, timeout=WAIT), name="drop-in-dies")
+    thread.join(JOIN_TIMEOUT)
+    assert "error" not in box
+    with caplog.at_level(logging.ERROR, logger="cbpause"):
+        parked_until_released(manager, caplog, "drop-in-dies")
+
+
+def test_a_holder_thread_that_dies_while_waiting_is_released(manager, caplog):
+    """An explicit request_pause() whose thread ends before enter_pause(): the loop opens the window for it, finds
+    its thread dead, releases it and resumes."""
+    status = manager.background_thread_status
+    thread, box = run_thread(lambda: status.request_pause(manager._wake_up_loop), name="dies-waiting")
+    thread.join(JOIN_TIMEOUT)
+    assert "error" not in box and box["result"].state in ("waiting", "idle")
+    with caplog.at_level(logging.ERROR, logger="cbpause"):
+        parked_until_released(manager, caplog, "dies-waiting")
+
+
+def test_a_stop_with_a_dead_holder_inside_returns(manager):
+    """stop(timeout=...) used to time out and a plain stop() never returned: the loop waited in its window."""
+    thread, _ = run_thread(lambda: manager.pause(timeout=WAIT).__enter__(), name="dies-before-stop")
+    thread.join(JOIN_TIMEOUT)
+    ids = submit(manager, 2)
+    manager.stop(block=True, timeout=WAIT)
+    assert not manager.is_running()
+    assert all(o is not None for o in results(manager, ids))  # each answered (finished or failed), none lost
+    no_hold_left(manager)
+
+
+def test_a_context_manager_collected_on_another_thread_releases_its_hold(manager, caplog):
+    """A reference cycle holds the context manager; the collector runs on this thread, not the holder's."""
+    entered, done = threading.Event(), threading.Event()
+
+    def holder():
+        cycle = {"cm": manager.pause(timeout=WAIT)}
+        cycle["self"] = cycle
+        cycle["cm"].__enter__()
+        del cycle
+        entered.set()
+        done.wait(WAIT)  # the holder stays alive: only the collector can release its hold
+
+    gc.disable()
+    try:
+        thread, box = run_thread(holder, name="holder-of-a-cycle")
+        assert entered.wait(WAIT)
+        assert manager.background_thread_status.state.inside == 1
+        with caplog.at_level(logging.ERROR, logger="transformers"):
+            gc.collect()
+    finally:
+        gc.enable()
+        done.set()
+        thread.join(JOIN_TIMEOUT)
+    assert "error" not in box
+    no_hold_left(manager)
+    assert any("garbage-collected" in r.getMessage() and "holder-of-a-cycle" in r.getMessage() for r in caplog.records)
+    serves(manager)
+
+
+def test_a_hold_left_by_another_thread_is_left_once(manager):
+    status = manager.background_thread_status
+    hold = status.acquire_pause(manager._wake_up_loop, timeout=WAIT)
+    thread, box = run_thread(lambda: status.leave_pause(hold), name="leaves-for-another")
+    thread.join(JOIN_TIMEOUT)
+    assert "error" not in box
+    with pytest.raises(RuntimeError, match="needs a hold that is inside"):
+        status.leave_pause(hold)
+    with pytest.raises(RuntimeError, match="without a matching acquire_pause"):
+        status.release_pause()  # the thread's own pause was left by the other thread
+    no_hold_left(manager)
+    serves(manager)
+
+
+# ------------------------------------------------------------------------------------------ point 2
+
+# The code an interrupt may land in: pause() and its context manager, and the protocol's holder calls.
+TRACED_FILES = {cbt.__file__, cbpause.protocol.__file__, contextlib.__file__}
+
+
+@functools.cache
+def undeliverable(code) -> frozenset[int]:
+    """The offsets of ``code`` where a line event may fire but CPython never delivers a signal or an asynchronous
+    exception, and where an exception raised by a trace function skips the enclosing handlers (the exception table
+    does not cover them): the NOP of a ``try:`` line, and the start of a ``with`` block's normal exit (three
+    ``LOAD_CONST None`` then the call of ``__exit__``, after a ``SWAP`` where the block returns a value), whose line
+    event a ``return`` inside the block fires.  A signal lands only at an eval-breaker check: a function's start, a
+    backward jump, after a C call; none of these instructions is one."""
+    ins = list(dis.get_instructions(code))
+    skip = {i.offset for i in ins if i.opname in ("NOP", "SWAP")}
+    for k in range(len(ins) - 3):
+        nones = all(x.opname == "LOAD_CONST" and x.argval is None for x in ins[k : k + 3])
+        if nones and ins[k + 3].opname == "PRECALL":
+            skip.add(ins[k].offset)
+    return frozenset(skip)
+
+
+def pause_interrupted_at(manager, n: int) -> tuple[bool, bool]:
+    """``with manager.pause(): pass`` with a KeyboardInterrupt raised at the ``n``-th line event of the traced
+    code (1-based).  Returns (whether it was raised, whether it propagated out of the with statement)."""
+    seen = 0
+    fired = False
+
+    def local(frame, event, arg):
+        nonlocal seen, fired
+        if event == "line" and frame.f_lasti not in undeliverable(frame.f_code):
+            seen += 1
+            if seen == n:
+                fired = True
+                raise KeyboardInterrupt  # settrace unsets itself on an exception in the trace function
+        return local
+
+    def on_call(frame, event, arg):
+        return local if frame.f_code.co_filename in TRACED_FILES else None
+
+    propagated = False
+    sys.settrace(on_call)
+    try:
+        with manager.pause(timeout=WAIT):
+            pass
+    except KeyboardInterrupt:
+        propagated = True
+    finally:
+        sys.settrace(None)
+    return fired, propagated
+
+
+def test_an_interrupt_at_any_line_of_a_pause_leaks_no_hold(manager):
+    """Point 2: each line event in turn.  A context manager the interrupt left un-exited is released when it is
+    collected (here at once: gc.collect()); every other interrupt point releases before it propagates."""
+    points = 0
+    for n in range(1, 2000):
+        fired, propagated = pause_interrupted_at(manager, n)
+        gc.collect()
+        if not fired:
+            break
+        points += 1
+        assert propagated, f"the KeyboardInterrupt at line event {n} did not propagate"
+        no_hold_left(manager)
+    else:
+        pytest.fail("the traced pause never ended")
+    assert points > 40  # the trace did reach the protocol's lines (about 100 of them on CPython 3.11)
+    serves(manager)
+
+
+def test_an_interrupt_at_any_line_of_a_pause_on_another_thread_leaks_no_hold(manager):
+    """The same on a worker thread (an async exception, as PyThreadState_SetAsyncExc raises): no main-thread
+    wake-ups there, so the line events are those of a plain wait."""
+    box: dict = {}
+
+    def run():
+        points = 0
+        for n in range(1, 2000):
+            fired, propagated = pause_interrupted_at(manager, n)
+            gc.collect()
+            if not fired:
+                return points
+            assert propagated, n
+            no_hold_left(manager)
+            points += 1
+        return points
+
+    thread, box = run_thread(run, name="interrupted-holder")
+    thread.join(WAIT * 4)
+    assert not thread.is_alive()
+    assert "error" not in box, box.get("error")
+    assert box["result"] > 40
+    serves(manager)
