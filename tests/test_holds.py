@@ -259,3 +259,16 @@ def test_an_interrupt_at_any_line_of_a_pause_on_another_thread_leaks_no_hold(man
     assert "error" not in box, box.get("error")
     assert box["result"] > 40
     serves(manager)
+
+
+def test_a_hold_whose_requesting_thread_ended_cannot_be_entered_from_another(manager, caplog):
+    """The hold lives as long as the thread that requested it: a waiter on another thread raises, and the
+    counts stay exact (the release is not applied twice)."""
+    status = manager.background_thread_status
+    thread, box = run_thread(lambda: status.request_pause(manager._wake_up_loop), name="requests-then-ends")
+    thread.join(JOIN_TIMEOUT)
+    hold = box["result"]
+    with caplog.at_level(logging.ERROR, logger="cbpause"), pytest.raises(RuntimeError, match="released|needs a hold"):
+        status.enter_pause(hold, timeout=WAIT)  # waits until the loop releases it, or finds it released already
+    no_hold_left(manager)
+    serves(manager)

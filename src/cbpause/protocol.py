@@ -423,6 +423,9 @@ class PauseProtocol(LoopSteps, DropInLoop):
         deadline = None if timeout is None else self._clock() + timeout
         on_main = threading.current_thread() is threading.main_thread()
         while True:
+            if hold.state != "waiting":  # released meanwhile: its requesting thread ended (P-RELEASE-DEAD-HOLDER)
+                raise RuntimeError(f"this pause was released while waiting: {hold.thread.name!r}, the thread that "
+                                   "requested it, ended (a hold lives as long as the thread that requested it)")
             s = self._state
             if s.paused:
                 self._apply(t.enter_pause, hold=hold)
