@@ -58,6 +58,28 @@ def overlapping_holders(manager, **pause_kwargs):
     return thread, box, leave_second, forwards
 
 
+@pytest.fixture(scope="module")
+def cpu_model():
+    """A tiny random Llama on the CPU, shared by the tests of one module."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from cbpause.testing import tiny_llama
+
+    return tiny_llama()
+
+
+@pytest.fixture
+def plain_manager(cpu_model):
+    """cbpause's manager on ``cpu_model``, not started; stopped after the test if it still runs."""
+    from cbpause.integrations import transformers as cbt
+    from cbpause.testing import batching_config, greedy_config
+
+    manager = cbt.init_continuous_batching(cpu_model, greedy_config(MAX_NEW), batching_config())
+    yield manager
+    if manager.is_running():
+        manager.stop(block=True, timeout=WAIT)
+
+
 def _tlc_available() -> str | None:
     if shutil.which("java") is None:
         return "java is not installed"

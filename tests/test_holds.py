@@ -27,23 +27,15 @@ from transformers.generation.continuous_batching.requests import RequestStatus  
 
 import cbpause.protocol  # noqa: E402
 from cbpause.integrations import transformers as cbt  # noqa: E402
-from cbpause.testing import JOIN_TIMEOUT, batching_config, greedy_config, run_thread, tiny_llama  # noqa: E402
+from cbpause.testing import JOIN_TIMEOUT, run_thread  # noqa: E402
 
 from .conftest import MAX_NEW, WAIT, results, submit  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def model():
-    return tiny_llama()
-
-
 @pytest.fixture
-def manager(model):
-    manager = cbt.init_continuous_batching(model, greedy_config(MAX_NEW), batching_config())
-    manager.start()
-    yield manager
-    if manager.is_running():
-        manager.stop(block=True, timeout=WAIT)
+def manager(plain_manager):
+    plain_manager.start()
+    return plain_manager
 
 
 def no_hold_left(manager) -> None:

@@ -17,22 +17,14 @@ from transformers.generation.continuous_batching.requests import RequestStatus  
 
 from cbpause import soak  # noqa: E402
 from cbpause.integrations import transformers as cbt  # noqa: E402
-from cbpause.testing import JOIN_TIMEOUT, batching_config, greedy_config, run_thread, tiny_llama  # noqa: E402
+from cbpause.testing import JOIN_TIMEOUT, batching_config, greedy_config, run_thread  # noqa: E402
 
 from .conftest import MAX_NEW, PROMPT, WAIT  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def model():
-    return tiny_llama()
-
-
 @pytest.fixture
-def manager(model):
-    manager = cbt.init_continuous_batching(model, greedy_config(MAX_NEW), batching_config())
-    yield manager
-    if manager.is_running():
-        manager.stop(block=True, timeout=WAIT)
+def manager(plain_manager):
+    return plain_manager
 
 
 def still_usable(manager, n=3):
