@@ -559,3 +559,67 @@ def test_a_pause_entered_on_one_thread_ends_on_another_exactly_once(manager):
     assert status.state.count == 0 and status.state.inside == 0
     ids = submit(manager)
     assert all(len(o.generated_tokens) == MAX_NEW for o in results(manager, ids))
+
+
+UPSTREAM_D6 = "D6: transformers 5.23.0 serves a prompt from KV blocks computed with the weights before a pause"
+
+
+@pytest.fixture(params=upstream_fails(UPSTREAM_D6))
+def d6_cbpause_or_upstream(request, model):
+    yield from ours_or_theirs(request.param, model)
+
+
+def perturb_weights(model, seed: int) -> None:
+    """An in-place weight update, as a trainer's optimizer step is."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g).to(p.device) * 0.5)
+
+
+def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
+    """What the model generates now, outside the continuous-batching loop (its manager stopped and forgotten)."""
+    model.destroy_cached_continuous_batching_manager()
+    ids = torch.tensor([prompt], device=model.device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
+    return out[0, len(prompt) :].tolist()
+
+
+def test_d6_a_prompt_after_a_weight_update_reads_no_kv_of_the_old_weights(d6_cbpause_or_upstream):
+    """Issue 14, D6: run a 69-token prompt, update the weights inside a pause, run it again: the second run must
+    be the new model's, not one that read the first run's cached prefix blocks."""
+    manager = d6_cbpause_or_upstream
+    model = manager.model
+    prompt = [int(x) for x in torch.randint(1, 100, (69,), generator=torch.Generator().manual_seed(0))]
+    manager.start()
+    (first,) = results(manager, [manager.add_request(list(prompt), max_new_tokens=MAX_NEW)])
+    with manager.pause():
+        perturb_weights(model, 1)
+    (second,) = results(manager, [manager.add_request(list(prompt), max_new_tokens=MAX_NEW)])
+    manager.stop(block=True, timeout=WAIT)
+    assert second.generated_tokens == greedy_reference(model, prompt, MAX_NEW)
+    assert second.generated_tokens != first.generated_tokens  # the update did change the model
+
+
+def test_d6_blocks_of_a_request_in_flight_across_an_update_are_not_shared(model):
+    """A request that keeps its KV across the update (the pause's keep behaviour) goes on with it, but no later
+    request with the same prefix reads its blocks, neither those from before the pause nor those it completes
+    after."""
+    manager = cbt.init_continuous_batching(model, greedy_config(96), batching_config())
+    prompt = [int(x) for x in torch.randint(1, 100, (40,), generator=torch.Generator().manual_seed(2))]
+    manager.start()
+    try:
+        long_id = manager.add_request(list(prompt), max_new_tokens=96, streaming=True)
+        first = manager.get_result(request_id=long_id, timeout=WAIT)  # it has been prefilled and is decoding
+        assert first is not None and not first.is_finished()
+        with manager.pause(timeout=WAIT):
+            perturb_weights(model, 3)
+        long_out = first
+        while not long_out.is_finished():
+            long_out = manager.get_result(request_id=long_id, timeout=WAIT)
+            assert long_out is not None, "no output within WAIT"
+        follow = list(prompt) + long_out.generated_tokens[:40]  # its prefix, and blocks it completed after
+        (later,) = results(manager, [manager.add_request(follow, max_new_tokens=MAX_NEW)])
+    finally:
+        manager.stop(block=True, timeout=WAIT)
+    assert later.generated_tokens == greedy_reference(model, follow, MAX_NEW)

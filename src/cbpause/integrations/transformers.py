@@ -65,7 +65,7 @@ from transformers import ContinuousBatchingConfig, GenerationConfig  # noqa: E40
 from transformers.generation.continuous_batching import continuous_api as _api  # noqa: E402
 from transformers.generation.continuous_batching.distributed import dist as _dist  # noqa: E402
 
-from . import admission  # noqa: E402
+from . import admission, weights  # noqa: E402
 
 __all__ = ["PausableBatchProcessor", "PausableContinuousBatchingManager", "init_continuous_batching"]
 
@@ -167,6 +167,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
                     raise
             status.barrier()  # P-BARRIER: the group leaves the window together
             admission.check_model_unchanged(self)
+            weights.forget_shared_prefixes(self)  # D6: no new request reads KV from before the pause
         else:
             status.no_pause()  # P-NO-PAUSE
         return payload_size, False
@@ -569,6 +570,7 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
             # Same object, our TP group step; the class adds no state.  Avoids copying upstream's constructor.
             processor.__class__ = PausableBatchProcessor
         processor._cbpause_model = self.model  # for the check at the resume (admission.check_model_unchanged)
+        weights.never_share_stale_blocks(processor)
         scheduler = processor.scheduler
         if not getattr(scheduler, "_cbpause_delivers_cancellations", False):  # a reused processor has it
             admission.deliver_cancellations(scheduler, processor.output_router)
