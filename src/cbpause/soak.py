@@ -156,8 +156,10 @@ class Soak:
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-        logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)  # injected faults are expected
-        logging.getLogger("cbpause").setLevel(logging.CRITICAL)  # so are holders that die
+        # Injected faults and holders that die are expected: quiet for the run, restored after it (run()).
+        self._log_levels = {name: logging.getLogger(name).level for name in ("ContinuousBatchingLogger", "cbpause")}
+        for name in self._log_levels:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
         self.args, self.torch = args, torch
         self.rng = random.Random(args.seed)
         self.model = tiny_llama("cpu", args.seed)
@@ -518,6 +520,8 @@ class Soak:
             lost, duplicated = self.traffic.finish()
             wd.stopped.set()
             self.model.destroy_cached_continuous_batching_manager()
+            for name, level in self._log_levels.items():
+                logging.getLogger(name).setLevel(level)
         c = tally.counts
         torn = [e for e in self.traffic.ledger.errors if "batch processor" in e]
         if torn:
