@@ -4,7 +4,7 @@ Part of the integration (:mod:`cbpause.integrations.transformers` imports it aft
 that module, the only code of cbpause that knows transformers' internals.  A bad request is refused by
 ``add_request`` with a ``TypeError`` or ``ValueError`` and nothing enqueued; what can only fail later (a request
 too long for a cache the loop had not built yet) fails that request alone; a cancelled request gets its
-terminal output; a model moved to another dtype or device inside a pause stops the loop with a clear error.
+terminal output.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from transformers.generation.continuous_batching import continuous_api as _api
 
 __all__ = [
-    "TrackingRouter", "cache_capacity", "check_fits", "check_model_unchanged", "checked_max_new_tokens",
+    "TrackingRouter", "cache_capacity", "check_fits", "checked_max_new_tokens",
     "checked_prompt", "deliver_cancellations", "refuse_what_cannot_fit",
 ]  # fmt: skip
 
@@ -119,18 +119,3 @@ def deliver_cancellations(scheduler: Any, router: Any) -> None:
 
     scheduler.clear_cancelled_requests = clear_cancelled_requests
     scheduler._cbpause_delivers_cancellations = True
-
-
-def check_model_unchanged(processor: Any) -> None:
-    """At the resume: a holder that moved the model to another dtype or device inside the pause gets a clear error
-    (the loop's fatal error, every request in flight failed with it) instead of a low-level one from the first
-    kernel that mixes the model with the KV cache, which keeps the dtype and device it was built with."""
-    cache, model = processor.cache, getattr(processor, "_cbpause_model", None)
-    if model is None:
-        return
-    if (model.dtype, model.device) != (cache.dtype, cache.device):
-        raise RuntimeError(
-            f"the model was moved to {model.dtype} on {model.device} inside a pause, but the KV cache of this loop is "
-            f"{cache.dtype} on {cache.device}: change dtype or device only while the manager is stopped (stop(), "
-            "then start() builds a new cache), or move the model back before the pause ends"
-        )

@@ -1,7 +1,8 @@
 """``PauseProtocol`` driving transformers' own continuous-batching loop (transformers 5.23.x only).
 
-This module and :mod:`cbpause.integrations.admission` (what ``add_request`` refuses, what fails alone) are the
-only code of cbpause that knows transformers' internals.  It returns transformers' own
+This module and its two helpers, :mod:`~cbpause.integrations.admission` (what ``add_request`` refuses, what
+fails alone) and :mod:`~cbpause.integrations.weights` (what a pause means for the KV cache), are the only code
+of cbpause that knows transformers' internals.  It returns transformers' own
 ``ContinuousBatchingManager`` (a subclass, same methods) whose status object is a
 :class:`~cbpause.PauseProtocol`, and changes the loop only where the protocol needs it:
 
@@ -166,7 +167,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
                     _collective_failed(status, error)
                     raise
             status.barrier()  # P-BARRIER: the group leaves the window together
-            admission.check_model_unchanged(self)
+            weights.check_model_unchanged(self)
             weights.forget_shared_prefixes(self)  # D6: no new request reads KV from before the pause
         else:
             status.no_pause()  # P-NO-PAUSE
@@ -194,11 +195,8 @@ _DRIVER_LOCK = threading.Lock()
 
 
 def _leave(status: PauseProtocol, hold: PauseHold) -> None:
-    """P-LEAVE-PAUSE at the end of a ``pause()`` block, from whichever thread ends it.
-
-    An asynchronous exception (``KeyboardInterrupt``) that lands in the release, before the hold left, does not
-    leak it: the release is finished, then the exception propagates.
-    """
+    """P-LEAVE-PAUSE at the end of a ``pause()`` block, from whichever thread ends it.  (An asynchronous exception
+    that lands here before the hold left is handled by ``pause()``'s outer handler, which finishes the release.)"""
     try:
         status.leave_pause(hold)
     except RuntimeError:
@@ -208,10 +206,6 @@ def _leave(status: PauseProtocol, hold: PauseHold) -> None:
             "this pause was already released (a release_pause() inside the with block, or its thread died and the "
             "loop released it?): nothing was changed"
         ) from None
-    except BaseException:
-        if hold.state == "inside":
-            status.leave_pause(hold)
-        raise
 
 
 def _stop_at_exit(ref: weakref.ref) -> None:
@@ -569,7 +563,7 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         if type(processor) is _api.ContinuousBatchProcessor:
             # Same object, our TP group step; the class adds no state.  Avoids copying upstream's constructor.
             processor.__class__ = PausableBatchProcessor
-        processor._cbpause_model = self.model  # for the check at the resume (admission.check_model_unchanged)
+        processor._cbpause_model = self.model  # for the check at the resume (weights.check_model_unchanged)
         weights.never_share_stale_blocks(processor)
         scheduler = processor.scheduler
         if not getattr(scheduler, "_cbpause_delivers_cancellations", False):  # a reused processor has it

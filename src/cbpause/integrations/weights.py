@@ -1,4 +1,5 @@
-"""What a pause means for the KV cache the loop shares between requests (D6, issue 14).
+"""What a pause means for the KV cache: the model it was built for (dtype, device), and the blocks the loop shares
+between requests (D6, issue 14).
 
 Part of the integration (with :mod:`cbpause.integrations.transformers` and :mod:`~cbpause.integrations.admission`,
 the only code of cbpause that knows transformers' internals).
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["forget_shared_prefixes", "never_share_stale_blocks"]
+__all__ = ["check_model_unchanged", "forget_shared_prefixes", "never_share_stale_blocks"]
 
 
 def never_share_stale_blocks(processor: Any) -> None:
@@ -57,3 +58,18 @@ def forget_shared_prefixes(processor: Any) -> None:
     # Replaced, not grown: a request that finished since the last window holds nothing any more.  Waiting ones
     # too: a retracted or offloaded request may hold old KV.
     cache._cbpause_stale = {*scheduler.active_requests, *scheduler.waiting_requests}
+
+
+def check_model_unchanged(processor: Any) -> None:
+    """At the resume: a holder that moved the model to another dtype or device inside the pause gets a clear error
+    (the loop's fatal error, every request in flight failed with it) instead of a low-level one from the first
+    kernel that mixes the model with the KV cache, which keeps the dtype and device it was built with."""
+    cache, model = processor.cache, getattr(processor, "_cbpause_model", None)
+    if model is None:
+        return
+    if (model.dtype, model.device) != (cache.dtype, cache.device):
+        raise RuntimeError(
+            f"the model was moved to {model.dtype} on {model.device} inside a pause, but the KV cache of this loop is "
+            f"{cache.dtype} on {cache.device}: change dtype or device only while the manager is stopped (stop(), "
+            "then start() builds a new cache), or move the model back before the pause ends"
+        )
