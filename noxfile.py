@@ -46,7 +46,7 @@ def crosshair(session: nox.Session) -> None:
     """CrossHair checks every contract of the pure transitions; fails on any counterexample."""
     session.install("-e", ".", "crosshair-tool")
     session.run(
-        "crosshair", "check", "--analysis_kind=PEP316", "--per_condition_timeout=3", "--per_path_timeout=1",
+        "crosshair", "check", "--analysis_kind=PEP316", "--per_condition_timeout=40", "--per_path_timeout=5",
         "src/cbpause/transitions.py", *session.posargs,
     )  # fmt: skip
 

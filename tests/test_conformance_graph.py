@@ -62,6 +62,7 @@ def test_shapes_match_the_cfg_constants(name):
     assert len(parse_tla_value(constants["Requests"])) == shape.n_requests
     assert parse_tla_value(constants["Faults"]) == shape.bounds.faults
     assert parse_tla_value(constants["MaxRestarts"]) == shape.bounds.max_restarts
+    assert parse_tla_value(constants["Modes"]) == shape.bounds.modes
 
 
 @pytest.mark.parametrize(

@@ -32,20 +32,25 @@ def planted(tmp_path, old: str, new: str) -> None:
     (tmp_path / "planted.py").write_text(text.replace(old, new))
 
 
-def test_crosshair_finds_a_leave_pause_that_keeps_the_window_open(tmp_path):
+def test_crosshair_finds_a_leave_pause_that_forgets_to_count_the_holder_out(tmp_path):
+    """(Since the pause modes, CrossHair needs about 30 s per condition to build a state a holder can leave: the rank
+    invariant ties the per-mode counts to the window.  A LeavePause that keeps the window open is found with about
+    40 s per condition, which is what ``nox -s crosshair`` is for.)"""
     planted(
         tmp_path,
-        "    return s._replace(inside=s.inside - 1, count=count, paused=s.paused and count > 0)\n",
-        "    return s._replace(inside=s.inside - 1, count=count)\n",
+        "    after = _plus(s, mode, -1, inside=s.inside - 1, count=s.count - 1)\n",
+        "    after = _plus(s, mode, -1, inside=s.inside - 1)\n",
     )
-    result = crosshair(tmp_path, "planted.leave_pause")
+    result = crosshair(tmp_path, "planted.leave_pause", timeout=30)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "leave_pause" in result.stdout and "false when calling" in result.stdout
 
 
 def test_crosshair_finds_an_open_window_without_a_holder(tmp_path):
     """OpenWindow without its D1 guard: the contract (an open window has a holder) is broken."""
-    planted(tmp_path, "    pre: pause_decided(s) and s.count > 0\n", "    pre: pause_decided(s)\n")
+    planted(
+        tmp_path, "    pre: pause_decided(s) and not s.draining and pending(s) > 0\n", "    pre: pause_decided(s)\n"
+    )
     result = crosshair(tmp_path, "planted.open_window")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "open_window" in result.stdout

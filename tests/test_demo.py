@@ -37,3 +37,30 @@ def test_percentile_by_nearest_rank():
     assert percentile(values, 50) == 50.0
     assert percentile(values, 99) == 99.0
     assert percentile(values, 100) == 100.0
+
+
+def test_rl_demo_reward_rises_in_every_mode_and_the_plot_is_written(tmp_path, capsys):
+    """``python -m cbpause.demo --rl`` with a fixed seed: the optimizer step runs inside a pause in each mode, the
+    reward rises in each (the demo's exit status), and the PNG is written."""
+    from cbpause import demo_rl
+
+    png = tmp_path / "rl.png"
+    assert main(["--rl", "--updates", "10", "--batch", "8", "--no-progress", "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    table = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] and
+             line.split()[0] in demo_rl.MODES and "update" not in line}  # fmt: skip
+    assert sorted(table) == sorted(demo_rl.MODES)
+    for row in table.values():
+        first, last, risen = float(row[1]), float(row[2]), row[3]
+        assert risen == "True" and last > first, row
+    assert int(table["abort"][6]) > 0  # in abort, requests in flight were ended, and resampled
+    assert int(table["keep"][5]) > 0  # in keep, some outputs carry tokens of two weight versions
+    pytest.importorskip("matplotlib")
+    assert png.is_file() and png.stat().st_size > 10_000
+
+
+def test_rl_demo_refuses_bad_arguments(capsys):
+    for argv in (["--rl", "--modes", "keep,bogus"], ["--rl", "--updates", "0"], ["--rl", "--lr", "-1"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2

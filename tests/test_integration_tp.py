@@ -62,6 +62,19 @@ def test_8_every_rank_pauses_in_the_same_window(checkpoint, tmp_path):
     check_pauses(run_group("pauses", checkpoint, tmp_path))
 
 
+def test_modes_and_versions_are_agreed_by_both_ranks(checkpoint, tmp_path):
+    """Issue 14 under TP=2: in each window both ranks see the agreed mode, the ranks' batches stay copies of
+    each other through keep, retract, drain and abort, and their outputs carry the same version spans."""
+    r0, r1 = (records := run_group("modes", checkpoint, tmp_path))[0], records[1]
+    for r in (r0, r1):
+        assert r["agreed"] == [1, 2, 3, 4] and r["violations"] == 0
+    assert sorted(r0["outputs"]) == sorted(r0["ids"]) == sorted(r1["outputs"])
+    assert r0["outputs"] == r1["outputs"]  # tokens, statuses, errors and version spans alike
+    for out in r0["outputs"].values():  # the drain finished them all, before the abort
+        assert out["status"] == "FINISHED" and len(out["tokens"]) == MAX_NEW, out
+    assert r0["later_spans"] == r1["later_spans"] == [[0, 4]]
+
+
 def test_9a_peer_never_pauses_both_ranks_end_with_a_clear_error(checkpoint, tmp_path):
     records = run_group("peer_never_pauses", checkpoint, tmp_path)
     r0, r1 = records[0], records[1]

@@ -71,14 +71,15 @@ FINISHED_THREAD = _finished_thread()
 # Loop steps whose guard is the rank's own: where the model does not enable one for a rank, the
 # system must refuse it.  (The others also depend on the peers or on the requests, which a rank cannot see.)
 RANK_LOCAL_STEPS = (
-    "Observe", "OpenWindow", "SkipWindow", "ParkForPeer", "JoinPeerPause", "PeerParkTimeout", "CloseWindow",
-    "NoPause", "EndStep",
+    "Observe", "OpenWindow", "DrainFirst", "SkipWindow", "ParkForPeer", "JoinPeerPause", "PeerParkTimeout",
+    "CloseWindow", "NoPause", "EndStep",
 )  # fmt: skip
 
 
 # Loop steps the system takes with the one explicit call of the same name, in snake case.
 PLAIN_LOOP_STEPS = {
-    "OpenWindow", "ParkForPeer", "JoinPeerPause", "CloseWindow", "NoPause", "StartStep", "EndStep", "Idle",
+    "OpenWindow", "DrainFirst", "ParkForPeer", "JoinPeerPause", "CloseWindow", "NoPause", "StartStep", "EndStep",
+    "Idle",
 }  # fmt: skip
 
 
@@ -117,13 +118,14 @@ class ProtocolComparison(RuleBasedStateMachine):
         faults=st.sets(st.sampled_from(sorted(gr.FAULTS))),
         timeouts=st.booleans(),
         apis=st.lists(st.sampled_from(["explicit", "drop-in"]), min_size=3, max_size=3),
+        modes=st.sets(st.sampled_from(transitions.MODES), min_size=1),
     )
-    def init(self, shape, max_restarts, faults, timeouts, apis):
+    def init(self, shape, max_restarts, faults, timeouts, apis, modes):
         n_ranks, rank_of, n_requests = shape
         self.g = gr.initial_group(n_ranks, rank_of, n_requests)
         # Each run explores the behaviours with a subset of the faults (all of them in some runs): with every
         # fault on, a crash or a collective timeout ends most runs before a pause window opens.
-        self.bounds = gr.Bounds(frozenset(faults), max_restarts)
+        self.bounds = gr.Bounds(frozenset(faults), max_restarts, frozenset(modes))
         self.timeouts = timeouts
         self.ranks = [PauseProtocol(peer_park_timeout=None) for _ in range(n_ranks)]
         for p in self.ranks:
@@ -202,7 +204,7 @@ class ProtocolComparison(RuleBasedStateMachine):
             if drop_in:
                 on_loop(p.update_with_tp_status, s.tp_status)
             else:
-                on_loop(p.all_reduce, s.tp_status, s.tp_pause)
+                on_loop(p.all_reduce, s.tp_status, s.tp_pause, s.draining)
 
     def do_SkipWindow(self, label, data):
         p = self.rank(label)
@@ -260,25 +262,28 @@ class ProtocolComparison(RuleBasedStateMachine):
 
     def do_RequestPause(self, label, data):
         h, p = self.holder(label)
+        mode = self.g.hmode[h]  # the mode the model's step asked for
+        name = transitions.MODE_NAMES[mode] if data.draw(st.booleans(), label="mode by name") else mode
         if self.api[h] == "explicit":
-            self.holds[h] = p.request_pause()
+            self.holds[h] = p.request_pause(mode=name)
+            assert self.holds[h].mode == mode
             return
         if data.draw(st.booleans(), label="interrupted"):
             with pytest.raises(KeyboardInterrupt):
-                p.acquire_pause(Interrupting(), timeout=0)
+                p.acquire_pause(Interrupting(), timeout=0, mode=name)
             self.settle(h, "Interrupt")
             return
         s = self.g.ranks[self.g.rank_of[h]]
-        if s.paused:
-            self.holds[h] = p.acquire_pause(None, timeout=0)
+        if s.paused and mode <= s.tp_pause:
+            self.holds[h] = p.acquire_pause(None, timeout=0, mode=name)
             self.settle(h, "EnterPause")
-        elif s.local_status == transitions.STOPPED or s.fatal:
+        elif (s.local_status == transitions.STOPPED or s.fatal) and not s.paused:
             with pytest.raises(RuntimeError, match="stopped before it could pause"):
-                p.acquire_pause(None, timeout=0)
+                p.acquire_pause(None, timeout=0, mode=name)
             self.settle(h, "PauseFails")
         else:
             with pytest.raises(TimeoutError):
-                p.acquire_pause(None, timeout=0)
+                p.acquire_pause(None, timeout=0, mode=name)
             self.settle(h, "PauseTimeout")
 
     def settle(self, h: int, action: str) -> None:
@@ -343,7 +348,7 @@ class ProtocolComparison(RuleBasedStateMachine):
                 continue
             state = p.state
             if p._pending is not None:  # a drop-in update_with_tp_status(): its AllReduce waits for the decision
-                state = transitions.all_reduce(state, p._pending, False)
+                state = transitions.all_reduce(state, p._pending, 0)
             assert state == self.g.ranks[r], (r, state, self.g.ranks[r])
             assert (p.fatal_error is not None) == state.fatal, (r, p.fatal_error, state)
             m = p.metrics()
@@ -416,7 +421,7 @@ def test_fuzz_campaign():
 def test_fuzzing_finds_a_planted_bug(monkeypatch):
     """LeavePause that forgets to close the window: the machine must find CountsInv broken."""
 
-    def leave_pause(s):  # named as the transition it replaces: PauseProtocol records transitions by name
+    def leave_pause(s, mode=transitions.KEEP):  # named as the transition it replaces (traces record it by name)
         return s._replace(inside=s.inside - 1, count=s.count - 1)
 
     monkeypatch.setattr(transitions, "leave_pause", leave_pause)

@@ -28,6 +28,7 @@ CONSTANTS
     Holders = {1}
     RankOf <- OneHolderOnRankOne
     Requests = {}
+    Modes = {1}
     Faults = {"interrupt", "stop"}
     MaxRestarts = 0
 SPECIFICATION MCSpec

@@ -105,6 +105,37 @@ def pauses(rank, world, port, ckpt, backend, record):
     dist.barrier()
 
 
+def modes(rank, world, port, ckpt, backend, record):
+    """Issue 14 under TP: both ranks pause in keep, retract, drain and abort in turn, each setting the weight version
+    inside; both must see the same agreed mode in each window, and identical outputs and version spans."""
+    torch, dist, manager, probe = _setup(rank, world, port, ckpt, backend)
+    manager.start()
+    ids = _submit(manager, rank)
+    agreed = []
+    for i, mode in enumerate(("keep", "retract", "drain", "abort")):
+        _skew(torch, (rank + i) % 3)
+        with manager.pause(timeout=WAIT, mode=mode):
+            probe.inside += 1
+            agreed.append(manager.background_thread_status.state.tp_pause)
+            x = torch.tensor([1.0])
+            dist.all_reduce(x, group=manager.distributed_helper.tp_group)  # pairs only if both ranks are inside
+            manager.set_weight_version(i + 1)
+            probe.inside -= 1
+    outs = {}
+    for _ in range(N_REQUESTS):
+        out = manager.get_result(timeout=WAIT)
+        if out is None:
+            break
+        outs[out.request_id] = {"tokens": list(out.generated_tokens), "status": out.status.name,
+                                "error": out.error, "spans": [list(s) for s in out.weight_versions]}  # fmt: skip
+    later = manager.add_request([3, 1, 4], max_new_tokens=4) if rank == 0 else None
+    out = manager.get_result(timeout=WAIT)  # every rank's copy of the request after the last update
+    record.update(agreed=agreed, outputs=outs, ids=ids, violations=probe.violations, later=later,
+                  later_spans=None if out is None else [list(s) for s in out.weight_versions])  # fmt: skip
+    manager.stop(block=True, timeout=WAIT)
+    dist.barrier()
+
+
 def _outcome(manager, record) -> None:
     """How this rank's loop ended, and what a pause and a stop do afterwards."""
     thread = manager._generation_thread
@@ -180,6 +211,7 @@ record_dir: list[str] = [""]
 
 SCENARIOS = {
     "pauses": pauses,
+    "modes": modes,
     "peer_never_pauses": peer_never_pauses,
     "rank_killed_mid_pause": rank_killed_mid_pause,
     "rank_killed_mid_step": rank_killed_mid_step,

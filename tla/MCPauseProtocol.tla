@@ -68,6 +68,18 @@ NeverResumesWitness ==
 \* A stop does complete, cleanly (not through a fatal error).
 NeverStopsWitness == \A r \in Ranks : ~(phase[r] = "stopped" /\ ~fatal[r])
 
+\* A drain does find work in the batch, and steps it before its window.
+NeverDrainsWitness == \A r \in Ranks : ~draining[r]
+
+\* A holder does wait while a window in a weaker mode than its own is open
+\* (it waits for the next window, R-MODES).
+NeverDeferredWitness ==
+    ~\E h \in Holders : hs[h] = "waiting" /\ paused[RankOf[h]] /\ hmode[h] > tpPause
+
+\* An ABORT window does end a request before its holder is inside.
+NeverAbortsWitness ==
+    ~(tpPause = ABORT /\ AnyInside /\ \E i \in Requests : out[i] = 1 /\ restarts = 0)
+
 \* A request is delivered, with no fatal error anywhere and no restart (which
 \* would clear an error).
 NeverDeliveredWitness ==

@@ -18,11 +18,13 @@
 (* restarts starts at 0: it is a history variable that no action reads but *)
 (* the wrapper's budget on Restart, and no invariant mentions it, so a     *)
 (* state with restarts = 0 has every successor of the same state with      *)
-(* restarts = 1 (and Restart too).  obsPause[r] starts FALSE outside       *)
+(* restarts = 1 (and Restart too).  obsPause[r] starts 0 outside           *)
 (* reduce and decided: only SkipWindow and ParkForPeer read it, at         *)
 (* decided, and Observe or RecordFatalError write it before a rank gets    *)
 (* from any other phase to decided (Restart resets it), and no invariant   *)
 (* mentions it; so its value there does not change what can happen.        *)
+(* draining starts FALSE and the modes are those of Modes: the IndInv      *)
+(* models ask KEEP only, where no action sets draining.                    *)
 (* TLC still explores the states with the other values, as successors.    *)
 (* docs/tlc.md gives the argument why these bounds suffice.               *)
 (***************************************************************************)
@@ -36,6 +38,7 @@ IndTypeOK ==
     /\ LoopTypeOK
     /\ GroupTypeOK
     /\ hs \in [Holders -> HolderStates]
+    /\ hmode \in [Holders -> 0..ABORT]
     /\ count \in [Ranks -> 0..Cardinality(Holders)]
     /\ paused \in [Ranks -> BOOLEAN]
     /\ req \in [Requests -> RequestStates]
@@ -53,7 +56,7 @@ LoopInv(r) ==
 \* The group decided a pause that has not passed its barrier: a pause phase.
 InPause(r) ==
     \/ phase[r] \in {"window", "peer", "barrier"}
-    \/ phase[r] = "decided" /\ tpPause /\ tpStatus < HARD_STOP
+    \/ phase[r] = "decided" /\ tpPause > 0 /\ tpStatus < HARD_STOP
 
 \* The group's decision, and the lock-step it imposes: until the barrier, no
 \* rank of a pausing group has gone past its pause phases; after a hard stop
@@ -61,7 +64,7 @@ InPause(r) ==
 GroupInv ==
     /\ \A r \in Ranks : localStatus[r] >= tpStatus
     /\ (\E r \in Ranks : InPause(r)) =>
-          /\ tpPause /\ tpStatus < HARD_STOP
+          /\ tpPause > 0 /\ tpStatus < HARD_STOP
           /\ \A q \in Ranks : phase[q] \in PausePhases \cup Ended
     /\ tpStatus = HARD_STOP => \A q \in Ranks : phase[q] \in {"decided"} \cup Ended
 
@@ -76,6 +79,7 @@ IndInv ==
     /\ GroupInv
     /\ CountsInv
     /\ WindowInv
+    /\ ModeInv
     /\ NothingLostInv
 
 IndInit ==
@@ -83,18 +87,22 @@ IndInit ==
     /\ localStatus \in [Ranks -> StopStatuses]
     /\ \A r \in Ranks : (localStatus[r] = STOPPED) <=> (phase[r] = "stopped")
     /\ tpStatus \in StopStatuses
-    /\ tpPause \in BOOLEAN
+    /\ tpPause \in {0} \cup Modes
     /\ GroupInv
     /\ obsStatus \in [Ranks -> StopStatuses]
     /\ fatal \in [Ranks -> BOOLEAN]
     /\ \A r \in Ranks : LoopInv(r)
-    /\ obsPause \in [Ranks -> BOOLEAN]
-    /\ \A r \in Ranks : obsPause[r] => phase[r] \in {"reduce", "decided"}
+    /\ obsPause \in [Ranks -> {0} \cup Modes]
+    /\ \A r \in Ranks : obsPause[r] > 0 => phase[r] \in {"reduce", "decided"}
+    /\ draining = [r \in Ranks |-> FALSE]
     /\ hs \in [Holders -> HolderStates]
+    /\ hmode \in [Holders -> {0} \cup Modes]
+    /\ \A h \in Holders : (hmode[h] = 0) <=> (hs[h] = "idle")
     /\ count = [r \in Ranks |-> Cardinality({h \in HoldersOf(r) : hs[h] # "idle"})]
     /\ paused \in [Ranks -> BOOLEAN]
     /\ WindowInv
     /\ CountsInv
+    /\ ModeInv
     /\ req \in [Requests -> RequestStates]
     /\ out \in [Requests -> 0..1]
     /\ NothingLostInv

@@ -28,9 +28,20 @@ CONSTANTS
     Ranks,        \* a set of integers; the smallest is the TP driver
     Holders,      \* holder threads
     RankOf,       \* [Holders -> Ranks]: the rank whose loop a holder pauses
-    Requests      \* generation requests, submitted to the driver
+    Requests,     \* generation requests, submitted to the driver
+    Modes         \* the pause modes holders may ask for: a subset of AllModes
 
 ASSUME RankOf \in [Holders -> Ranks]
+
+\* Pause modes (R-MODES), in the order in which they combine: the group's
+\* window takes the strongest mode asked (a MAX, like the pause request it
+\* rides on).  0 is "no pause".
+KEEP == 1      \* in-flight requests keep their KV and go on after the resume
+RETRACT == 2   \* their KV is freed; they are prefilled again after the resume
+DRAIN == 3     \* no request is admitted; the window opens once the batch is empty
+ABORT == 4     \* at the decision, every request the driver holds ends (aborted)
+AllModes == KEEP..ABORT
+ASSUME Modes \subseteq AllModes /\ Modes # {}
 
 \* Stop statuses (transformers' BackgroundThreadStatus constants).
 DONT_STOP == 0
@@ -55,13 +66,17 @@ VARIABLES
     phase,        \* [Ranks -> Phases]: where each rank's loop is
     localStatus,  \* [Ranks -> StopStatuses]: the stop status asked on the rank
     obsStatus,    \* [Ranks -> StopStatuses]: what the rank sent to the all-reduce
-    obsPause,     \* [Ranks -> BOOLEAN]: the pause request it sent
+    obsPause,     \* [Ranks -> 0..ABORT]: the pause request it sent (the strongest
+                  \* mode of its holders; 0: none)
     fatal,        \* [Ranks -> BOOLEAN]: a fatal error is recorded
+    draining,     \* [Ranks -> BOOLEAN]: the last all-reduce decided a drain and the
+                  \* batch had work: step it, admit no request, open no window
     \* The group.
     tpStatus,     \* the stop status agreed by the last all-reduce
-    tpPause,      \* its pause decision
+    tpPause,      \* its pause decision: the strongest mode asked, 0 for none
     \* The holders, and what they share with the loop of their rank.
     hs,           \* [Holders -> HolderStates]
+    hmode,        \* [Holders -> 0..ABORT]: the mode a holder asked (0 while idle)
     count,        \* [Ranks -> Int]: holders of the rank waiting or inside
     paused,       \* [Ranks -> BOOLEAN]: the pause window is open to holders
     \* The requests.
@@ -70,9 +85,9 @@ VARIABLES
     \* History: how many times the group was cleared and restarted.
     restarts
 
-loopVars == <<phase, localStatus, obsStatus, obsPause, fatal>>
+loopVars == <<phase, localStatus, obsStatus, obsPause, fatal, draining>>
 groupVars == <<tpStatus, tpPause>>
-holderVars == <<hs, count, paused>>
+holderVars == <<hs, hmode, count, paused>>
 requestVars == <<req, out>>
 vars == <<loopVars, groupVars, holderVars, requestVars, restarts>>
 
@@ -80,15 +95,18 @@ LoopTypeOK ==
     /\ phase \in [Ranks -> Phases]
     /\ localStatus \in [Ranks -> StopStatuses]
     /\ obsStatus \in [Ranks -> StopStatuses]
-    /\ obsPause \in [Ranks -> BOOLEAN]
+    /\ obsPause \in [Ranks -> 0..ABORT]
     /\ fatal \in [Ranks -> BOOLEAN]
+    /\ draining \in [Ranks -> BOOLEAN]
 
 GroupTypeOK ==
     /\ tpStatus \in StopStatuses
-    /\ tpPause \in BOOLEAN
+    /\ tpPause \in 0..ABORT
 
 HolderTypeOK ==
     /\ hs \in [Holders -> HolderStates]
+    /\ hmode \in [Holders -> 0..ABORT]
+    /\ \A h \in Holders : (hmode[h] = 0) <=> (hs[h] = "idle")
     /\ count \in [Ranks -> Int]
     /\ paused \in [Ranks -> BOOLEAN]
 
@@ -109,10 +127,18 @@ Live(r) == phase[r] \notin {"stopped", "dead"}
 AnyInside == \E h \in Holders : hs[h] = "inside" /\ phase[RankOf[h]] # "dead"
 HasWork == \E i \in Requests : req[i] = "active"
 
+\* The holders of rank r that wait, are inside or died there, and whose mode
+\* the group's decision covers: those the window is for.  A holder that asked
+\* for a stronger mode than the decision waits for the next window.
+Pending(r) == {h \in HoldersOf(r) : hs[h] # "idle" /\ hmode[h] <= tpPause}
+
+\* The pause request rank r sends: the strongest mode of its holders.
+Asked(r) == Max({hmode[h] : h \in HoldersOf(r)} \cup {0})
+
 \* The loop of rank r moves to phase p; nothing else of the loop changes.
 GoTo(r, p) ==
     /\ phase' = [phase EXCEPT ![r] = p]
-    /\ UNCHANGED <<localStatus, obsStatus, obsPause, fatal>>
+    /\ UNCHANGED <<localStatus, obsStatus, obsPause, fatal, draining>>
 
 \* A step of the loop of rank r that changes its phase only.
 Move(r, p) ==
@@ -133,19 +159,22 @@ FailRemaining(r) ==
 Drop(h) ==
     LET r == RankOf[h] IN
     /\ hs' = [hs EXCEPT ![h] = "idle"]
+    /\ hmode' = [hmode EXCEPT ![h] = 0]
     /\ count' = [count EXCEPT ![r] = count[r] - 1]
-    /\ paused' = IF count[r] - 1 = 0 THEN [paused EXCEPT ![r] = FALSE] ELSE paused
+    /\ paused' = IF Pending(r) \ {h} = {} THEN [paused EXCEPT ![r] = FALSE] ELSE paused
     /\ UNCHANGED <<loopVars, groupVars, requestVars, restarts>>
 
 Init ==
     /\ phase = [r \in Ranks |-> "read"]
     /\ localStatus = [r \in Ranks |-> DONT_STOP]
     /\ obsStatus = [r \in Ranks |-> DONT_STOP]
-    /\ obsPause = [r \in Ranks |-> FALSE]
+    /\ obsPause = [r \in Ranks |-> 0]
     /\ fatal = [r \in Ranks |-> FALSE]
+    /\ draining = [r \in Ranks |-> FALSE]
     /\ tpStatus = DONT_STOP
-    /\ tpPause = FALSE
+    /\ tpPause = 0
     /\ hs = [h \in Holders |-> "idle"]
+    /\ hmode = [h \in Holders |-> 0]
     /\ count = [r \in Ranks |-> 0]
     /\ paused = [r \in Ranks |-> FALSE]
     /\ req = [i \in Requests |-> "new"]
@@ -155,45 +184,64 @@ Init ==
 -----------------------------------------------------------------------------
 (* The loop of rank r.                                                     *)
 
-\* P-OBSERVE: read the local stop status and the pending pause request for
-\* the all-reduce; the driver drains its request queue into the batch.
+\* P-OBSERVE: read the local stop status and the pending pause request (its
+\* mode) for the all-reduce; the driver drains its request queue into the
+\* batch, unless a drain holds admission (R-DRAIN).
 Observe(r) ==
     /\ phase[r] = "read"
     /\ phase' = [phase EXCEPT ![r] = "reduce"]
     /\ obsStatus' = [obsStatus EXCEPT ![r] = localStatus[r]]
-    /\ obsPause' = [obsPause EXCEPT ![r] = count[r] > 0]
-    /\ req' = IF r = Driver
+    /\ obsPause' = [obsPause EXCEPT ![r] = Asked(r)]
+    /\ req' = IF r = Driver /\ ~draining[r]
               THEN [i \in Requests |-> IF req[i] = "queued" THEN "active" ELSE req[i]]
               ELSE req
-    /\ UNCHANGED <<localStatus, fatal, groupVars, holderVars, out, restarts>>
+    /\ UNCHANGED <<localStatus, fatal, draining, groupVars, holderVars, out, restarts>>
 
 \* P-ALL-REDUCE: the MAX all-reduce of stop status and pause request; needs
-\* every rank of the group (a dead or exited rank blocks it).
+\* every rank of the group (a dead or exited rank blocks it).  A decision to
+\* pause in ABORT (and not to hard-stop) ends every request the driver holds,
+\* queued or in the batch (R-MODES): each rank drops its copies of them, at
+\* once, before any window opens.
 AllReduce ==
     /\ \A r \in Ranks : phase[r] = "reduce"
     /\ LET s == Max({obsStatus[r] : r \in Ranks}) IN
        /\ tpStatus' = s
        /\ localStatus' = [r \in Ranks |-> IF localStatus[r] >= s THEN localStatus[r] ELSE s]
-    /\ tpPause' = \E r \in Ranks : obsPause[r]
+    /\ LET m == Max({obsPause[r] : r \in Ranks}) IN
+       /\ tpPause' = m
+       \* Every rank reads its own batch at the decision; the batches of a TP
+       \* group are copies of the driver's, at the same iteration.
+       /\ draining' = [r \in Ranks |-> m = DRAIN /\ HasWork]
+    /\ IF Max({obsPause[r] : r \in Ranks}) = ABORT /\ Max({obsStatus[r] : r \in Ranks}) < HARD_STOP
+       THEN FailRemaining(Driver)
+       ELSE UNCHANGED requestVars
     /\ phase' = [r \in Ranks |-> "decided"]
     \* What was sent is spent; forgetting it keeps the state space small.
     /\ obsStatus' = [r \in Ranks |-> DONT_STOP]
-    /\ UNCHANGED <<obsPause, fatal, holderVars, requestVars, restarts>>
+    /\ UNCHANGED <<obsPause, fatal, holderVars, restarts>>
 
-PauseDecided(r) == phase[r] = "decided" /\ tpStatus < HARD_STOP /\ tpPause
+PauseDecided(r) == phase[r] = "decided" /\ tpStatus < HARD_STOP /\ tpPause > 0
 
 \* The loop of rank r opens its pause window and parks in it.
 Park(r) ==
     /\ GoTo(r, "window")
     /\ paused' = [paused EXCEPT ![r] = TRUE]
-    /\ UNCHANGED <<groupVars, hs, count, requestVars, restarts>>
+    /\ UNCHANGED <<groupVars, hs, hmode, count, requestVars, restarts>>
 
 \* P-OPEN-WINDOW: the group decided to pause and a local holder is pending: open
 \* the window and park until the last holder leaves.
 OpenWindow(r) ==
     /\ PauseDecided(r)
-    /\ count[r] > 0                             \* guard:D1
+    /\ ~draining[r]
+    /\ Pending(r) # {}                          \* guard:D1
     /\ Park(r)
+
+\* P-DRAIN-FIRST: the group decided to drain and the batch had work: no
+\* window yet; step the batch, admitting no new request, and ask again.
+DrainFirst(r) ==
+    /\ PauseDecided(r)
+    /\ draining[r]
+    /\ Move(r, "body")
 
 \* P-SKIP-WINDOW (fixes D1): no local holder is pending and none is coming:
 \* this rank asked for the pause and every local request was withdrawn since,
@@ -201,8 +249,9 @@ OpenWindow(r) ==
 \* wait at the barrier for the peers' windows instead.
 SkipWindow(r) ==
     /\ PauseDecided(r)
-    /\ count[r] = 0
-    /\ obsPause[r] \/ localStatus[r] # DONT_STOP
+    /\ ~draining[r]
+    /\ Pending(r) = {}
+    /\ obsPause[r] > 0 \/ localStatus[r] # DONT_STOP
     /\ Move(r, "barrier")
 
 \* P-PARK-FOR-PEER: a peer asked for the pause and no local holder is pending: wait,
@@ -210,15 +259,16 @@ SkipWindow(r) ==
 \* every rank pauses).
 ParkForPeer(r) ==
     /\ PauseDecided(r)
-    /\ count[r] = 0
-    /\ ~obsPause[r]
+    /\ ~draining[r]
+    /\ Pending(r) = {}
+    /\ obsPause[r] = 0
     /\ localStatus[r] = DONT_STOP
     /\ Move(r, "peer")
 
 \* P-JOIN-PEER-PAUSE: the local holder came: open the window for it.
 JoinPeerPause(r) ==
     /\ phase[r] = "peer"
-    /\ count[r] > 0
+    /\ Pending(r) # {}
     /\ Park(r)
 
 \* A fatal error of rank r's loop: record it, hard-stop, fail what the driver
@@ -229,7 +279,7 @@ Fail(r) ==
     /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]
     /\ phase' = [phase EXCEPT ![r] = "stopped"]
     /\ FailRemaining(r)
-    /\ UNCHANGED <<obsStatus, obsPause, groupVars, holderVars, restarts>>
+    /\ UNCHANGED <<obsStatus, obsPause, draining, groupVars, holderVars, restarts>>
 
 \* P-FAIL-LOOP: the loop's thread fails outside a forward step and outside a
 \* collective (an exception in its own code around the pause window, or one
@@ -243,7 +293,7 @@ FailLoop(r) ==
 \* P-PEER-PARK-TIMEOUT (fixes D3): no local holder came within the bound.
 PeerParkTimeout(r) ==
     /\ phase[r] = "peer"
-    /\ count[r] = 0
+    /\ Pending(r) = {}
     /\ Fail(r)
 
 \* P-COLLECTIVE-TIMEOUT: a peer never joined the all-reduce or the barrier
@@ -263,14 +313,14 @@ CloseWindow(r) ==
 Barrier ==
     /\ \A r \in Ranks : phase[r] = "barrier"
     /\ phase' = [r \in Ranks |-> "body"]
-    /\ UNCHANGED <<localStatus, obsStatus, obsPause, fatal, groupVars,
+    /\ UNCHANGED <<localStatus, obsStatus, obsPause, fatal, draining, groupVars,
                    holderVars, requestVars, restarts>>
 
 \* P-NO-PAUSE: no pause decided: straight to the body of the iteration.
 NoPause(r) ==
     /\ phase[r] = "decided"
     /\ tpStatus < HARD_STOP
-    /\ ~tpPause
+    /\ tpPause = 0
     /\ Move(r, "body")
 
 \* P-START-STEP: a forward step of the batch.
@@ -305,12 +355,12 @@ ExitLoop(r) ==
     /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]
     /\ phase' = [phase EXCEPT ![r] = "stopped"]
     /\ FailRemaining(r)
-    /\ UNCHANGED <<obsStatus, obsPause, fatal, groupVars, holderVars, restarts>>
+    /\ UNCHANGED <<obsStatus, obsPause, fatal, draining, groupVars, holderVars, restarts>>
 
 -----------------------------------------------------------------------------
 (* Holders of rank RankOf[h].                                              *)
 
-\* P-REQUEST-PAUSE: ask for a pause.  Refused at once (a RuntimeError, no state
+\* P-REQUEST-PAUSE: ask for a pause, in one of the Modes.  Refused at once (a RuntimeError, no state
 \* change) when the loop is not running, has failed, or a stop was asked on
 \* this rank or agreed by the group (R-STOP-RETURNS: holders that keep pausing
 \* could otherwise keep a flush stop from ever completing).
@@ -321,17 +371,21 @@ RequestPause(h) ==
     /\ localStatus[r] = DONT_STOP
     /\ ~fatal[r]
     /\ hs' = [hs EXCEPT ![h] = "waiting"]
+    /\ \E m \in Modes : hmode' = [hmode EXCEPT ![h] = m]
     /\ count' = [count EXCEPT ![r] = count[r] + 1]
     /\ UNCHANGED <<loopVars, groupVars, paused, requestVars, restarts>>
 
-\* P-ENTER-PAUSE: the window of the holder's rank is open (a holder arriving on an
-\* already paused loop enters directly).
+\* P-ENTER-PAUSE: the window of the holder's rank is open, in a mode at least
+\* as strong as the holder's (a holder arriving on an already paused loop
+\* enters directly; one that asked for more waits for the next window, so
+\* that no holder inside sees the mode change under it).
 EnterPause(h) ==
     /\ hs[h] = "waiting"
     /\ paused[RankOf[h]]
+    /\ hmode[h] <= tpPause
     /\ phase[RankOf[h]] # "dead"
     /\ hs' = [hs EXCEPT ![h] = "inside"]
-    /\ UNCHANGED <<loopVars, groupVars, count, paused, requestVars, restarts>>
+    /\ UNCHANGED <<loopVars, groupVars, hmode, count, paused, requestVars, restarts>>
 
 \* P-LEAVE-PAUSE: release_pause by a holder that is inside.
 LeavePause(h) ==
@@ -368,7 +422,7 @@ HolderDies(h) ==
     /\ hs[h] \in {"waiting", "inside"}
     /\ phase[RankOf[h]] # "dead"
     /\ hs' = [hs EXCEPT ![h] = "dead"]
-    /\ UNCHANGED <<loopVars, groupVars, count, paused, requestVars, restarts>>
+    /\ UNCHANGED <<loopVars, groupVars, hmode, count, paused, requestVars, restarts>>
 
 \* P-RELEASE-DEAD-HOLDER: the recovery.  The loop, parked in its window, checks
 \* its holders' threads at a short interval and releases the hold of one that
@@ -389,7 +443,7 @@ RequestStop(r, s) ==
     /\ Live(r)
     /\ localStatus[r] < s
     /\ localStatus' = [localStatus EXCEPT ![r] = IF s >= tpStatus THEN s ELSE tpStatus]
-    /\ UNCHANGED <<phase, obsStatus, obsPause, fatal, groupVars, holderVars,
+    /\ UNCHANGED <<phase, obsStatus, obsPause, fatal, draining, groupVars, holderVars,
                    requestVars, restarts>>
 
 \* P-RECORD-FATAL-ERROR: an exception in the loop's own code between two
@@ -402,10 +456,10 @@ RecordFatalError(r) ==
     /\ fatal' = [fatal EXCEPT ![r] = TRUE]
     /\ localStatus' = [localStatus EXCEPT ![r] = HARD_STOP]
     /\ obsStatus' = [obsStatus EXCEPT ![r] = HARD_STOP]
-    /\ obsPause' = [obsPause EXCEPT ![r] = FALSE]
+    /\ obsPause' = [obsPause EXCEPT ![r] = 0]
     /\ phase' = [phase EXCEPT ![r] = "reduce"]
     /\ FailRemaining(r)
-    /\ UNCHANGED <<groupVars, holderVars, restarts>>
+    /\ UNCHANGED <<draining, groupVars, holderVars, restarts>>
 
 \* P-CRASH: rank r's process dies (its holders with it).
 Crash(r) ==
@@ -420,13 +474,14 @@ Restart ==
     /\ phase' = [r \in Ranks |-> "read"]
     /\ localStatus' = [r \in Ranks |-> DONT_STOP]
     /\ obsStatus' = [r \in Ranks |-> DONT_STOP]
-    /\ obsPause' = [r \in Ranks |-> FALSE]
+    /\ obsPause' = [r \in Ranks |-> 0]
     /\ fatal' = [r \in Ranks |-> FALSE]
+    /\ draining' = [r \in Ranks |-> FALSE]
     /\ tpStatus' = DONT_STOP
-    /\ tpPause' = FALSE
+    /\ tpPause' = 0
     /\ paused' = [r \in Ranks |-> FALSE]
     /\ restarts' = restarts + 1
-    /\ UNCHANGED <<hs, count, requestVars>>
+    /\ UNCHANGED <<hs, hmode, count, requestVars>>
 
 Accepting == Live(Driver) /\ localStatus[Driver] = DONT_STOP /\ ~fatal[Driver]
 
@@ -452,7 +507,7 @@ Terminated ==
 -----------------------------------------------------------------------------
 
 LoopAction(r) ==
-    \/ Observe(r) \/ OpenWindow(r) \/ SkipWindow(r) \/ ParkForPeer(r)
+    \/ Observe(r) \/ OpenWindow(r) \/ DrainFirst(r) \/ SkipWindow(r) \/ ParkForPeer(r)
     \/ JoinPeerPause(r) \/ PeerParkTimeout(r) \/ CollectiveTimeout(r)
     \/ CloseWindow(r) \/ NoPause(r) \/ StartStep(r) \/ EndStep(r) \/ Idle(r)
     \/ ExitLoop(r)
@@ -529,7 +584,7 @@ CountsInv ==
     \A r \in Ranks :
         /\ count[r] >= 0
         /\ count[r] = Cardinality({h \in HoldersOf(r) : hs[h] # "idle"})
-        /\ paused[r] => count[r] > 0
+        /\ paused[r] => Pending(r) # {}
 
 \* R-NOTHING-LOST-ONCE: at most one terminal output per request, a request
 \* counted as done or delivered has exactly one, and a driver whose loop has
@@ -541,6 +596,14 @@ NothingLostInv ==
         /\ req[i] \in {"done", "delivered"} => out[i] = 1
         /\ req[i] \in {"new", "queued", "active", "rejected"} => out[i] = 0
         /\ phase[Driver] = "stopped" => req[i] \notin {"queued", "active"}
+
+\* R-MODES: a holder inside asked for a mode no stronger than the window's;
+\* in DRAIN and in ABORT no request is in the batch while a holder is inside
+\* (in ABORT every request the driver held at the decision got its terminal
+\* output first).
+ModeInv ==
+    /\ \A h \in Holders : hs[h] = "inside" => hmode[h] \in 1..tpPause
+    /\ tpPause \in {DRAIN, ABORT} /\ AnyInside => ~HasWork
 
 \* R-MONOTONE-STOP: stop statuses only grow, except through Restart.
 MonotoneStopInv ==
@@ -564,9 +627,17 @@ HoldersLeave == \A h \in Holders : WF_vars(LeavePause(h))
 \* again.
 WindowsClose == \A r \in Ranks : []<>(phase[r] # "window")
 
-\* R-PAUSE-RETURNS: every pause() call enters or raises; it never hangs
-\* (D1, D3).  Holders of a dead rank died with it.
+\* R-PAUSE-RETURNS: every pause() call in KEEP, the weakest mode, enters or
+\* raises; it never hangs (D1, D3).  Holders of a dead rank died with it.
 PauseReturnsProp ==
+    \A h \in Holders :
+        (hs[h] = "waiting" /\ hmode[h] = KEEP) ~> (hs[h] # "waiting" \/ phase[RankOf[h]] = "dead")
+
+\* R-PAUSE-RETURNS, in every mode: a holder that asked for a stronger mode
+\* than the open window's waits for the next window, so for the holders
+\* inside to leave (R-MODES); then it enters or raises too.
+ModePauseReturnsProp ==
+    HoldersLeave =>
     \A h \in Holders :
         (hs[h] = "waiting") ~> (hs[h] # "waiting" \/ phase[RankOf[h]] = "dead")
 

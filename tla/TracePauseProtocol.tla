@@ -64,14 +64,17 @@ GroupStep(A, r, before) ==
 \* taken the group step yet.
 Seen(r) == IF r \in lagging THEN prev[r] ELSE View(r)
 
-\* RequestPause, with its guard on what the holder's rank showed.
-TraceRequestPause(h) ==
+\* RequestPause in the mode m the record gives, with its guard on what the
+\* holder's rank showed.
+TraceRequestPause(h, m) ==
     LET r == RankOf[h] IN
     /\ hs[h] = "idle"
     /\ Seen(r).phase \notin {"stopped", "dead"}
     /\ Seen(r).localStatus < HARD_STOP
     /\ ~fatal[r]
+    /\ m \in Modes
     /\ hs' = [hs EXCEPT ![h] = "waiting"]
+    /\ hmode' = [hmode EXCEPT ![h] = m]
     /\ count' = [count EXCEPT ![r] = count[r] + 1]
     /\ UNCHANGED <<loopVars, groupVars, paused, requestVars, restarts>>
 
@@ -97,6 +100,7 @@ Step(e) ==
     IN CASE e.a = "Observe"           -> Observe(r)
          [] e.a = "AllReduce"         -> GroupStep(AllReduce, r, "reduce")
          [] e.a = "OpenWindow"        -> OpenWindow(r)
+         [] e.a = "DrainFirst"        -> DrainFirst(r)
          [] e.a = "SkipWindow"        -> SkipWindow(r)
          [] e.a = "ParkForPeer"       -> ParkForPeer(r)
          [] e.a = "JoinPeerPause"     -> JoinPeerPause(r)
@@ -109,7 +113,7 @@ Step(e) ==
          [] e.a = "EndStep"           -> EndStep(r)
          [] e.a = "Idle"              -> Idle(r)
          [] e.a = "ExitLoop"          -> ExitLoop(r)
-         [] e.a = "RequestPause"      -> TraceRequestPause(h)
+         [] e.a = "RequestPause"      -> TraceRequestPause(h, e.s)
          [] e.a = "EnterPause"        -> EnterPause(h)
          [] e.a = "LeavePause"        -> LeavePause(h)
          [] e.a = "PauseFails"        -> PauseFails(h)

@@ -88,7 +88,7 @@ UpstreamExitLoop(r) ==
     /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]
     /\ phase' = [phase EXCEPT ![r] = "stopped"]
     /\ UpstreamFailRemaining(r)
-    /\ UNCHANGED <<obsStatus, obsPause, fatal, groupVars, holderVars, restarts>>
+    /\ UNCHANGED <<obsStatus, obsPause, fatal, draining, groupVars, holderVars, restarts>>
 
 \* _handle_critical_error(): request a hard stop, fail what remains, record
 \* the error, then one more all-reduce with HARD_STOP (the rank joins the
@@ -97,10 +97,10 @@ UpstreamCriticalError(r) ==
     /\ fatal' = [fatal EXCEPT ![r] = TRUE]
     /\ localStatus' = [localStatus EXCEPT ![r] = HARD_STOP]
     /\ obsStatus' = [obsStatus EXCEPT ![r] = HARD_STOP]
-    /\ obsPause' = [obsPause EXCEPT ![r] = FALSE]
+    /\ obsPause' = [obsPause EXCEPT ![r] = 0]
     /\ phase' = [phase EXCEPT ![r] = "reduce"]
     /\ UpstreamFailRemaining(r)
-    /\ UNCHANGED <<groupVars, holderVars, restarts>>
+    /\ UNCHANGED <<draining, groupVars, holderVars, restarts>>
 
 \* A collective times out (gloo's group timeout): the critical-error path,
 \* whose extra all-reduce is one more collective; if that one times out
@@ -111,7 +111,7 @@ UpstreamCollectiveTimeout(r) ==
     /\ IF fatal[r]
        THEN /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]
             /\ phase' = [phase EXCEPT ![r] = "stopped"]
-            /\ UNCHANGED <<obsStatus, obsPause, fatal, groupVars, holderVars, requestVars, restarts>>
+            /\ UNCHANGED <<obsStatus, obsPause, fatal, draining, groupVars, holderVars, requestVars, restarts>>
        ELSE UpstreamCriticalError(r)
 
 \* An exception in the loop's own code outside a forward step and outside a
@@ -130,15 +130,48 @@ UpstreamRequestPause(h) ==
     /\ hs[h] = "idle"
     /\ Live(r)
     /\ hs' = [hs EXCEPT ![h] = "waiting"]
+    /\ hmode' = [hmode EXCEPT ![h] = KEEP]
     /\ count' = [count EXCEPT ![r] = count[r] + 1]
     /\ UNCHANGED <<loopVars, groupVars, paused, requestVars, restarts>>
+
+\* _drop_pause_request(): the count drops, and the window closes when it
+\* reaches 0, whoever is still waiting or inside.
+UpstreamDrop(h) ==
+    LET r == RankOf[h] IN
+    /\ hs' = [hs EXCEPT ![h] = "idle"]
+    /\ hmode' = [hmode EXCEPT ![h] = 0]
+    /\ count' = [count EXCEPT ![r] = count[r] - 1]
+    /\ paused' = IF count[r] - 1 = 0 THEN [paused EXCEPT ![r] = FALSE] ELSE paused
+    /\ UNCHANGED <<loopVars, groupVars, requestVars, restarts>>
+
+UpstreamLeavePause(h) == hs[h] = "inside" /\ phase[RankOf[h]] # "dead" /\ UpstreamDrop(h)
+UpstreamInterrupt(h) == hs[h] = "waiting" /\ phase[RankOf[h]] # "dead" /\ UpstreamDrop(h)
+UpstreamPauseFails(h) ==
+    LET r == RankOf[h] IN
+    /\ hs[h] = "waiting"
+    /\ ~paused[r]
+    /\ localStatus[r] = STOPPED \/ fatal[r]
+    /\ phase[r] # "dead"
+    /\ UpstreamDrop(h)
+UpstreamHolderWakes(h) == EnterPause(h) \/ UpstreamPauseFails(h)
+
+\* is_pause_requested(): the count, whoever holds it.
+UpstreamObserve(r) ==
+    /\ phase[r] = "read"
+    /\ phase' = [phase EXCEPT ![r] = "reduce"]
+    /\ obsStatus' = [obsStatus EXCEPT ![r] = localStatus[r]]
+    /\ obsPause' = [obsPause EXCEPT ![r] = IF count[r] > 0 THEN KEEP ELSE 0]
+    /\ req' = IF r = Driver
+              THEN [i \in Requests |-> IF req[i] = "queued" THEN "active" ELSE req[i]]
+              ELSE req
+    /\ UNCHANGED <<localStatus, fatal, draining, groupVars, holderVars, out, restarts>>
 
 \* release_pause() by a thread that holds no pause: _drop_pause_request
 \* runs anyway.
 StrayRelease(r) ==
     /\ count' = [count EXCEPT ![r] = count[r] - 1]
     /\ paused' = IF count[r] - 1 = 0 THEN [paused EXCEPT ![r] = FALSE] ELSE paused
-    /\ UNCHANGED <<loopVars, groupVars, hs, requestVars, restarts>>
+    /\ UNCHANGED <<loopVars, groupVars, hs, hmode, requestVars, restarts>>
 
 \* start() calls clear() whenever the thread is not running: the counts and
 \* the window are reset even while holders wait or are inside.
@@ -147,31 +180,32 @@ UpstreamRestart ==
     /\ phase' = [r \in Ranks |-> "read"]
     /\ localStatus' = [r \in Ranks |-> DONT_STOP]
     /\ obsStatus' = [r \in Ranks |-> DONT_STOP]
-    /\ obsPause' = [r \in Ranks |-> FALSE]
+    /\ obsPause' = [r \in Ranks |-> 0]
     /\ fatal' = [r \in Ranks |-> FALSE]
+    /\ draining' = [r \in Ranks |-> FALSE]
     /\ tpStatus' = DONT_STOP
-    /\ tpPause' = FALSE
+    /\ tpPause' = 0
     /\ count' = [r \in Ranks |-> 0]
     /\ paused' = [r \in Ranks |-> FALSE]
     /\ restarts' = restarts + 1
-    /\ UNCHANGED <<hs, requestVars>>
+    /\ UNCHANGED <<hs, hmode, requestVars>>
 
 -----------------------------------------------------------------------------
 
 UpstreamLoopAction(r) ==
-    \/ Observe(r) \/ UpstreamOpenWindow(r) \/ UpstreamCollectiveTimeout(r)
+    \/ UpstreamObserve(r) \/ UpstreamOpenWindow(r) \/ UpstreamCollectiveTimeout(r)
     \/ CloseWindow(r) \/ NoPause(r) \/ StartStep(r) \/ EndStep(r) \/ Idle(r)
     \/ UpstreamExitLoop(r)
 
 UpstreamSystemNext ==
     \/ \E r \in Ranks : UpstreamLoopAction(r)
     \/ AllReduce \/ Barrier
-    \/ \E h \in Holders : UpstreamRequestPause(h) \/ HolderWakes(h) \/ LeavePause(h)
+    \/ \E h \in Holders : UpstreamRequestPause(h) \/ UpstreamHolderWakes(h) \/ UpstreamLeavePause(h)
     \/ \E i \in Requests : UpstreamAdmit(i) \/ UpstreamEnqueue(i) \/ Deliver(i)
     \/ Terminated
 
 UpstreamEnvironmentNext ==
-    \/ \E h \in Holders : Interrupt(h)
+    \/ \E h \in Holders : UpstreamInterrupt(h)
     \/ \E r \in Ranks : \E s \in {FLUSH_AND_STOP, HARD_STOP} : RequestStop(r, s)
     \/ \E r \in Ranks : RecordFatalError(r) \/ UpstreamFailLoop(r) \/ Crash(r) \/ StrayRelease(r)
     \/ UpstreamRestart
@@ -184,7 +218,7 @@ UpstreamFairness ==
     /\ \A r \in Ranks : WF_vars(UpstreamLoopAction(r))
     /\ WF_vars(AllReduce)
     /\ WF_vars(Barrier)
-    /\ \A h \in Holders : WF_vars(HolderWakes(h))
+    /\ \A h \in Holders : WF_vars(UpstreamHolderWakes(h))
     /\ \A i \in Requests : WF_vars(Deliver(i))
     /\ \A i \in Requests : WF_vars(UpstreamEnqueue(i))
 

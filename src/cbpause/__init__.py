@@ -13,7 +13,7 @@ benchmarks and the soak share), :mod:`cbpause.integrations.transformers`, and th
 ``cbpause.bench``, ``cbpause.soak`` and ``cbpause.demo``.
 """
 
-from .errors import PeerParkTimeout
+from .errors import LoopPausedError, PeerParkTimeout
 from .protocol import PauseHold, PauseMetrics, PauseProtocol
 from .recorder import TraceRecorder
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED
@@ -23,6 +23,7 @@ __all__ = [
     "FLUSH_AND_STOP",
     "HARD_STOP",
     "STOPPED",
+    "LoopPausedError",
     "PauseHold",
     "PauseMetrics",
     "PauseProtocol",

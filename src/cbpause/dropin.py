@@ -60,15 +60,19 @@ def _unreported(s: RankState, pending: int | None) -> int | None:
 
 
 def _settle(s: RankState, pending: int | None, pause: bool, steps: list[Step]) -> RankState:
-    """The AllReduce a drop-in loop took since its last call, with the pause decision ``pause``."""
+    """The AllReduce a drop-in loop took since its last call, with the pause decision ``pause``.
+
+    transformers' loop reports whether the group pauses, not in which mode: a pause is taken in this rank's own
+    mode, at least KEEP (the loop applies no mode's effect on the requests: every mode acts as KEEP there).
+    """
     if pending is not None:
-        return _walk(s, steps, t.all_reduce, pending, pause)
+        return _walk(s, steps, t.all_reduce, pending, max(s.obs_pause, t.KEEP) if pause else 0)
     return s
 
 
 def _to_body(s: RankState, steps: list[Step]) -> RankState:
     """NoPause or Barrier: the loop went on to the body of its iteration."""
-    if s.phase == "decided" and s.tp_status < HARD_STOP and not s.tp_pause:
+    if s.phase == "decided" and s.tp_status < HARD_STOP and s.tp_pause == 0:
         return _walk(s, steps, t.no_pause)
     if s.phase == "barrier":
         return _walk(s, steps, t.barrier)
@@ -118,7 +122,7 @@ def plan_exit(s: RankState, pending: int | None) -> tuple[Plan, RankState]:
         plan, s = plan_to_read(s, None)
         steps.extend(plan)
         s = _walk(s, steps, t.observe)
-        s = _to_body(_walk(s, steps, t.all_reduce, max(s.obs_status, s.tp_status), s.obs_pause), steps)
+        s = _to_body(_settle(s, max(s.obs_status, s.tp_status), s.obs_pause > 0, steps), steps)
     if t.may_exit(s):
         s = _walk(s, steps, t.exit_loop)
     elif t.live(s) and s.phase != "window":
@@ -258,9 +262,9 @@ class DropInLoop:
     def pause_and_wait(self) -> None:
         """Drop-in pause window: the group decided to pause; park as the spec says, then return.
 
-        [Observe] . AllReduce(agreed, TRUE), then the window: P-OPEN-WINDOW if a local holder is pending, and
-        return when the last one leaves (P-CLOSE-WINDOW); P-SKIP-WINDOW if this rank's own request was withdrawn
-        (D1: return at once); otherwise P-PARK-FOR-PEER: wait for the local holder for at most
+        [Observe] . AllReduce(agreed, this rank's mode), then the window: P-OPEN-WINDOW if a local holder is
+        pending, and return when the last one leaves (P-CLOSE-WINDOW); P-SKIP-WINDOW if this rank's own request
+        was withdrawn (D1: return at once); otherwise P-PARK-FOR-PEER: wait for the local holder for at most
         ``peer_park_timeout`` seconds, then raise :class:`~cbpause.PeerParkTimeout` (P-PEER-PARK-TIMEOUT, D3).
         """
         with self._lock:
@@ -274,7 +278,7 @@ class DropInLoop:
                 pending = max(s.obs_status, s.tp_status)  # TP=1: the all-reduce of this rank alone
             if pending is not None:
                 self._pending = None
-                s = self._apply(t.all_reduce, pending, True)
+                s = self._apply(t.all_reduce, pending, max(s.obs_pause, t.KEEP))  # the drop-in reports no mode
             if not t.pause_decided(s):
                 return  # the group is hard-stopping: no window; the loop exits
         self.pause_window()

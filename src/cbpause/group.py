@@ -19,7 +19,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from . import transitions as t
-from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, PARKED_PHASES, PHASES, STOPPED, RankState
+from .transitions import (
+    ABORT,
+    DONT_STOP,
+    DRAIN,
+    FLUSH_AND_STOP,
+    HARD_STOP,
+    KEEP,
+    MODES,
+    PARKED_PHASES,
+    PHASES,
+    STOPPED,
+    RankState,
+)  # fmt: skip
 
 # A dead holder (TLA+ "dead") is kept as "dead:waiting" or "dead:inside": the rank counts it where it was, and
 # its release (ReleaseDeadHolder) takes it from there; tla_holder_state() gives TLA+'s value.
@@ -41,12 +53,12 @@ def tla_holder_state(state: str) -> str:
 
 @dataclass(frozen=True)
 class GroupState:
-    """The TLA+ state: ranks, holders (``hs``), requests (``req``, ``out``), and the history ``restarts``.
+    """The TLA+ state: ranks, holders (``hs``, ``hmode``), requests (``req``, ``out``), and the history ``restarts``.
 
     ``rank_of[h]`` is the index in ``ranks`` of holder ``h``'s rank.  TLA+'s ``tpStatus`` and ``tpPause``
     are kept in every :class:`RankState` and are equal across ranks (``type_ok``).
 
-    inv: len(self.hs) == len(self.rank_of)
+    inv: len(self.hs) == len(self.rank_of) == len(self.hmode)
     inv: all(0 <= r < len(self.ranks) for r in self.rank_of)
     inv: len(self.req) == len(self.out)
     """
@@ -56,16 +68,19 @@ class GroupState:
     hs: tuple[str, ...]
     req: tuple[str, ...]
     out: tuple[int, ...]
+    hmode: tuple[int, ...]
     restarts: int = 0
 
 
 @dataclass(frozen=True)
 class Bounds:
     """The budgets of ``tla/MCPauseProtocol.tla``: which faults the environment may inject (``Faults``), and
-    how many restarts (``MaxRestarts``).  At most one rank ever crashes."""
+    how many restarts (``MaxRestarts``), and the modes holders ask for (``Modes``).  At most one rank ever
+    crashes."""
 
     faults: frozenset[str] = FAULTS
     max_restarts: int = 1
+    modes: frozenset[int] = frozenset({KEEP})
 
 
 def initial_group(n_ranks: int, rank_of: tuple[int, ...], n_requests: int) -> GroupState:
@@ -76,6 +91,7 @@ def initial_group(n_ranks: int, rank_of: tuple[int, ...], n_requests: int) -> Gr
         hs=("idle",) * len(rank_of),
         req=("new",) * n_requests,
         out=(0,) * n_requests,
+        hmode=(0,) * len(rank_of),
     )
 
 
@@ -83,8 +99,11 @@ def _set_rank(g: GroupState, r: int, s: RankState) -> GroupState:
     return replace(g, ranks=g.ranks[:r] + (s,) + g.ranks[r + 1 :])
 
 
-def _set_holder(g: GroupState, h: int, state: str) -> GroupState:
-    return replace(g, hs=g.hs[:h] + (state,) + g.hs[h + 1 :])
+def _set_holder(g: GroupState, h: int, state: str, mode: int | None = None) -> GroupState:
+    """Holder ``h`` is now in ``state``, with ``mode`` (0 once idle; unchanged if ``None``)."""
+    if mode is None:
+        mode = 0 if state == "idle" else g.hmode[h]
+    return replace(g, hs=g.hs[:h] + (state,) + g.hs[h + 1 :], hmode=g.hmode[:h] + (mode,) + g.hmode[h + 1 :])
 
 
 def _set_request(g: GroupState, i: int, state: str) -> GroupState:
@@ -122,6 +141,7 @@ def _fail_remaining(g: GroupState, r: int) -> GroupState:
     return _finish(g, r, ("queued", "active"))
 
 
+
 # ------------------------------------------------------------------------------------------------ Next
 
 
@@ -130,19 +150,21 @@ def _loop_steps(g: GroupState, r: int, s: RankState) -> Iterator[tuple[str, Grou
     tag = f"({tla_number(r)})"
     if s.phase == "read":
         succ = _set_rank(g, r, t.observe(s))
-        if r == DRIVER:
+        if r == DRIVER and not s.draining:
             succ = replace(succ, req=tuple("active" if q == "queued" else q for q in g.req))
         yield "Observe" + tag, succ
     if t.pause_decided(s):
-        if s.count > 0:
+        if s.draining:
+            yield "DrainFirst" + tag, _set_rank(g, r, t.drain_first(s))
+        elif t.pending(s) > 0:
             yield "OpenWindow" + tag, _set_rank(g, r, t.open_window(s))
         elif s.obs_pause or s.local_status != DONT_STOP:
             yield "SkipWindow" + tag, _set_rank(g, r, t.skip_window(s))
         else:
             yield "ParkForPeer" + tag, _set_rank(g, r, t.park_for_peer(s))
-    if s.phase == "peer" and s.count > 0:
+    if s.phase == "peer" and t.pending(s) > 0:
         yield "JoinPeerPause" + tag, _set_rank(g, r, t.join_peer_pause(s))
-    if s.phase == "peer" and s.count == 0:
+    if s.phase == "peer" and t.pending(s) == 0:
         yield "PeerParkTimeout" + tag, _fail_remaining(_set_rank(g, r, t.peer_park_timeout(s)), r)
     if s.phase in ("reduce", "barrier") and any(q.phase != s.phase for q in g.ranks):
         yield "CollectiveTimeout" + tag, _fail_remaining(_set_rank(g, r, t.collective_timeout(s)), r)
@@ -160,37 +182,44 @@ def _loop_steps(g: GroupState, r: int, s: RankState) -> Iterator[tuple[str, Grou
         yield "ExitLoop" + tag, _fail_remaining(_set_rank(g, r, t.exit_loop(s)), r)
 
 
-def _holder_steps(g: GroupState, h: int, state: str, s: RankState) -> Iterator[tuple[str, GroupState]]:
+def _holder_steps(
+    g: GroupState, h: int, state: str, s: RankState, modes: frozenset[int]
+) -> Iterator[tuple[str, GroupState]]:
     """The system's steps of holder ``h`` (TLA+'s ``RequestPause``, ``HolderWakes``, ``LeavePause``)."""
-    r = g.rank_of[h]
+    r, mode = g.rank_of[h], g.hmode[h]
     tag = f"({tla_number(h)})"
     if state == "idle" and t.can_request_pause(s):
-        yield "RequestPause" + tag, _set_holder(_set_rank(g, r, t.request_pause(s)), h, "waiting")
-    if state == "waiting" and s.paused:
+        for m in sorted(modes):
+            yield "RequestPause" + tag, _set_holder(_set_rank(g, r, t.request_pause(s, m)), h, "waiting", m)
+    if state == "waiting" and s.paused and mode <= s.tp_pause:
         yield "EnterPause" + tag, _set_holder(_set_rank(g, r, t.enter_pause(s)), h, "inside")
     if state == "inside":
-        yield "LeavePause" + tag, _set_holder(_set_rank(g, r, t.leave_pause(s)), h, "idle")
+        yield "LeavePause" + tag, _set_holder(_set_rank(g, r, t.leave_pause(s, mode)), h, "idle")
     if state == "waiting" and not s.paused and (s.local_status == STOPPED or s.fatal):
-        yield "PauseFails" + tag, _set_holder(_set_rank(g, r, t.pause_fails(s)), h, "idle")
+        yield "PauseFails" + tag, _set_holder(_set_rank(g, r, t.pause_fails(s, mode)), h, "idle")
     if state.startswith("dead:") and s.phase in ("window", "stopped"):
-        released = t.release_dead_holder(s, state == "dead:inside")
+        released = t.release_dead_holder(s, state == "dead:inside", mode)
         yield "ReleaseDeadHolder" + tag, _set_holder(_set_rank(g, r, released), h, "idle")
 
 
-def _system_steps(g: GroupState) -> Iterator[tuple[str, GroupState]]:
-    """TLA+'s ``SystemNext`` without its stuttering ``Terminated``."""
+def _system_steps(g: GroupState, modes: frozenset[int]) -> Iterator[tuple[str, GroupState]]:
+    """TLA+'s ``SystemNext`` without its stuttering ``Terminated``; holders ask for ``modes``."""
     for r, s in enumerate(g.ranks):
         yield from _loop_steps(g, r, s)
     if all(s.phase == "reduce" for s in g.ranks):
         tp_status = max(s.obs_status for s in g.ranks)
-        tp_pause = any(s.obs_pause for s in g.ranks)
-        yield "AllReduce", replace(g, ranks=tuple(t.all_reduce(s, tp_status, tp_pause) for s in g.ranks))
+        tp_pause = max(s.obs_pause for s in g.ranks)
+        busy = has_work(g)  # each rank's batch, a copy of the driver's
+        succ = replace(g, ranks=tuple(t.all_reduce(s, tp_status, tp_pause, busy) for s in g.ranks))
+        if tp_pause == ABORT and tp_status < HARD_STOP:  # every request the driver holds ends, before any window
+            succ = _fail_remaining(succ, DRIVER)
+        yield "AllReduce", succ
     if all(s.phase == "barrier" for s in g.ranks):
         yield "Barrier", replace(g, ranks=tuple(t.barrier(s) for s in g.ranks))
     for h, state in enumerate(g.hs):
         s = g.ranks[g.rank_of[h]]
         if s.phase != "dead":
-            yield from _holder_steps(g, h, state, s)
+            yield from _holder_steps(g, h, state, s, modes)
     for i, q in enumerate(g.req):
         if q == "new":
             yield f"Submit({tla_number(i)})", submit(g, i)
@@ -209,10 +238,11 @@ def _environment_steps(g: GroupState, bounds: Bounds | None) -> Iterator[tuple[s
         s = g.ranks[r]
         if state == "waiting" and s.phase != "dead":
             tag = f"({tla_number(h)})"
+            mode = g.hmode[h]
             if allowed("interrupt"):
-                yield "Interrupt" + tag, _set_holder(_set_rank(g, r, t.interrupt(s)), h, "idle")
+                yield "Interrupt" + tag, _set_holder(_set_rank(g, r, t.interrupt(s, mode)), h, "idle")
             if allowed("timeout"):
-                yield "PauseTimeout" + tag, _set_holder(_set_rank(g, r, t.pause_timeout(s)), h, "idle")
+                yield "PauseTimeout" + tag, _set_holder(_set_rank(g, r, t.pause_timeout(s, mode)), h, "idle")
         if state in ("waiting", "inside") and s.phase != "dead" and allowed("death"):
             yield f"HolderDies({tla_number(h)})", holder_dies(g, h)
     none_dead = all(s.phase != "dead" for s in g.ranks)
@@ -249,7 +279,8 @@ def next_steps(g: GroupState, bounds: Bounds | None = None) -> list[tuple[str, G
     The label is the TLA+ action with its arguments, numbered as in TLA+ (:func:`tla_number`), e.g.
     ``"OpenWindow(1)"``.  ``Terminated`` (a stuttering step) is left out.
     """
-    return [*_system_steps(g), *_environment_steps(g, bounds)]
+    modes = frozenset(MODES) if bounds is None else bounds.modes
+    return [*_system_steps(g, modes), *_environment_steps(g, bounds)]
 
 
 def action_name(label: str) -> str:
@@ -295,9 +326,21 @@ def counts_inv(g: GroupState) -> bool:
         mine = [x for h, x in enumerate(g.hs) if g.rank_of[h] == r]
         if s.count < 0 or s.count != sum(x != "idle" for x in mine):
             return False
-        if s.paused and s.count <= 0:
+        if s.paused and t.pending(s) <= 0:
+            return False
+        if list(s.modes) != [sum(1 for h, x in enumerate(g.hs) if g.rank_of[h] == r and x != "idle"
+                                 and g.hmode[h] == m) for m in MODES]:  # fmt: skip
             return False
     return True
+
+
+def mode_inv(g: GroupState) -> bool:
+    """R-MODES (``ModeInv``): a holder inside asked for a mode the window covers; in DRAIN and ABORT no request is
+    in the batch while a holder is inside."""
+    tp_pause = g.ranks[DRIVER].tp_pause
+    if any(x == "inside" and not 1 <= g.hmode[h] <= tp_pause for h, x in enumerate(g.hs)):
+        return False
+    return not (tp_pause in (DRAIN, ABORT) and any_inside(g) and has_work(g))
 
 
 def nothing_lost_inv(g: GroupState) -> bool:
@@ -323,6 +366,7 @@ def type_ok(g: GroupState) -> bool:
         and all(x in HOLDER_STATES for x in g.hs)
         and all(q in REQUEST_STATES for q in g.req)
         and len({(s.tp_status, s.tp_pause) for s in g.ranks}) == 1
+        and all((m == 0) == (x == "idle") for m, x in zip(g.hmode, g.hs, strict=True))
         and g.restarts >= 0
     )
 
@@ -342,12 +386,13 @@ GROUP_INVARIANTS = {
     "ExclusionInv": exclusion_inv,
     "SameWindowInv": same_window_inv,
     "CountsInv": counts_inv,
+    "ModeInv": mode_inv,
     "NothingLostInv": nothing_lost_inv,
 }
 
 __all__ = [
     "DRIVER", "FAULTS", "GROUP_INVARIANTS", "HOLDER_STATES", "REQUEST_STATES", "Bounds", "GroupState",
     "action_name", "any_inside", "counts_inv", "deliver", "exclusion_inv", "has_work", "initial_group",
-    "holder_dies", "monotone_stop_inv", "next_steps", "nothing_lost_inv", "same_window_inv", "submit", "terminated",
-    "tla_holder_state", "tla_number", "type_ok",
+    "holder_dies", "mode_inv", "monotone_stop_inv", "next_steps", "nothing_lost_inv", "same_window_inv", "submit",
+    "terminated", "tla_holder_state", "tla_number", "type_ok",
 ]  # fmt: skip

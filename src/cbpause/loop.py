@@ -51,19 +51,29 @@ def _can_observe(s: RankState) -> bool:
 
 
 def _can_open_window(s: RankState) -> bool:
-    return t.pause_decided(s) and s.count > 0
+    return t.pause_decided(s) and not s.draining and t.pending(s) > 0
+
+
+def _can_drain_first(s: RankState) -> bool:
+    return t.pause_decided(s) and s.draining
 
 
 def _can_skip_window(s: RankState) -> bool:
-    return t.pause_decided(s) and s.count == 0 and (s.obs_pause or s.local_status != DONT_STOP)
+    return (
+        t.pause_decided(s) and not s.draining and t.pending(s) == 0
+        and (s.obs_pause > 0 or s.local_status != DONT_STOP)
+    )  # fmt: skip
 
 
 def _can_park_for_peer(s: RankState) -> bool:
-    return t.pause_decided(s) and s.count == 0 and not s.obs_pause and s.local_status == DONT_STOP
+    return (
+        t.pause_decided(s) and not s.draining and t.pending(s) == 0 and s.obs_pause == 0
+        and s.local_status == DONT_STOP
+    )  # fmt: skip
 
 
 def _can_join_peer_pause(s: RankState) -> bool:
-    return s.phase == "peer" and s.count > 0
+    return s.phase == "peer" and t.pending(s) > 0
 
 
 def _can_close_window(s: RankState) -> bool:
@@ -75,7 +85,7 @@ def _can_barrier(s: RankState) -> bool:
 
 
 def _can_no_pause(s: RankState) -> bool:
-    return s.phase == "decided" and s.tp_status < HARD_STOP and not s.tp_pause
+    return s.phase == "decided" and s.tp_status < HARD_STOP and s.tp_pause == 0
 
 
 def _can_start_step(s: RankState) -> bool:
@@ -96,6 +106,11 @@ _NO_MEMO = (None, None)
 
 # The steps that follow an all-reduce that decided to pause (the others follow one that did not).
 _DECIDE_A_PAUSE = frozenset({t.open_window, t.skip_window, t.park_for_peer})
+
+
+def _decision(s: RankState, pause: bool) -> int:
+    """The all-reduced pause request of a drop-in loop, which reports only whether the group pauses."""
+    return max(s.obs_pause, t.KEEP) if pause else 0
 
 
 class LoopSteps:
@@ -123,11 +138,12 @@ class LoopSteps:
 
     def _settle_pending(self, pause: bool) -> None:
         """The AllReduce of a drop-in ``update_with_tp_status()`` that this step shows the decision of (the caller
-        holds the lock): a loop that mixes the two APIs is recorded as it went."""
+        holds the lock): a loop that mixes the two APIs is recorded as it went (a pause in this rank's own mode, at
+        least KEEP: the drop-in reports no mode)."""
         pending = self._pending
         if pending is not None:
             self._pending = None
-            self._apply(t.all_reduce, pending, pause)
+            self._apply(t.all_reduce, pending, _decision(self._state, pause))
 
     def _step(self, fn: Callable[..., RankState], guard: Callable[[RankState], bool]) -> RankState:
         """One loop step, the slow path: ``fn`` if ``guard`` holds (checked under the lock), else ``RuntimeError``
@@ -136,8 +152,8 @@ class LoopSteps:
             s = self._state
             pending = self._pending
             if pending is not None and s.phase == "reduce":
-                pause = fn in _DECIDE_A_PAUSE or (fn is t.exit_loop and s.obs_pause)
-                if not guard(t.all_reduce(s, pending, pause)):
+                pause = fn in _DECIDE_A_PAUSE or (fn is t.exit_loop and s.obs_pause > 0)
+                if not guard(t.all_reduce(s, pending, _decision(s, pause))):
                     raise RuntimeError(not_enabled(fn.__name__, s))
                 self._settle_pending(pause)
                 s = self._state
@@ -172,11 +188,12 @@ class LoopSteps:
     def _forget_memos(self) -> None:
         for action in _HOT:
             setattr(self, "_memo_" + action, _NO_MEMO)
-        self._memo_all_reduce = (None, None, None, None)
+        self._memo_all_reduce = (None, None, None, None, None)
         self._observe_memo = (None, None, None, None)  # the drop-in is_pause_requested()'s (DropInLoop)
 
-    def observe(self) -> tuple[int, bool]:
-        """P-OBSERVE (``Observe``): what this rank sends to the all-reduce: (stop status, pause requested)."""
+    def observe(self) -> tuple[int, int]:
+        """P-OBSERVE (``Observe``): what this rank sends to the all-reduce: (stop status, pause request), the request
+        being the strongest mode this rank's holders asked for (``transitions.KEEP`` ... ``ABORT``), 0 for none."""
         memo, lock = self._memo_observe, self._lock
         lock.acquire()
         try:
@@ -190,16 +207,23 @@ class LoopSteps:
         s = self._step(t.observe, _can_observe)
         return s.obs_status, s.obs_pause
 
-    def all_reduce(self, tp_status: int, tp_pause: bool) -> None:
-        """P-ALL-REDUCE (``AllReduce``): the group's MAX of stop statuses and pause requests.
+    def all_reduce(self, tp_status: int, tp_pause: int, busy: bool = False) -> None:
+        """P-ALL-REDUCE (``AllReduce``): the group's MAX of stop statuses and pause requests (modes; a ``bool`` is
+        read as 0 or KEEP).  ``busy``: this rank's batch has requests in flight, so that a DRAIN decision drains
+        first (``state.draining``; :meth:`drain_first`).
 
         Raises ``ValueError`` if the result cannot be a MAX that includes this rank's contribution.
         """
+        tp_pause = int(tp_pause)
+        busy = bool(busy) and tp_pause == t.DRAIN
         memo, lock = self._memo_all_reduce, self._lock
         lock.acquire()
         try:
-            if memo[0] is self._state and memo[1] == tp_status and memo[2] == tp_pause and self._pending is None:
-                self._state = memo[3]
+            if (
+                memo[0] is self._state and memo[1] == tp_status and memo[2] == tp_pause and memo[3] == busy
+                and self._pending is None
+            ):  # fmt: skip
+                self._state = memo[4]
                 return
         finally:
             lock.release()
@@ -211,15 +235,23 @@ class LoopSteps:
                 raise ValueError(f"all-reduced stop status {tp_status!r} is not a MAX including {s.obs_status}")
             if tp_status < s.tp_status:
                 raise ValueError(f"all-reduced stop status {tp_status!r} is below the agreed {s.tp_status}")
-            if s.obs_pause and not tp_pause:
-                raise ValueError("all-reduced pause flag is False although this rank asked for a pause")
-            after = self._apply(t.all_reduce, tp_status, bool(tp_pause))
+            if not 0 <= tp_pause <= t.ABORT:
+                raise ValueError(f"all-reduced pause request {tp_pause!r} is not a mode (0 to {t.ABORT})")
+            if tp_pause < s.obs_pause:
+                raise ValueError(f"all-reduced pause request {tp_pause} is below this rank's {s.obs_pause}")
+            after = self._apply(t.all_reduce, tp_status, tp_pause, busy)
             if self._pending is None:
-                self._remember("all_reduce", s, after, tp_status, tp_pause)
+                self._remember("all_reduce", s, after, tp_status, tp_pause, busy)
 
     def open_window(self) -> None:
         """P-OPEN-WINDOW (``OpenWindow``): a local holder is pending; open the window (does not wait)."""
         self._step(t.open_window, _can_open_window)
+
+    def drain_first(self) -> None:
+        """P-DRAIN-FIRST (``DrainFirst``): the group decided to drain and the batch had work (``all_reduce(...,
+        busy=True)``): no window this iteration; the loop steps the batch, admitting no new request
+        (``state.draining``), and asks again."""
+        self._step(t.drain_first, _can_drain_first)
 
     def skip_window(self) -> None:
         """P-SKIP-WINDOW (``SkipWindow``): this rank asked, every local request was withdrawn (D1)."""
@@ -238,14 +270,19 @@ class LoopSteps:
         (P-FAIL-LOOP).  Returns the :class:`~cbpause.PeerParkTimeout` it recorded, for the loop to raise."""
         with self._lock:
             s = self._state
-            if not (s.phase == "peer" and s.count == 0):
+            if not (s.phase == "peer" and t.pending(s) == 0):
                 raise RuntimeError(not_enabled("peer_park_timeout", s))
             return self._peer_park_expired()
 
     def _peer_park_expired(self) -> PeerParkTimeout:
         """P-PEER-PARK-TIMEOUT (the caller holds the lock and checked the guard)."""
+        s = self._state
+        why = "no local holder came"
+        if s.count:  # holders came, each asking for a stronger mode than the group's window (R-MODES)
+            why = (f"the local holder asked for mode {t.MODE_NAMES[t.asked(s)]!r}, stronger than the group's "
+                   f"{t.MODE_NAMES[s.tp_pause]!r} window (under tensor parallelism every rank must ask the same mode)")
         error = PeerParkTimeout(
-            f"parked for a peer's pause, and no local holder came within {self._peer_park_timeout} s:"
+            f"parked for a peer's pause, and {why} within {self._peer_park_timeout} s:"
             " under tensor parallelism every rank must pause (spec P-PEER-PARK-TIMEOUT)"
         )
         if self.fatal_error is None:
@@ -274,13 +311,13 @@ class LoopSteps:
             if _can_skip_window(s):
                 self._apply(t.skip_window)
                 return
-            if s.count > 0:
+            if t.pending(s) > 0:
                 self._apply(t.open_window)
             else:
                 self._apply(t.park_for_peer)
                 timeout = self._peer_park_timeout
                 deadline = None if timeout is None else self._clock() + timeout
-                while self._state.count == 0:
+                while t.pending(self._state) == 0:
                     remaining = None if deadline is None else deadline - self._clock()
                     if remaining is not None and remaining <= 0:
                         raise self._peer_park_expired()

@@ -88,21 +88,35 @@ class PauseHold:
 
     ``state`` is the holder's TLA+ state ``hs[h]``: ``"waiting"``, ``"inside"``, then ``"idle"`` once it
     left, failed, timed out, was interrupted, or was released because ``thread`` died (P-RELEASE-DEAD-HOLDER).
+    ``mode`` is the pause mode it asked for (TLA+ ``hmode[h]``: ``transitions.KEEP`` ... ``ABORT``).
     A hold belongs to the protocol object that issued it; any thread may end it (:meth:`PauseProtocol.leave_pause`),
     but it lives only as long as ``thread``, the thread that asked for it.
     """
 
-    __slots__ = ("_protocol", "holder", "requested_at", "state", "thread")
+    __slots__ = ("_protocol", "holder", "mode", "requested_at", "state", "thread")
 
-    def __init__(self, protocol: PauseProtocol, holder: Hashable, requested_at: float):
+    def __init__(self, protocol: PauseProtocol, holder: Hashable, requested_at: float, mode: int = t.KEEP):
         self._protocol = protocol
         self.holder = holder  # who holds it, for traces: a thread of the drop-in API, or this hold
+        self.mode = mode
         self.requested_at = requested_at
         self.state = "idle"
         self.thread = threading.current_thread()
 
     def __repr__(self) -> str:
-        return f"<PauseHold {self.state} of thread {self.thread.name!r}>"
+        return f"<PauseHold {self.state} ({t.MODE_NAMES[self.mode]}) of thread {self.thread.name!r}>"
+
+
+def check_mode(mode: str | int) -> int:
+    """A pause mode as the protocol's number: ``"keep"``, ``"retract"``, ``"drain"`` or ``"abort"`` (or the number,
+    ``transitions.KEEP`` ... ``ABORT``); ``ValueError`` for anything else."""
+    if isinstance(mode, str):
+        for number, name in t.MODE_NAMES.items():
+            if mode == name:
+                return number
+    elif isinstance(mode, int) and not isinstance(mode, bool) and mode in t.MODES:
+        return mode
+    raise ValueError(f"mode must be one of {', '.join(map(repr, t.MODE_NAMES.values()))}, not {mode!r}")
 
 
 def _check_timeout(timeout: float | None, name: str = "timeout") -> float | None:
@@ -302,7 +316,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
                 "a pause held by thread %r (%s) was released: the thread ended while it %s, without leaving",
                 hold.thread.name, hold.state, "waited for the pause" if hold.state == "waiting" else "was inside",
             )  # fmt: skip
-            self._apply(t.release_dead_holder, hold.state == "inside", hold=hold)
+            self._apply(t.release_dead_holder, hold.state == "inside", hold.mode, hold=hold)
         return len(dead)
 
     # ------------------------------------------------------------------------------------------- stopping
@@ -347,27 +361,29 @@ class PauseProtocol(LoopSteps, DropInLoop):
 
     # ------------------------------------------------------------------------------------------- holders
 
-    def request_pause(self, wake_up_loop: threading.Event | None = None) -> PauseHold:
-        """P-REQUEST-PAUSE (``RequestPause``): ask for a pause without waiting; the hold is ``"waiting"``.
+    def request_pause(self, wake_up_loop: threading.Event | None = None, mode: str | int = "keep") -> PauseHold:
+        """P-REQUEST-PAUSE (``RequestPause``): ask for a pause in ``mode`` without waiting; the hold is ``"waiting"``.
 
         Follow with :meth:`enter_pause` (which waits), or withdraw with :meth:`interrupt`.  Raises
         ``RuntimeError`` and changes nothing from the loop's own thread (D4), or when the loop is not running,
-        is stopping (a flush or hard stop was asked) or has failed (chaining the fatal error).
+        is stopping (a flush or hard stop was asked) or has failed (chaining the fatal error); ``ValueError`` for
+        an unknown ``mode``.  The hold enters only a window whose mode is at least its own (R-MODES).
         """
+        number = check_mode(mode)
         self._refuse_loop_thread()
         with self._lock:
-            hold = self._new_hold(None)
+            hold = self._new_hold(None, number)
             try:
-                self._apply(t.request_pause, hold=hold)
+                self._apply(t.request_pause, number, hold=hold)
                 if wake_up_loop is not None:
                     wake_up_loop.set()
             except BaseException:
                 if hold.state == "waiting":  # nobody would ever get this hold to withdraw it
-                    self._apply(t.interrupt, hold=hold)
+                    self._apply(t.interrupt, hold.mode, hold=hold)
                 raise
             return hold
 
-    def _new_hold(self, holder: Hashable) -> PauseHold:
+    def _new_hold(self, holder: Hashable, mode: int) -> PauseHold:
         """A hold ready to request (the caller holds the lock); RuntimeError if RequestPause is disabled."""
         s = self._state
         if not t.can_request_pause(s):
@@ -376,7 +392,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         # idle hold there: forget those here, so the registry stays the holds waiting or inside.
         for idle in [h for h in self._holds if h.state == "idle"]:
             del self._holds[idle]
-        hold = PauseHold(self, holder, self._clock())
+        hold = PauseHold(self, holder, self._clock(), mode)
         if holder is None:
             hold.holder = ("hold", next(self._serial))
         return hold
@@ -410,9 +426,9 @@ class PauseProtocol(LoopSteps, DropInLoop):
         caller of those will not leave a pause it does not know it entered, so withdraw the request (P-INTERRUPT)
         or, if an asynchronous exception landed just after the entry, leave (P-LEAVE-PAUSE)."""
         if hold.state == "waiting":
-            self._apply(t.interrupt, hold=hold)
+            self._apply(t.interrupt, hold.mode, hold=hold)
         elif hold.state == "inside":
-            self._apply(t.leave_pause, hold=hold)
+            self._apply(t.leave_pause, hold.mode, hold=hold)
 
     def _wait_for_window(self, hold: PauseHold, timeout: float | None) -> None:
         """The wait of a waiting ``hold`` (the caller holds the lock): EnterPause, PauseFails or PauseTimeout.
@@ -427,17 +443,17 @@ class PauseProtocol(LoopSteps, DropInLoop):
                 raise RuntimeError(f"this pause was released while waiting: {hold.thread.name!r}, the thread that "
                                    "requested it, ended (a hold lives as long as the thread that requested it)")
             s = self._state
-            if s.paused:
+            if s.paused and hold.mode <= s.tp_pause:  # a window in a mode that covers the hold's (R-MODES)
                 self._apply(t.enter_pause, hold=hold)
                 self._pauses_taken += 1
                 self._last_entry_latency = self._clock() - hold.requested_at
                 return
-            if s.local_status == STOPPED or s.fatal:
-                self._apply(t.pause_fails, hold=hold)
+            if (s.local_status == STOPPED or s.fatal) and not s.paused:
+                self._apply(t.pause_fails, hold.mode, hold=hold)
                 raise RuntimeError("The generation loop stopped before it could pause.") from self.fatal_error
             remaining = None if deadline is None else deadline - self._clock()
             if remaining is not None and remaining <= 0:
-                self._apply(t.pause_timeout, hold=hold)
+                self._apply(t.pause_timeout, hold.mode, hold=hold)
                 raise TimeoutError(f"the generation loop did not pause within {timeout} s")
             if on_main:
                 remaining = MAIN_THREAD_WAKE_S if remaining is None else min(remaining, MAIN_THREAD_WAKE_S)
@@ -450,7 +466,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         """
         with self._lock:
             self._own(hold, "waiting", "interrupt")
-            self._apply(t.interrupt, hold=hold)
+            self._apply(t.interrupt, hold.mode, hold=hold)
 
     def leave_pause(self, hold: PauseHold) -> None:
         """P-LEAVE-PAUSE (``LeavePause``): ``hold`` leaves; the last holder out lets the loop resume.
@@ -459,7 +475,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         """
         with self._lock:
             self._own(hold, "inside", "leave_pause")
-            self._apply(t.leave_pause, hold=hold)
+            self._apply(t.leave_pause, hold.mode, hold=hold)
 
     def acquire_pause(
         self,
@@ -467,6 +483,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         timeout: float | None = None,
         *,
         into: list[PauseHold] | None = None,
+        mode: str | int = "keep",
     ) -> PauseHold:
         """Drop-in: P-REQUEST-PAUSE, then wait for P-ENTER-PAUSE, P-PAUSE-FAILS, P-INTERRUPT or P-PAUSE-TIMEOUT.
 
@@ -479,16 +496,18 @@ class PauseProtocol(LoopSteps, DropInLoop):
         pause is held.
 
         ``into``, a list, gets the hold appended the moment it is requested, for a caller that must find it even
-        when an asynchronous exception lands after this returns and before the caller stored the result.
+        when an asynchronous exception lands after this returns and before the caller stored the result.  ``mode``
+        is the pause mode (R-MODES; as :meth:`request_pause`).
         """
         timeout = _check_timeout(timeout)
+        number = check_mode(mode)
         self._refuse_loop_thread()
         holds = self._thread_holds()
         holds[:] = [h for h in holds if h.state != "idle"]  # left from another thread (leave_pause)
         with self._lock:
-            hold = self._new_hold(threading.get_ident())
+            hold = self._new_hold(threading.get_ident(), number)
             try:
-                self._apply(t.request_pause, hold=hold)
+                self._apply(t.request_pause, number, hold=hold)
                 holds.append(hold)
                 if into is not None:
                     into.append(hold)
@@ -517,7 +536,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
                     "release_pause() without a matching acquire_pause() on this thread: nothing was changed"
                 )
             hold = inside[-1]
-            self._apply(t.leave_pause, hold=hold)
+            self._apply(t.leave_pause, hold.mode, hold=hold)
             holds.remove(hold)
 
 

@@ -22,6 +22,15 @@ HARD_STOP = 2
 STOPPED = 3
 STOP_STATUSES = (DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED)
 
+# Pause modes (TLA+ KEEP..ABORT, spec R-MODES), in the order in which they combine: the group's window takes the
+# strongest mode its holders asked for, through the same MAX all-reduce as the pause request (0: no pause).
+KEEP = 1
+RETRACT = 2
+DRAIN = 3
+ABORT = 4
+MODES = (KEEP, RETRACT, DRAIN, ABORT)
+MODE_NAMES = {KEEP: "keep", RETRACT: "retract", DRAIN: "drain", ABORT: "abort"}
+
 # Where a rank's loop is (TLA+ ``phase``, spec section 3).  A new protocol object is at TLA+'s Init: "read".
 PHASES = ("read", "reduce", "decided", "window", "peer", "barrier", "body", "step", "stopped", "dead")
 # Phases in which a loop is running (TLA+ ``Live``).
@@ -34,21 +43,45 @@ class RankState(NamedTuple):
     """One rank's protocol state: the TLA+ variables indexed by one rank.
 
     ``waiting`` and ``inside`` count the holders of this rank in each state (TLA+ derives them from
-    ``hs``); ``count`` is their sum, upstream's ``_pauses_requested``.  :func:`rank_invariant` states what
-    always holds.
+    ``hs``); ``count`` is their sum, upstream's ``_pauses_requested``; ``n_keep`` ... ``n_abort`` count those
+    that asked for each mode (TLA+ derives them from ``hmode``; ``modes`` gives the four).  ``obs_pause`` and
+    ``tp_pause`` are modes (0: no pause).  :func:`rank_invariant` states what always holds.
     """
 
     phase: str = "read"
     local_status: int = DONT_STOP
     tp_status: int = DONT_STOP
-    tp_pause: bool = False
+    tp_pause: int = 0
     obs_status: int = DONT_STOP
-    obs_pause: bool = False
+    obs_pause: int = 0
     fatal: bool = False
     paused: bool = False
     count: int = 0
     waiting: int = 0
     inside: int = 0
+    n_keep: int = 0
+    n_retract: int = 0
+    n_drain: int = 0
+    n_abort: int = 0
+    draining: bool = False
+
+    @property
+    def modes(self) -> tuple[int, int, int, int]:
+        """How many of this rank's holders (waiting or inside) asked for each mode, KEEP first."""
+        return (self.n_keep, self.n_retract, self.n_drain, self.n_abort)
+
+
+def pending(s: RankState) -> int:
+    """TLA+ ``Cardinality(Pending(r))``: the holders waiting or inside whose mode the group's decision covers (those
+    the window is for); the others asked for a stronger mode and wait for the next window."""
+    # Written out, not a slice: CrossHair reasons about it in seconds, where a symbolic slice takes minutes.
+    p = s.tp_pause
+    return s.n_keep * (p >= KEEP) + s.n_retract * (p >= RETRACT) + s.n_drain * (p >= DRAIN) + s.n_abort * (p >= ABORT)
+
+
+def asked(s: RankState) -> int:
+    """TLA+ ``Asked(r)``: the strongest mode this rank's holders asked for, 0 if none."""
+    return ABORT if s.n_abort else DRAIN if s.n_drain else RETRACT if s.n_retract else KEEP if s.n_keep else 0
 
 
 def rank_invariant(s: RankState) -> bool:
@@ -71,15 +104,55 @@ def rank_invariant(s: RankState) -> bool:
         and s.waiting >= 0
         and s.inside >= 0
         and s.count == s.waiting + s.inside
-        and (not s.paused or s.count > 0)
+        and s.n_keep >= 0
+        and s.n_retract >= 0
+        and s.n_drain >= 0
+        and s.n_abort >= 0
+        and s.n_keep + s.n_retract + s.n_drain + s.n_abort == s.count
+        and 0 <= s.obs_pause <= ABORT
+        and 0 <= s.tp_pause <= ABORT
+        and s.inside <= pending(s)
+        and (not s.draining or s.tp_pause == DRAIN)
+        and (not s.paused or pending(s) > 0)
         and (not s.paused or s.phase in ("window", "dead"))
         and (s.inside == 0 or s.phase == "dead" or (s.paused and s.phase == "window"))
     )
 
 
-def _drop_waiting(s: RankState) -> RankState:
-    count = s.count - 1
-    return s._replace(waiting=s.waiting - 1, count=count, paused=s.paused and count > 0)
+def _plus(s: RankState, mode: int, n: int, **changes: object) -> RankState:
+    """``s`` with ``n`` added to the count of holders of ``mode``, and ``changes``."""
+    if mode == KEEP:
+        return s._replace(n_keep=s.n_keep + n, **changes)
+    if mode == RETRACT:
+        return s._replace(n_retract=s.n_retract + n, **changes)
+    if mode == DRAIN:
+        return s._replace(n_drain=s.n_drain + n, **changes)
+    return s._replace(n_abort=s.n_abort + n, **changes)
+
+
+def _count_of(s: RankState, mode: int) -> int:
+    """How many of the rank's holders asked for ``mode``."""
+    if mode == KEEP:
+        return s.n_keep
+    if mode == RETRACT:
+        return s.n_retract
+    return s.n_drain if mode == DRAIN else s.n_abort
+
+
+def _drop_waiting(s: RankState, mode: int) -> RankState:
+    after = _plus(s, mode, -1, waiting=s.waiting - 1, count=s.count - 1)
+    return after._replace(paused=s.paused and pending(after) > 0)
+
+
+def can_drop_waiting(s: RankState, mode: int) -> bool:
+    """A waiting holder of ``mode`` may be dropped: the rank has one (a holder whose mode the decision covers is
+    waiting, rather than inside, when fewer are inside than are pending)."""
+    return (
+        KEEP <= mode <= ABORT
+        and s.waiting > 0
+        and _count_of(s, mode) > 0
+        and (mode > s.tp_pause or pending(s) > s.inside)
+    )
 
 
 def live(s: RankState) -> bool:
@@ -91,24 +164,27 @@ def live(s: RankState) -> bool:
 
 
 def observe(s: RankState) -> RankState:
-    """P-OBSERVE (``Observe``): send the stop status and the pending pause request.
+    """P-OBSERVE (``Observe``): send the stop status and the pending pause request: the strongest mode asked.
 
     pre: rank_invariant(s)
     pre: s.phase == "read"
     post: __return__.phase == "reduce"
-    post: __return__.obs_pause == (s.count > 0) and __return__.obs_status == s.local_status
+    post: (__return__.obs_pause > 0) == (s.count > 0) and __return__.obs_status == s.local_status
     post: rank_invariant(__return__)
     """
-    return s._replace(phase="reduce", obs_status=s.local_status, obs_pause=s.count > 0)
+    return s._replace(phase="reduce", obs_status=s.local_status, obs_pause=asked(s))
 
 
-def all_reduce(s: RankState, tp_status: int, tp_pause: bool) -> RankState:
-    """P-ALL-REDUCE (``AllReduce``), this rank's part: take the group's MAX.
+def all_reduce(s: RankState, tp_status: int, tp_pause: int, busy: bool = False) -> RankState:
+    """P-ALL-REDUCE (``AllReduce``), this rank's part: take the group's MAX of stop statuses and modes.  A drain
+    decided while this rank's batch is ``busy`` (it has requests in flight) is ``draining``: see
+    :func:`drain_first`.  (The batches of a TP group are copies of the driver's, at the same iteration.)
 
     pre: rank_invariant(s)
     pre: s.phase == "reduce"
     pre: tp_status in STOP_STATUSES and s.obs_status <= tp_status < STOPPED and s.tp_status <= tp_status
-    pre: tp_pause or not s.obs_pause
+    pre: 0 <= tp_pause <= ABORT and s.obs_pause <= tp_pause
+    post: __return__.draining == (tp_pause == DRAIN and busy)
     post: __return__.phase == "decided"
     post: __return__.tp_status == tp_status and __return__.local_status == max(s.local_status, tp_status)
     post: __return__.local_status >= s.local_status
@@ -120,25 +196,38 @@ def all_reduce(s: RankState, tp_status: int, tp_pause: bool) -> RankState:
         tp_pause=tp_pause,
         local_status=max(s.local_status, tp_status),
         obs_status=DONT_STOP,
+        draining=tp_pause == DRAIN and bool(busy),
     )
 
 
 def pause_decided(s: RankState) -> bool:
     """TLA+ ``PauseDecided(r)``."""
-    return s.phase == "decided" and s.tp_status < HARD_STOP and s.tp_pause
+    return s.phase == "decided" and s.tp_status < HARD_STOP and s.tp_pause > 0
 
 
 def open_window(s: RankState) -> RankState:
-    """P-OPEN-WINDOW (``OpenWindow``): a local holder is pending; open the window.
+    """P-OPEN-WINDOW (``OpenWindow``): a local holder is pending; open the window (in DRAIN, once the batch is empty).
 
     Keeps CountsInv: an open window has a holder to close it (the D1 guard).
 
     pre: rank_invariant(s)
-    pre: pause_decided(s) and s.count > 0
+    pre: pause_decided(s) and not s.draining and pending(s) > 0
     post: __return__.paused and __return__.phase == "window"
     post: rank_invariant(__return__)
     """
     return s._replace(paused=True, phase="window")
+
+
+def drain_first(s: RankState) -> RankState:
+    """P-DRAIN-FIRST (``DrainFirst``): the group decided to drain and the batch had work (``draining``): no window
+    yet; step the batch without admitting new requests, and ask again at the next all-reduce.
+
+    pre: rank_invariant(s)
+    pre: pause_decided(s) and s.draining
+    post: __return__.phase == "body" and __return__.draining
+    post: rank_invariant(__return__)
+    """
+    return s._replace(phase="body")
 
 
 def skip_window(s: RankState) -> RankState:
@@ -146,7 +235,7 @@ def skip_window(s: RankState) -> RankState:
     withdrawn (fixes D1), or a stop was asked here (no new pause is admitted); no window.
 
     pre: rank_invariant(s)
-    pre: pause_decided(s) and s.count == 0 and (s.obs_pause or s.local_status != DONT_STOP)
+    pre: pause_decided(s) and not s.draining and pending(s) == 0 and (s.obs_pause > 0 or s.local_status != DONT_STOP)
     post: __return__.phase == "barrier" and not __return__.paused
     post: rank_invariant(__return__)
     """
@@ -157,7 +246,8 @@ def park_for_peer(s: RankState) -> RankState:
     """P-PARK-FOR-PEER (``ParkForPeer``): a peer asked; wait, bounded, for the local holder.
 
     pre: rank_invariant(s)
-    pre: pause_decided(s) and s.count == 0 and not s.obs_pause and s.local_status == DONT_STOP
+    pre: pause_decided(s) and not s.draining and pending(s) == 0 and s.obs_pause == 0
+    pre: s.local_status == DONT_STOP
     post: __return__.phase == "peer"
     post: rank_invariant(__return__)
     """
@@ -168,7 +258,7 @@ def join_peer_pause(s: RankState) -> RankState:
     """P-JOIN-PEER-PAUSE (``JoinPeerPause``): the local holder came; open the window.
 
     pre: rank_invariant(s)
-    pre: s.phase == "peer" and s.count > 0
+    pre: s.phase == "peer" and pending(s) > 0
     post: __return__.paused and __return__.phase == "window"
     post: rank_invariant(__return__)
     """
@@ -196,7 +286,7 @@ def peer_park_timeout(s: RankState) -> RankState:
     """P-PEER-PARK-TIMEOUT (``PeerParkTimeout``): no local holder came in time (fixes D3).
 
     pre: rank_invariant(s)
-    pre: s.phase == "peer" and s.count == 0
+    pre: s.phase == "peer" and pending(s) == 0
     post: __return__.fatal and __return__.phase == "stopped"
     post: rank_invariant(__return__)
     """
@@ -240,7 +330,7 @@ def no_pause(s: RankState) -> RankState:
     """P-NO-PAUSE (``NoPause``).
 
     pre: rank_invariant(s)
-    pre: s.phase == "decided" and s.tp_status < HARD_STOP and not s.tp_pause
+    pre: s.phase == "decided" and s.tp_status < HARD_STOP and s.tp_pause == 0
     post: __return__.phase == "body"
     post: rank_invariant(__return__)
     """
@@ -309,87 +399,95 @@ def can_request_pause(s: RankState) -> bool:
     return live(s) and s.local_status == DONT_STOP and not s.fatal
 
 
-def request_pause(s: RankState) -> RankState:
-    """P-REQUEST-PAUSE (``RequestPause``).  Keeps CountsInv.
+def request_pause(s: RankState, mode: int = KEEP) -> RankState:
+    """P-REQUEST-PAUSE (``RequestPause``), in ``mode``.  Keeps CountsInv.
 
     pre: rank_invariant(s)
-    pre: can_request_pause(s)
+    pre: can_request_pause(s) and KEEP <= mode <= ABORT
     post: __return__.count == s.count + 1 and __return__.waiting == s.waiting + 1
+    post: _count_of(__return__, mode) == _count_of(s, mode) + 1
     post: rank_invariant(__return__)
     """
-    return s._replace(count=s.count + 1, waiting=s.waiting + 1)
+    return _plus(s, mode, 1, count=s.count + 1, waiting=s.waiting + 1)
 
 
 def enter_pause(s: RankState) -> RankState:
-    """P-ENTER-PAUSE (``EnterPause``): the window is open.  Keeps SameWindowInv.
+    """P-ENTER-PAUSE (``EnterPause``): the window is open, and a holder whose mode it covers waits (the caller
+    picks which: one whose mode is at most ``tp_pause``).  Keeps SameWindowInv and ModeInv.
 
     pre: rank_invariant(s)
-    pre: s.waiting > 0 and s.paused
+    pre: s.paused and s.inside < pending(s)
     post: __return__.inside == s.inside + 1 and __return__.count == s.count
     post: rank_invariant(__return__)
     """
     return s._replace(waiting=s.waiting - 1, inside=s.inside + 1)
 
 
-def leave_pause(s: RankState) -> RankState:
-    """P-LEAVE-PAUSE (``LeavePause``): the last one out closes the window.  Keeps CountsInv.
+def can_leave(s: RankState, mode: int) -> bool:
+    """A holder of ``mode`` may be inside: the rank has one inside, and the window covers its mode."""
+    return KEEP <= mode <= s.tp_pause and s.inside > 0 and _count_of(s, mode) > 0
+
+
+def leave_pause(s: RankState, mode: int = KEEP) -> RankState:
+    """P-LEAVE-PAUSE (``LeavePause``) of a holder of ``mode``: the last one out of those the window is for closes
+    it.  Keeps CountsInv.
 
     pre: rank_invariant(s)
-    pre: s.inside > 0
+    pre: can_leave(s, mode)
     post: __return__.count == s.count - 1
-    post: __return__.paused == (s.paused and __return__.count > 0)
+    post: __return__.paused == (s.paused and pending(__return__) > 0)
     post: rank_invariant(__return__)
     """
-    count = s.count - 1
-    return s._replace(inside=s.inside - 1, count=count, paused=s.paused and count > 0)
+    after = _plus(s, mode, -1, inside=s.inside - 1, count=s.count - 1)
+    return after._replace(paused=s.paused and pending(after) > 0)
 
 
-def pause_fails(s: RankState) -> RankState:
-    """P-PAUSE-FAILS (``PauseFails``): the loop is gone; the waiting holder raises.
+def pause_fails(s: RankState, mode: int = KEEP) -> RankState:
+    """P-PAUSE-FAILS (``PauseFails``): the loop is gone; the waiting holder (of ``mode``) raises.
 
     pre: rank_invariant(s)
-    pre: s.waiting > 0 and not s.paused and (s.local_status == STOPPED or s.fatal)
+    pre: can_drop_waiting(s, mode) and not s.paused and (s.local_status == STOPPED or s.fatal)
     post: __return__.count == s.count - 1
     post: rank_invariant(__return__)
     """
-    return _drop_waiting(s)
+    return _drop_waiting(s, mode)
 
 
-def interrupt(s: RankState) -> RankState:
-    """P-INTERRUPT (``Interrupt``): a waiting holder is interrupted and withdraws.
+def interrupt(s: RankState, mode: int = KEEP) -> RankState:
+    """P-INTERRUPT (``Interrupt``): a waiting holder (of ``mode``) is interrupted and withdraws.
 
     pre: rank_invariant(s)
-    pre: s.waiting > 0
+    pre: can_drop_waiting(s, mode)
     post: __return__.count == s.count - 1 and __return__.waiting == s.waiting - 1
     post: rank_invariant(__return__)
     """
-    return _drop_waiting(s)
+    return _drop_waiting(s, mode)
 
 
-def pause_timeout(s: RankState) -> RankState:
-    """P-PAUSE-TIMEOUT (``PauseTimeout``): a waiting holder's timeout ran out; it withdraws.
+def pause_timeout(s: RankState, mode: int = KEEP) -> RankState:
+    """P-PAUSE-TIMEOUT (``PauseTimeout``): a waiting holder's (of ``mode``) timeout ran out; it withdraws.
 
     pre: rank_invariant(s)
-    pre: s.waiting > 0
+    pre: can_drop_waiting(s, mode)
     post: __return__.count == s.count - 1 and __return__.waiting == s.waiting - 1
     post: rank_invariant(__return__)
     """
-    return _drop_waiting(s)
+    return _drop_waiting(s, mode)
 
 
-def release_dead_holder(s: RankState, inside: bool) -> RankState:
-    """P-RELEASE-DEAD-HOLDER (``ReleaseDeadHolder``): the thread of a holder that was waiting (``inside`` false) or
-    inside died without leaving (P-HOLDER-DIES, which changes nothing here: the rank does not know yet); the loop
-    parked in its window, or ``clear()`` on a stopped loop, releases its hold.  Keeps CountsInv.
+def release_dead_holder(s: RankState, inside: bool, mode: int = KEEP) -> RankState:
+    """P-RELEASE-DEAD-HOLDER (``ReleaseDeadHolder``): the thread of a holder (of ``mode``) that was waiting
+    (``inside`` false) or inside died without leaving (P-HOLDER-DIES, which changes nothing here: the rank does not
+    know yet); the loop parked in its window, or ``clear()`` on a stopped loop, releases its hold.  Keeps CountsInv.
 
     pre: rank_invariant(s)
     pre: s.phase in ("window", "stopped")
-    pre: s.inside > 0 if inside else s.waiting > 0
+    pre: can_leave(s, mode) if inside else can_drop_waiting(s, mode)
     post: __return__.count == s.count - 1
-    post: __return__.paused == (s.paused and __return__.count > 0)
+    post: __return__.paused == (s.paused and pending(__return__) > 0)
     post: rank_invariant(__return__)
     """
-    return leave_pause(s) if inside else _drop_waiting(s)
+    return leave_pause(s, mode) if inside else _drop_waiting(s, mode)
 
 
 # ------------------------------------------------------------------------------------------ stoppers, faults
@@ -417,7 +515,7 @@ def record_fatal_error(s: RankState) -> RankState:
     post: __return__.fatal and __return__.local_status == HARD_STOP and __return__.phase == "reduce"
     post: rank_invariant(__return__)
     """
-    return s._replace(fatal=True, local_status=HARD_STOP, obs_status=HARD_STOP, obs_pause=False, phase="reduce")
+    return s._replace(fatal=True, local_status=HARD_STOP, obs_status=HARD_STOP, obs_pause=0, phase="reduce")
 
 
 def crash(s: RankState) -> RankState:
@@ -444,9 +542,10 @@ def restart(s: RankState) -> RankState:
 
 __all__ = [
     "DONT_STOP", "FLUSH_AND_STOP", "HARD_STOP", "STOPPED", "STOP_STATUSES", "PHASES", "LIVE_PHASES",
-    "PARKED_PHASES", "RankState", "rank_invariant", "live", "pause_decided", "may_exit", "can_request_pause",
-    "observe", "all_reduce", "open_window", "skip_window", "park_for_peer", "join_peer_pause", "fail_loop",
-    "peer_park_timeout", "collective_timeout", "close_window", "barrier", "no_pause", "start_step", "end_step",
-    "idle", "exit_loop", "request_pause", "enter_pause", "leave_pause", "pause_fails", "interrupt",
+    "PARKED_PHASES", "KEEP", "RETRACT", "DRAIN", "ABORT", "MODES", "MODE_NAMES", "RankState", "rank_invariant",
+    "live", "pause_decided", "pending", "asked", "may_exit", "can_request_pause", "can_drop_waiting", "can_leave",
+    "observe", "all_reduce", "open_window", "drain_first", "skip_window", "park_for_peer", "join_peer_pause",
+    "fail_loop", "peer_park_timeout", "collective_timeout", "close_window", "barrier", "no_pause", "start_step",
+    "end_step",    "idle", "exit_loop", "request_pause", "enter_pause", "leave_pause", "pause_fails", "interrupt",
     "pause_timeout", "release_dead_holder", "request_stop", "record_fatal_error", "crash", "restart",
 ]  # fmt: skip

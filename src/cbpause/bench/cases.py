@@ -169,8 +169,11 @@ def _next_steps(clock: ForwardProbe, updates: list[tuple[float, float]]) -> list
     return [times[i] - decided for decided, i in firsts if i < len(times)]
 
 
-def _generate(bench: Bench, impl: str, n: int, max_new: int, every: int | None, update=None) -> tuple[float, list]:
-    """Serve ``n`` requests; with ``every``, a trainer pauses every ``every`` steps (and runs ``update``).
+def _generate(
+    bench: Bench, impl: str, n: int, max_new: int, every: int | None, update=None, mode: str = "keep"
+) -> tuple[float, list]:
+    """Serve ``n`` requests; with ``every``, a trainer pauses every ``every`` steps in ``mode`` (and runs
+    ``update``).  An aborted request (mode abort) is resubmitted with the tokens it has, for the rest.
 
     Returns tokens per second and, for each pause, the time from its decision to the next forward step.
     """
@@ -184,7 +187,7 @@ def _generate(bench: Bench, impl: str, n: int, max_new: int, every: int | None, 
                 continue
             decided = time.perf_counter()
             try:
-                with pause(manager, impl):
+                with pause(manager, impl, mode):
                     if update is not None:
                         update()
                     updated = time.perf_counter()
@@ -199,13 +202,17 @@ def _generate(bench: Bench, impl: str, n: int, max_new: int, every: int | None, 
     if every is not None:
         thread = threading.Thread(target=trainer, daemon=True)
         thread.start()
-    tokens = 0
+    tokens, owed = 0, dict.fromkeys(ids, max_new)  # request id -> tokens it still owes
     try:
-        for _ in ids:
+        while owed:
             out = manager.get_result(timeout=WAIT)
             if out is None:
                 raise RuntimeError(f"{impl}: a request did not come back")
-            tokens += len(out.generated_tokens)
+            got = list(out.generated_tokens)
+            tokens += len(got)
+            want = owed.pop(out.request_id)
+            if out.error and mode == "abort" and len(got) < want:  # aborted by a pause: resubmit the rest
+                owed[manager.add_request(list(out.prompt_ids) + got, max_new_tokens=want - len(got))] = want - len(got)
         elapsed = time.perf_counter() - started
     finally:
         done.set()

@@ -151,6 +151,6 @@ class Bench:
             manager.stop(block=True, timeout=WAIT, hard_stop=True)
 
 
-def pause(manager, impl: str):
-    """One pause of either implementation (upstream's ``pause()`` takes no timeout)."""
-    return manager.pause(timeout=WAIT) if impl == "cbpause" else manager.pause()
+def pause(manager, impl: str, mode: str = "keep"):
+    """One pause of either implementation (upstream's ``pause()`` takes no timeout and has no modes)."""
+    return manager.pause(timeout=WAIT, mode=mode) if impl == "cbpause" else manager.pause()

@@ -14,6 +14,7 @@ from pathlib import Path
 from . import __doc__ as _package_doc
 from .cases import case_contention, case_entry_and_resume, case_overhead, case_throughput, case_tlc, case_weight_update
 from .harness import Bench, Row, format_table
+from .modes import case_modes
 from .plot import plot
 from .tp import case_tp
 
@@ -36,6 +37,7 @@ CASES = {
     "throughput": case_throughput,
     "update": case_weight_update,
     "tp": case_tp,
+    "modes": case_modes,
 }
 
 

@@ -14,10 +14,50 @@ from typing import Any
 
 from transformers.generation.continuous_batching import continuous_api as _api
 
+from ..errors import LoopPausedError
+
 __all__ = [
-    "TrackingRouter", "cache_capacity", "check_fits", "checked_max_new_tokens",
-    "checked_prompt", "deliver_cancellations", "refuse_what_cannot_fit",
+    "Admission", "TrackingRouter", "cache_capacity", "checked_while_paused", "check_fits", "fail_drained",
+    "checked_max_new_tokens", "checked_prompt", "deliver_cancellations", "refuse_what_cannot_fit",
 ]  # fmt: skip
+
+
+WHILE_PAUSED = ("queue", "reject")
+
+
+def checked_while_paused(rule: Any) -> str:
+    if rule not in WHILE_PAUSED:
+        raise ValueError(f"while_paused must be 'queue' or 'reject', not {rule!r}")
+    return rule
+
+
+class Admission:
+    """The admission calls of :class:`~cbpause.integrations.transformers.PausableContinuousBatchingManager`."""
+
+    background_thread_status: Any
+    output_router: Any
+    while_paused: str
+
+    def refuse_while_paused(self) -> None:
+        """R-ADMISSION: with ``while_paused="reject"``, ``LoopPausedError`` while a holder of this rank (the TP
+        driver, which takes the requests) waits for a pause or is inside one; the caller may retry after it."""
+        if self.while_paused == "reject" and self.background_thread_status.state.count:
+            raise LoopPausedError(
+                "the generation loop is paused (or a pause is asked) and this manager was built with "
+                "while_paused='reject': nothing was enqueued; retry once the pause is over"
+            )
+
+    def get_result(self, request_id: str | None = None, timeout: float | None = None) -> Any:
+        """Upstream's ``get_result``; from inside the caller's own pause, a wait without a timeout on an empty
+        output queue raises ``RuntimeError`` at once (the loop cannot produce anything until the caller
+        leaves), as ``stop()`` does there.  With a timeout it returns ``None`` when that runs out."""
+        status = self.background_thread_status
+        if timeout is None and status.is_pause_requested(local=True) and self.output_router.output_queue.empty():
+            raise RuntimeError(
+                "get_result() without a timeout from inside a pause would wait for ever: the generation loop is "
+                "paused until this thread leaves the pause. Leave it first, or pass a timeout."
+            )
+        return super().get_result(request_id=request_id, timeout=timeout)  # type: ignore[misc]
 
 
 def checked_prompt(input_ids: Any, vocab_size: int) -> list[int]:
@@ -53,22 +93,31 @@ def checked_max_new_tokens(max_new_tokens: Any) -> int | None:
 
 
 class TrackingRouter(_api.OutputRouter):
-    """Upstream's output router, which also forgets each request id once its terminal output is delivered: the ids
-    in ``live`` are the requests in flight, which ``add_request`` refuses to reuse."""
+    """Upstream's output router, which also forgets each request id once its terminal output is delivered (the ids
+    in ``live`` are the requests in flight, which ``add_request`` refuses to reuse), and gives every output its
+    ``weight_versions`` spans (:class:`cbpause.integrations.weights.WeightVersions`)."""
 
-    def __init__(self, live: set[str]) -> None:
+    def __init__(self, live: set[str], versions: Any) -> None:
         super().__init__()
         self.live = live
+        self.versions = versions
+
+    def _label(self, output: Any) -> bool:
+        finished = output.is_finished()
+        output.weight_versions = self.versions.spans(output.request_id, finished)
+        return finished
 
     def deliver(self, output: Any) -> None:
+        finished = self._label(output)
         super().deliver(output)
-        if output.is_finished():
+        if finished:
             self.live.discard(output.request_id)
 
     def deliver_batch(self, outputs: list) -> None:
+        finished = [self._label(output) for output in outputs]
         super().deliver_batch(outputs)
-        for output in outputs:
-            if output.is_finished():
+        for output, done in zip(outputs, finished, strict=True):
+            if done:
                 self.live.discard(output.request_id)
 
 
@@ -119,3 +168,13 @@ def deliver_cancellations(scheduler: Any, router: Any) -> None:
 
     scheduler.clear_cancelled_requests = clear_cancelled_requests
     scheduler._cbpause_delivers_cancellations = True
+
+
+def fail_drained(processor: Any, states: list, error: Exception) -> None:
+    """Give each request drained from the input queue its terminal failed output.
+
+    Drained requests are in no queue and no scheduler yet, so the loop's exit path cannot see them: upstream 5.23.0
+    loses them when a collective or the pause window raises, or on a hard stop (R-NOTHING-LOST-DELIVERED).
+    """
+    for state in states:
+        processor.output_router.fail_and_deliver(state, error)

@@ -6,8 +6,9 @@ of cbpause that knows transformers' internals.  It returns transformers' own
 ``ContinuousBatchingManager`` (a subclass, same methods) whose status object is a
 :class:`~cbpause.PauseProtocol`, and changes the loop only where the protocol needs it:
 
-* ``pause(timeout=None)`` keeps upstream's signature and adds a timeout (P-PAUSE-TIMEOUT); from the loop's
-  own thread (a logits processor, a callback) it raises at once (D4).
+* ``pause(timeout=None, mode="keep", weights_changed=True)`` keeps upstream's signature and adds a timeout
+  (P-PAUSE-TIMEOUT) and a pause mode (R-MODES, :mod:`~cbpause.integrations.modes`); from the loop's own thread
+  (a logits processor, a callback) it raises at once (D4).  Outputs carry weight versions (R-VERSIONS).
 * The TP group step (``ContinuousBatchProcessor._update_tp_group_state``) tells the protocol what this rank
   observed before the all-reduce (P-OBSERVE) and what the group decided (P-ALL-REDUCE, then the pause
   window and P-BARRIER), so a withdrawn request no longer parks the loop (D1) and a rank parked for a peer's
@@ -66,7 +67,7 @@ from transformers import ContinuousBatchingConfig, GenerationConfig  # noqa: E40
 from transformers.generation.continuous_batching import continuous_api as _api  # noqa: E402
 from transformers.generation.continuous_batching.distributed import dist as _dist  # noqa: E402
 
-from . import admission, weights  # noqa: E402
+from . import admission, modes, weights  # noqa: E402
 
 __all__ = ["PausableBatchProcessor", "PausableContinuousBatchingManager", "init_continuous_batching"]
 
@@ -96,12 +97,13 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             payload = ([], [])
         # end of copy
         try:
-            payload_size, hard_stopping = self._group_decision(status, len(payload[0]) + len(payload[1]))
+            payload_size, hard_stopping = self._group_decision(status, len(payload[0]) + len(payload[1]), payload[0])
         except BaseException as error:
-            self._fail_drained(payload[0], error if isinstance(error, Exception) else RuntimeError(repr(error)))
+            failure = error if isinstance(error, Exception) else RuntimeError(repr(error))
+            admission.fail_drained(self, payload[0], failure)
             raise
         if hard_stopping:
-            self._fail_drained(payload[0], RuntimeError("The generation loop hard-stopped before this request ran."))
+            admission.fail_drained(self, payload[0], RuntimeError("The loop hard-stopped before this request ran."))
             return True
 
         # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
@@ -120,22 +122,14 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         return False
         # end of copy
 
-    def _fail_drained(self, states: list, error: Exception) -> None:
-        """Give each request drained from the input queue its terminal failed output.
-
-        Drained requests are in no queue and no scheduler yet, so the loop's exit path cannot see them:
-        upstream 5.23.0 loses them when a collective or the pause window raises, or on a hard stop
-        (R-NOTHING-LOST-DELIVERED).
-        """
-        for state in states:
-            self.output_router.fail_and_deliver(state, error)
-
-    def _group_decision(self, status: PauseProtocol, payload_size: int) -> tuple[int, bool]:
-        """Observe, AllReduce, then ExitLoop, or the pause window with its Barrier, or NoPause.
+    def _group_decision(self, status: PauseProtocol, payload_size: int, drained: list) -> tuple[int, bool]:
+        """Observe, AllReduce, then ExitLoop, or the pause window with its Barrier (DrainFirst in a drain that found
+        work), or NoPause.  The agreed mode's effect on the requests (:mod:`~cbpause.integrations.modes`) comes
+        before any window; ``drained`` are the requests taken from the input queue this iteration.
 
         Returns the group's payload size and whether the group is hard-stopping.
         """
-        observed_status, observed_pause = status.observe()  # P-OBSERVE: what this rank sends (D1 remembers it)
+        observed_status, observed_pause = status.observe()  # P-OBSERVE: what this rank sends (its strongest mode)
         try:
             payload_size, tp_status, tp_pause = self.distributed_helper.tp_all_reduce_state(
                 payload_size=payload_size, stop_status=observed_status, pause_requested=observed_pause
@@ -143,19 +137,28 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         except Exception as error:
             _collective_failed(status, error)
             raise
-        status.all_reduce(tp_status, bool(tp_pause))  # P-ALL-REDUCE (raises unless tp_status is now the agreed one)
+        busy = tp_pause == t.DRAIN and modes.busy(self)
+        status.all_reduce(tp_status, int(tp_pause), busy)  # P-ALL-REDUCE (raises unless tp_status is the agreed one)
+        if tp_pause or self.scheduler._cbpause_draining:  # (the hot path, no pause, skips it)
+            modes.at_decision(self, status, drained)
         if tp_status == status.HARD_STOP:
             status.exit_loop()  # P-EXIT-LOOP: a hard stop exits before any window
             return payload_size, True
-        if tp_pause:
+        if busy:
+            status.drain_first()  # P-DRAIN-FIRST: step the batch, admitting nothing, and ask again
+        elif tp_pause:
             # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
             if self.inputs_and_outputs.compute_stream is not None:
                 self.inputs_and_outputs.compute_stream.synchronize()
             # end of copy
             status.pause_window()  # P-OPEN-WINDOW / P-SKIP-WINDOW / P-PARK-FOR-PEER, P-CLOSE-WINDOW; raises on D3
+            changed = weights.window_changed_weights(self.output_router.versions, status.metrics().pauses_taken)
             if self.distributed_helper.cpu_comm_group is not None:
                 timeout = self.cb_config.cpu_group_timeout
                 try:
+                    # Every rank, at the barrier: whether any rank's window may have changed the weights (the
+                    # ranks must forget their shared prefixes alike, or their batches would part).
+                    changed = bool(self.distributed_helper.tp_all_reduce_state(0, 0, int(changed))[2])
                     # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
                     _dist.monitored_barrier(
                         group=self.distributed_helper.cpu_comm_group,
@@ -168,7 +171,8 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
                     raise
             status.barrier()  # P-BARRIER: the group leaves the window together
             weights.check_model_unchanged(self)
-            weights.forget_shared_prefixes(self)  # D6: no new request reads KV from before the pause
+            if changed:
+                weights.forget_shared_prefixes(self)  # D6: no new request reads KV from before the pause
         else:
             status.no_pause()  # P-NO-PAUSE
         return payload_size, False
@@ -215,7 +219,7 @@ def _stop_at_exit(ref: weakref.ref) -> None:
         manager.stop(block=True, timeout=EXIT_STOP_TIMEOUT, hard_stop=True)
 
 
-class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
+class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admission, _api.ContinuousBatchingManager):
     """transformers' ``ContinuousBatchingManager`` driven by :class:`PauseProtocol`.
 
     Build it with :func:`init_continuous_batching`.  Same methods as upstream's; ``pause()`` adds
@@ -234,8 +238,10 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         *,
         peer_park_timeout: float | None = 300.0,
         trace: Any = None,
+        while_paused: str = "queue",
     ) -> None:
         status = PauseProtocol(peer_park_timeout=peer_park_timeout, trace=trace)  # validates the timeout first
+        self.while_paused = admission.checked_while_paused(while_paused)
         super().__init__(model, generation_config, continuous_batching_config, workload_hints)
         self.background_thread_status = status
         # P-SUBMIT: the acceptance check and the enqueue happen under this lock, and so does the loop's last
@@ -250,7 +256,8 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         # The ids of the requests in flight (added, no terminal output delivered yet): a duplicate would make the
         # scheduler mix two requests up and fail the loop (upstream), so add_request refuses one.
         self._live_ids: set[str] = set()
-        self.output_router = admission.TrackingRouter(self._live_ids)
+        self.weight_versions = weights.WeightVersions()  # the version in force, and each request's spans
+        self.output_router = admission.TrackingRouter(self._live_ids, self.weight_versions)
 
     def add_request(
         self,
@@ -280,6 +287,7 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         if request_id is not None and not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, not {request_id!r}")
         with self._submit_lock:
+            self.refuse_while_paused()
             if request_id is None:
                 # upstream's naming, skipping the ids a caller chose that are still in flight
                 with self._request_lock:
@@ -299,27 +307,23 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
                     self._live_ids.discard(request_id)
             return added
 
-    def get_result(self, request_id: str | None = None, timeout: float | None = None) -> Any:
-        """Upstream's ``get_result``; from inside the caller's own pause, a wait without a timeout on an empty
-        output queue raises ``RuntimeError`` at once (the loop cannot produce anything until the caller
-        leaves), as ``stop()`` does there.  With a timeout it returns ``None`` when that runs out."""
-        status = self.background_thread_status
-        if timeout is None and status.is_pause_requested(local=True) and self.output_router.output_queue.empty():
-            raise RuntimeError(
-                "get_result() without a timeout from inside a pause would wait for ever: the generation loop is "
-                "paused until this thread leaves the pause. Leave it first, or pass a timeout."
-            )
-        return super().get_result(request_id=request_id, timeout=timeout)
-
     def _fail_all_remaining_requests(self, error: Exception, batch_processor: Any) -> None:
         with self._submit_lock:  # the loop's last drain (see add_request)
             super()._fail_all_remaining_requests(error, batch_processor)
 
     @contextmanager
-    def pause(self, timeout: float | None = None) -> Iterator[None]:
+    def pause(self, timeout: float | None = None, mode: str = "keep", weights_changed: bool = True) -> Iterator[None]:
         """Pause the generation loop while inside the ``with`` block; the loop resumes when the last holder leaves.
 
-        The loop keeps its cache and its requests: nothing is drained, nothing is lost (R-NOTHING-LOST-DELIVERED).
+        ``mode`` says what happens to the requests in flight (R-MODES; :mod:`cbpause.integrations.modes`): ``"keep"``
+        (they keep their KV and go on after the resume), ``"retract"`` (their KV is freed; they are prefilled again
+        after the resume), ``"drain"`` (the loop admits no new request and finishes those in flight before the
+        window opens; ``timeout`` bounds that too) or ``"abort"`` (every request queued or in flight ends with a
+        terminal output, status FAILED, error ``modes.ABORTED_BY_PAUSE``).  Holders asking at once get the
+        strongest mode (keep < retract < drain < abort), agreed by every rank; a holder asking for more than the
+        open window's mode waits for the next window.  Nothing is lost (R-NOTHING-LOST-DELIVERED).
+        ``weights_changed=False`` says the holder leaves the weights alone: the KV blocks kept for prefix sharing
+        survive a window whose every holder said so and in which the weight version did not change (D6).
         While any holder is inside, no forward step runs on any rank (R-EXCLUSION, R-SAME-WINDOW).  Under TP
         every rank must pause; a rank whose pauser never comes fails after ``peer_park_timeout`` seconds
         instead of hanging (D3).
@@ -327,8 +331,8 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         Raises ``RuntimeError`` (the fatal error as ``__cause__``) when the loop is not running, is
         hard-stopping, has failed or stops before pausing; ``RuntimeError`` at once from the loop's own thread
         (D4); ``TimeoutError`` when the loop has not paused within ``timeout`` seconds; ``ValueError`` for a
-        negative or non-numeric ``timeout``.  In every case, and on ``KeyboardInterrupt`` while waiting, the
-        request is withdrawn first (P-INTERRUPT, P-PAUSE-TIMEOUT).
+        negative or non-numeric ``timeout`` or an unknown ``mode``.  In every case, and on ``KeyboardInterrupt``
+        while waiting, the request is withdrawn first (P-INTERRUPT, P-PAUSE-TIMEOUT).
 
         The hold belongs to the pause, not to the thread: the ``with`` block may end on another thread (an
         asyncio executor's ``__exit__``), and a context manager that is garbage-collected without having been
@@ -345,8 +349,10 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
         entered = False
         try:
             try:
-                status.acquire_pause(self._wake_up_loop, timeout=timeout, into=holds)
+                status.acquire_pause(self._wake_up_loop, timeout=timeout, into=holds, mode=mode)
                 entered = True
+                if not weights_changed:
+                    self.weight_versions.unchanged_entries += 1
                 yield
             except GeneratorExit:  # the context manager was closed (collected) without its with block ending
                 if holds[0].state == "idle":  # its thread died, and the loop released it (P-RELEASE-DEAD-HOLDER)
@@ -547,7 +553,7 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
             except Exception as collective_error:
                 _collective_failed(status, collective_error)
                 return
-            status.all_reduce(tp_status, bool(tp_pause))
+            status.all_reduce(tp_status, int(tp_pause))
             status.exit_loop()
             return
         if s.phase not in ("stopped", "dead", "window"):
@@ -564,7 +570,8 @@ class PausableContinuousBatchingManager(_api.ContinuousBatchingManager):
             # Same object, our TP group step; the class adds no state.  Avoids copying upstream's constructor.
             processor.__class__ = PausableBatchProcessor
         processor._cbpause_model = self.model  # for the check at the resume (weights.check_model_unchanged)
-        weights.never_share_stale_blocks(processor)
+        weights.never_share_stale_blocks(processor, self.weight_versions)
+        modes.hold_admission(processor.scheduler)
         scheduler = processor.scheduler
         if not getattr(scheduler, "_cbpause_delivers_cancellations", False):  # a reused processor has it
             admission.deliver_cancellations(scheduler, processor.output_router)
@@ -582,13 +589,15 @@ def init_continuous_batching(
 
     Takes what ``model.init_continuous_batching`` takes (``workload_hints=`` among ``kwargs``), and
     ``peer_park_timeout=`` (seconds a rank parked for a peer's pause waits for its own pauser; default
-    300, ``None`` for ever) and ``trace=`` (a :class:`cbpause.TraceRecorder`).  A cached manager
+    300, ``None`` for ever), ``trace=`` (a :class:`cbpause.TraceRecorder`) and ``while_paused=`` (``"queue"``,
+    the default: requests submitted while a pause is asked or held wait and run after it; ``"reject"``:
+    ``add_request`` raises :class:`cbpause.LoopPausedError` then, and nothing is enqueued).  A cached manager
     (``stop(keep_for_next_session=True)``) of this kind is reused, as upstream does.
 
     Raises ``TypeError`` for a model that is not a transformers model, ``ValueError`` when no generation
     config can be found or a cached manager is upstream's own, and ``TypeError`` for an unknown keyword.
     """
-    unknown = set(kwargs) - {"workload_hints", "peer_park_timeout", "trace"}
+    unknown = set(kwargs) - {"workload_hints", "peer_park_timeout", "trace", "while_paused"}
     if unknown:
         raise TypeError(f"init_continuous_batching() got unexpected keyword argument(s): {sorted(unknown)}")
     if not all(hasattr(model, a) for a in ("config", "device", "dtype", "_get_logits_processor")):
@@ -633,4 +642,5 @@ def init_continuous_batching(
         kwargs.get("workload_hints"),
         peer_park_timeout=kwargs.get("peer_park_timeout", 300.0),
         trace=kwargs.get("trace"),
+        while_paused=kwargs.get("while_paused", "queue"),
     )

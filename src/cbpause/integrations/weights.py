@@ -17,20 +17,94 @@ its iteration, so the ranks of a TP group stay in step), :func:`forget_shared_pr
 * marks those requests as written with earlier weights, so that the blocks they complete later (whose KV
   attends over the old) are never offered for sharing either.
 
-Holders cannot say yet that they left the weights alone (issue 14's ``weights_changed=False``): that needs the
-group to agree through its all-reduce, or the ranks' caches would diverge.
+The forgetting is skipped after a window in which every holder that entered said it left the weights alone
+(``pause(weights_changed=False)``) and the weight version did not change (:func:`window_changed_weights`); the
+ranks of a TP group agree on it through one MAX all-reduce at the barrier, so that their caches stay alike.
+
+:class:`WeightVersions` labels every generated token with the weight version in force at the step that produced it
+(``manager.set_weight_version(v)`` inside a pause; R-VERSIONS): each output carries ``weight_versions``, a list of
+``(first_token_index, version)`` spans over its generated tokens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
-__all__ = ["check_model_unchanged", "forget_shared_prefixes", "never_share_stale_blocks"]
+__all__ = [
+    "VersionedManager", "WeightVersions", "check_model_unchanged", "forget_shared_prefixes", "never_share_stale_blocks",
+    "window_changed_weights",
+]  # fmt: skip
 
 
-def never_share_stale_blocks(processor: Any) -> None:
-    """Wrap the cache's ``mark_complete_blocks`` on the instance: blocks that a request written with earlier weights
-    completes are not registered for sharing.  Idempotent (a reused processor keeps its wrapper)."""
+def generated_count(state: Any) -> int:
+    """The tokens a request generated so far, those a retract (soft reset) moved into its prompt included."""
+    moved = len(state.initial_tokens) - state._true_initial_tokens if state._true_initial_tokens else 0
+    return moved + len(state.generated_tokens)
+
+
+class WeightVersions:
+    """The weight version in force (``current``, ``None`` until a holder sets one) and each request's spans.
+
+    ``note(state)`` runs on the loop's thread after each forward step, for every request of the batch; a token is
+    labelled with ``current`` when it is first seen.  A retracted request's recomputed prefix produces no token
+    and keeps its labels.  Holders change ``current`` only inside a pause, when no step runs.
+    """
+
+    def __init__(self) -> None:
+        self.current: Hashable = None
+        self.changed = False  # the version changed since the last window's end (read and reset there)
+        self.unchanged_entries = 0  # holders that entered the current window saying the weights stay as they are
+        self.entries_seen = 0  # the protocol's pauses_taken at the last window's end
+        self._records: dict[str, list] = {}  # request id -> [spans, tokens seen]
+
+    def set(self, version: Hashable) -> None:
+        hash(version)  # TypeError for an unhashable version
+        if version != self.current:
+            self.current, self.changed = version, True
+
+    def note(self, state: Any) -> None:
+        n = generated_count(state)
+        record = self._records.get(state.request_id)
+        if record is None:
+            record = self._records[state.request_id] = [[], 0]
+        if n > record[1]:
+            spans = record[0]
+            if not spans or spans[-1][1] != self.current:
+                spans.append((record[1], self.current))
+            record[1] = n
+
+    def spans(self, request_id: str, finished: bool) -> list[tuple[int, Hashable]]:
+        """The spans of ``request_id`` so far (forgotten once its terminal output is out)."""
+        record = self._records.pop(request_id, None) if finished else self._records.get(request_id)
+        return [] if record is None else list(record[0])
+
+
+class VersionedManager:
+    """The weight-version calls of :class:`~cbpause.integrations.transformers.PausableContinuousBatchingManager`."""
+
+    weight_versions: WeightVersions
+    background_thread_status: Any
+
+    @property
+    def weight_version(self) -> Hashable:
+        """The version of the weights the loop generates with (R-VERSIONS): ``None`` until a holder sets one."""
+        return self.weight_versions.current
+
+    def set_weight_version(self, version: Hashable) -> None:
+        """Inside a pause: declare the weights the loop resumes with (any hashable).  Every token generated from the
+        resume on is labelled with it (each output's ``weight_versions``: ``(first_token_index, version)`` spans).
+        ``RuntimeError`` outside a pause (no holder inside), ``TypeError`` for an unhashable version."""
+        s = self.background_thread_status.state
+        if not (s.paused and s.inside):
+            raise RuntimeError("set_weight_version() outside a pause: call it inside `with manager.pause():`")
+        self.weight_versions.set(version)
+
+
+def never_share_stale_blocks(processor: Any, versions: WeightVersions | None = None) -> None:
+    """Wrap the cache's ``mark_complete_blocks`` on the instance (upstream calls it after each forward step for every
+    request of the batch): blocks that a request written with earlier weights completes are not registered for
+    sharing, and ``versions`` labels the request's new token.  Idempotent (a reused processor keeps its wrapper)."""
     cache = processor.cache
     if hasattr(cache, "_cbpause_stale"):
         return
@@ -38,10 +112,22 @@ def never_share_stale_blocks(processor: Any) -> None:
     mark = cache.mark_complete_blocks
 
     def mark_complete_blocks(state: Any, complete_blocks: dict[str, int]) -> None:
+        if versions is not None:
+            versions.note(state)
         if state.request_id not in cache._cbpause_stale:
             mark(state, complete_blocks)
 
     cache.mark_complete_blocks = mark_complete_blocks
+
+
+def window_changed_weights(versions: WeightVersions, pauses_taken: int) -> bool:
+    """At the end of a window, before the barrier: whether this rank's window may have changed the weights (a holder
+    entered without saying ``weights_changed=False``, or the version changed).  ``pauses_taken`` is the protocol's
+    count of entries so far.  (The integration then agrees on it with its peers through a MAX all-reduce.)"""
+    entered = pauses_taken - versions.entries_seen
+    changed = versions.changed or entered > versions.unchanged_entries
+    versions.entries_seen, versions.unchanged_entries, versions.changed = pauses_taken, 0, False
+    return changed
 
 
 def forget_shared_prefixes(processor: Any) -> None:
@@ -55,9 +141,10 @@ def forget_shared_prefixes(processor: Any) -> None:
         # What remains hashed is held by requests in flight: unhashed, a block goes back to the pool on release.
         ledger.hash_to_block.clear()
         ledger.block_to_hash.clear()
-    # Replaced, not grown: a request that finished since the last window holds nothing any more.  Waiting ones
-    # too: a retracted or offloaded request may hold old KV.
-    cache._cbpause_stale = {*scheduler.active_requests, *scheduler.waiting_requests}
+    # Replaced, not grown: a request that finished since the last window holds nothing any more.  A waiting request
+    # offloaded to the CPU holds old KV too; a retracted one holds none.
+    waiting = scheduler.waiting_requests
+    cache._cbpause_stale = {*scheduler.active_requests, *(i for i, s in waiting.items() if s.is_cpu_offloaded)}
 
 
 def check_model_unchanged(processor: Any) -> None:

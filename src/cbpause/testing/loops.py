@@ -167,7 +167,7 @@ class Group:
                     self.sent[r] = (p.state.obs_status, p.state.obs_pause)
                 self.collective(self.reduce_barrier)
                 tp_status = max(s for s, _ in self.sent)
-                tp_pause = any(q for _, q in self.sent)
+                tp_pause = max(q for _, q in self.sent)  # the strongest mode asked, 0 for none
                 self.collective(self.reduce_barrier)
                 p.all_reduce(tp_status, tp_pause)
                 if tp_status == p.HARD_STOP:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import group as gr
+from .. import transitions as t
 from .launcher import protocol_action, run_tlc
 from .manifest import Cfg, Model
 
@@ -61,6 +62,9 @@ FAST_MODEL_SHAPES = {
     "PauseProtocol_1r2h_deaths": Shape(
         1, (0, 0), 1, gr.Bounds(frozenset({"interrupt", "error", "stop", "death"}), 1)
     ),
+    "PauseProtocol_1r2h_modes": Shape(
+        1, (0, 0), 1, gr.Bounds(frozenset({"interrupt", "stop"}), 0, frozenset(t.MODES))
+    ),
 }
 
 # The deep model whose graph `nox -s tlc_deep` compares too (`python -m cbpause.tlc.conformance`, minutes).
@@ -92,9 +96,11 @@ def encode(g: gr.GroupState) -> Encoded:
                 "obsStatus": tuple(s.obs_status for s in r),
                 "obsPause": tuple(s.obs_pause for s in r),
                 "fatal": tuple(s.fatal for s in r),
+                "draining": tuple(s.draining for s in r),
                 "tpStatus": r[0].tp_status,
                 "tpPause": r[0].tp_pause,
                 "hs": tuple(gr.tla_holder_state(x) for x in g.hs),
+                "hmode": g.hmode,
                 "count": tuple(s.count for s in r),
                 "paused": tuple(s.paused for s in r),
                 "req": g.req,

@@ -172,6 +172,7 @@ def write_trace(
         f"    Holders = {holders}\n"
         "    RankOf <- TraceRankOf\n"
         "    Requests = {}\n"
+        "    Modes = {1, 2, 3, 4}\n"
         "    Log <- TraceLog\n"
         "INIT TraceInit\n"
         "NEXT TraceNext\n"

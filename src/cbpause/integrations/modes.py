@@ -1,0 +1,126 @@
+"""What a pause mode does to the requests of transformers' batch (spec R-MODES, section 5 "Pause modes").
+
+Part of the integration (with :mod:`cbpause.integrations.transformers`, the only code of cbpause that knows
+transformers' internals).  The group agrees on the mode through its all-reduce (``PauseProtocol.all_reduce``: the
+strongest mode asked on any rank); every rank then applies the same effect to its own scheduler at the decision,
+before any window opens, so that the batches of a TP group stay copies of each other:
+
+* ``keep``: nothing.
+* ``retract`` (:func:`retract`): every request in flight loses its KV.  A request in the batch is replaced, under the
+  same id, by transformers' own soft-reset copy (``RequestState.create_equivalent_initial_request``: its prompt plus
+  the tokens it generated, the rest of its ``max_new_tokens``), put at the head of the waiting queue; a waiting
+  request whose KV was offloaded to the CPU gets the same.  After the resume each is prefilled again with the
+  weights of then, before its next token: nothing lost, nothing repeated.
+* ``drain``: while the batch has requests in flight (:func:`busy`) the decision is ``DrainFirst``: the loop steps the
+  batch and admits no waiting request (:func:`hold_admission`); the window opens once the batch is empty.
+* ``abort`` (:func:`abort`): every request the rank holds (the batch, the waiting queue, what the loop drained from
+  the input queue this iteration and what is still in it) ends with one terminal output: status ``FAILED``, its
+  partial tokens, and an error that starts with :data:`ABORTED_BY_PAUSE`.  Callers may resubmit.
+"""
+
+from __future__ import annotations
+
+import queue
+from typing import Any
+
+from .. import transitions as t
+
+__all__ = ["ABORTED_BY_PAUSE", "abort", "at_decision", "busy", "hold_admission", "retract"]
+
+ABORTED_BY_PAUSE = "aborted by a pause (mode='abort')"
+
+
+def in_flight(state: Any) -> bool:
+    """A waiting request that has run already: offloaded to the CPU, or soft-reset (retracted, or offloaded without a
+    CPU pool).  The scheduler's active requests are in flight too."""
+    return bool(state.is_cpu_offloaded or state._true_initial_tokens)
+
+
+def busy(processor: Any) -> bool:
+    """The batch has requests in flight (what a drain waits for)."""
+    scheduler = processor.scheduler
+    return bool(scheduler.active_requests) or any(in_flight(s) for s in scheduler.waiting_requests.values())
+
+
+def hold_admission(scheduler: Any) -> None:
+    """Wrap the scheduler's choice of waiting requests on the instance: while ``scheduler._cbpause_draining``, only
+    requests in flight (:func:`in_flight`) are candidates, so a drain admits no new request into the batch.
+    Idempotent."""
+    if hasattr(scheduler, "_cbpause_draining"):
+        return
+    scheduler._cbpause_draining = False
+    candidates = scheduler._get_waiting_candidates
+
+    def _get_waiting_candidates() -> list:
+        states = candidates()
+        return [s for s in states if in_flight(s)] if scheduler._cbpause_draining else states
+
+    scheduler._get_waiting_candidates = _get_waiting_candidates
+
+
+def retract(processor: Any) -> int:
+    """Free the KV of every request in flight and queue it again, first, to be prefilled with the weights of after the
+    pause (see the module's docstring).  Returns how many."""
+    scheduler, offloading = processor.scheduler, processor.offloading_manager
+    retracted = []
+    for request_id, state in list(scheduler.active_requests.items()):
+        fresh = state.create_equivalent_initial_request()
+        scheduler.finish_request(request_id)  # frees its blocks
+        retracted.append(fresh)
+    for request_id, state in list(scheduler.waiting_requests.items()):
+        if state.is_cpu_offloaded:
+            offloading.free_request_cpu_cache(state)
+            scheduler.waiting_requests[request_id] = state.create_equivalent_initial_request()
+    for state in reversed(retracted):  # the head of the queue, in the batch's order
+        scheduler.waiting_requests[state.request_id] = state
+        scheduler.waiting_requests_order.appendleft(state.request_id)
+    _unblock(scheduler)
+    return len(retracted)
+
+
+def _unblock(scheduler: Any) -> None:
+    """The batch is empty: lift the admission block that transformers' offloading sets under cache pressure.  It
+    lifts it only when a request of the batch finishes, which none will now: left set, the waiting requests would
+    never be scheduled, and the loop would idle with them for ever."""
+    scheduler.block_new_requests = False
+
+
+def abort(processor: Any, drained: list) -> int:
+    """End every request this rank holds with one terminal output (see the module's docstring); ``drained`` (the
+    requests the loop took from the input queue this iteration, not in the scheduler yet) is emptied.  Returns how
+    many."""
+    scheduler, offloading, router = processor.scheduler, processor.offloading_manager, processor.output_router
+    states = list(scheduler.active_requests.values())
+    for state in states:
+        scheduler.finish_request(state.request_id)
+    for state in scheduler.waiting_requests.values():
+        offloading.free_request_cpu_cache(state)
+        states.append(state)
+    scheduler.waiting_requests.clear()
+    scheduler.waiting_requests_order.clear()
+    states.extend(drained)
+    drained.clear()
+    if processor.input_queue is not None:
+        while True:
+            try:
+                states.append(processor.input_queue.get_nowait())
+            except queue.Empty:
+                break
+    _unblock(scheduler)
+    error = RuntimeError(f"{ABORTED_BY_PAUSE}: resubmit the request")
+    for state in states:
+        router.fail_and_deliver(state, error)
+    return len(states)
+
+
+def at_decision(processor: Any, status: Any, drained: list) -> None:
+    """What the agreed mode does at the decision, on every rank (the caller has applied the all-reduce): a drain that
+    found work holds admission for this iteration; a retract or an abort takes effect before any window opens."""
+    s = status.state
+    processor.scheduler._cbpause_draining = s.draining
+    if s.tp_status >= t.HARD_STOP:
+        return
+    if s.tp_pause == t.RETRACT:
+        retract(processor)
+    elif s.tp_pause == t.ABORT:
+        abort(processor, drained)
