@@ -30,6 +30,17 @@ def held_after_a_step(manager, n: int = 3) -> tuple[list[str], StepGate]:
     return ids, gate
 
 
+def held_mid_drain(manager):
+    """Requests in flight, a holder asking for a drain, and the loop held right after it decided to drain first;
+    returns the request ids, the hold and the gate that holds the loop."""
+    ids, gate = held_after_a_step(manager)
+    drain_gate = StepGate(manager.background_thread_status, "drain_first")
+    hold = manager.background_thread_status.request_pause(mode="drain")
+    gate.release()
+    assert drain_gate.reached.wait(WAIT), "a drain with requests in flight must step the batch first"
+    return ids, hold, drain_gate
+
+
 def enter(status, hold) -> None:
     status.enter_pause(hold, timeout=WAIT)
 
@@ -109,12 +120,8 @@ def test_abort_ends_every_request_before_the_holder_enters_and_later_ones_run(pl
 
 def test_drain_finishes_the_batch_first_and_admits_nothing_meanwhile(plain_manager):
     manager = plain_manager
-    ids, gate = held_after_a_step(manager)
     status = manager.background_thread_status
-    drain_gate = StepGate(status, "drain_first")  # holds the loop once it decided to drain
-    hold = status.request_pause(mode="drain")
-    gate.release()
-    assert drain_gate.reached.wait(WAIT), "a drain with requests in flight must step the batch first"
+    ids, hold, drain_gate = held_mid_drain(manager)
     late = submit(manager, 1)  # submitted while the loop drains: not admitted
     drain_gate.release()
     enter(status, hold)
@@ -130,12 +137,8 @@ def test_drain_finishes_the_batch_first_and_admits_nothing_meanwhile(plain_manag
 
 def test_a_drain_that_times_out_withdraws_and_nothing_is_lost(plain_manager):
     manager = plain_manager
-    ids, gate = held_after_a_step(manager)
     status = manager.background_thread_status
-    drain_gate = StepGate(status, "drain_first")
-    hold = status.request_pause(mode="drain")
-    gate.release()
-    assert drain_gate.reached.wait(WAIT)
+    ids, hold, drain_gate = held_mid_drain(manager)
     with pytest.raises(TimeoutError):  # the loop is held mid-drain: the window cannot open in time
         status.enter_pause(hold, timeout=0.05)
     assert hold.state == "idle" and status.state.count == 0
@@ -216,12 +219,8 @@ def test_reject_admission_raises_a_retryable_error_while_paused_and_enqueues_not
 
 def test_a_drain_interrupted_mid_way_withdraws_and_the_loop_admits_again(plain_manager):
     manager = plain_manager
-    ids, gate = held_after_a_step(manager)
     status = manager.background_thread_status
-    drain_gate = StepGate(status, "drain_first")
-    hold = status.request_pause(mode="drain")
-    gate.release()
-    assert drain_gate.reached.wait(WAIT)
+    ids, hold, drain_gate = held_mid_drain(manager)
     status.interrupt(hold)  # P-INTERRUPT in the middle of the drain (a SIGINT while waiting does the same)
     drain_gate.release()
     late = submit(manager, 1)
