@@ -186,7 +186,7 @@ Init ==
 
 \* P-OBSERVE: read the local stop status and the pending pause request (its
 \* mode) for the all-reduce; the driver drains its request queue into the
-\* batch, unless a drain holds admission (R-DRAIN).
+\* batch, unless a drain holds admission (R-MODES).
 Observe(r) ==
     /\ phase[r] = "read"
     /\ phase' = [phase EXCEPT ![r] = "reduce"]
