@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import transitions as t
-from .loop import not_enabled
+from .loop import dropin_decision, not_enabled
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankState
 
 __all__ = ["DropInLoop", "Plan", "plan_exit", "plan_fatal", "plan_to_read"]
@@ -66,7 +66,7 @@ def _settle(s: RankState, pending: int | None, pause: bool, steps: list[Step]) -
     mode, at least KEEP (the loop applies no mode's effect on the requests: every mode acts as KEEP there).
     """
     if pending is not None:
-        return _walk(s, steps, t.all_reduce, pending, max(s.obs_pause, t.KEEP) if pause else 0)
+        return _walk(s, steps, t.all_reduce, pending, dropin_decision(s, pause))
     return s
 
 
@@ -278,7 +278,7 @@ class DropInLoop:
                 pending = max(s.obs_status, s.tp_status)  # TP=1: the all-reduce of this rank alone
             if pending is not None:
                 self._pending = None
-                s = self._apply(t.all_reduce, pending, max(s.obs_pause, t.KEEP))  # the drop-in reports no mode
+                s = self._apply(t.all_reduce, pending, dropin_decision(s, True))
             if not t.pause_decided(s):
                 return  # the group is hard-stopping: no window; the loop exits
         self.pause_window()

@@ -20,7 +20,7 @@ from . import transitions as t
 from .errors import PeerParkTimeout
 from .transitions import DONT_STOP, HARD_STOP, STOPPED, RankState
 
-__all__ = ["HOLDER_CHECK_S", "LoopSteps", "not_enabled", "quiet"]
+__all__ = ["HOLDER_CHECK_S", "LoopSteps", "dropin_decision", "not_enabled", "quiet"]
 
 # A loop parked in its pause window wakes at least this often to look for holders whose thread died without
 # leaving (P-RELEASE-DEAD-HOLDER), so that it resumes within this bound of the death (spec section 4.4).
@@ -108,7 +108,7 @@ _NO_MEMO = (None, None)
 _DECIDE_A_PAUSE = frozenset({t.open_window, t.skip_window, t.park_for_peer})
 
 
-def _decision(s: RankState, pause: bool) -> int:
+def dropin_decision(s: RankState, pause: bool) -> int:
     """The all-reduced pause request of a drop-in loop, which reports only whether the group pauses."""
     return max(s.obs_pause, t.KEEP) if pause else 0
 
@@ -143,7 +143,7 @@ class LoopSteps:
         pending = self._pending
         if pending is not None:
             self._pending = None
-            self._apply(t.all_reduce, pending, _decision(self._state, pause))
+            self._apply(t.all_reduce, pending, dropin_decision(self._state, pause))
 
     def _step(self, fn: Callable[..., RankState], guard: Callable[[RankState], bool]) -> RankState:
         """One loop step, the slow path: ``fn`` if ``guard`` holds (checked under the lock), else ``RuntimeError``
@@ -153,7 +153,7 @@ class LoopSteps:
             pending = self._pending
             if pending is not None and s.phase == "reduce":
                 pause = fn in _DECIDE_A_PAUSE or (fn is t.exit_loop and s.obs_pause > 0)
-                if not guard(t.all_reduce(s, pending, _decision(s, pause))):
+                if not guard(t.all_reduce(s, pending, dropin_decision(s, pause))):
                     raise RuntimeError(not_enabled(fn.__name__, s))
                 self._settle_pending(pause)
                 s = self._state

@@ -20,8 +20,9 @@ before any window opens, so that the batches of a TP group stay copies of each o
 
 from __future__ import annotations
 
-import queue
 from typing import Any
+
+from transformers.generation.continuous_batching import continuous_api as _api
 
 from .. import transitions as t
 
@@ -100,12 +101,8 @@ def abort(processor: Any, drained: list) -> int:
     scheduler.waiting_requests_order.clear()
     states.extend(drained)
     drained.clear()
-    if processor.input_queue is not None:
-        while True:
-            try:
-                states.append(processor.input_queue.get_nowait())
-            except queue.Empty:
-                break
+    if processor.input_queue is not None:  # what was submitted since the loop's drain of this iteration
+        states.extend(_api.drain_queue(processor.input_queue))
     _unblock(scheduler)
     error = RuntimeError(f"{ABORTED_BY_PAUSE}: resubmit the request")
     for state in states:
