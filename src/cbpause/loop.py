@@ -202,8 +202,9 @@ class LoopSteps:
                 return s.obs_status, s.obs_pause
         finally:
             lock.release()
-        with self._lock:
-            self._loop_thread = threading.get_ident()  # the thread of the first observe() after clear()
+        if self._loop_thread != threading.get_ident():
+            with self._lock:
+                self._loop_thread = threading.get_ident()  # the thread of the first observe() after clear()
         s = self._step(t.observe, _can_observe)
         return s.obs_status, s.obs_pause
 
@@ -324,7 +325,8 @@ class LoopSteps:
                     self._condition.wait(remaining)
                 self._apply(t.join_peer_pause)
             # Parked: wake at least every HOLDER_CHECK_S to release the holds of holders whose thread died
-            # (P-RELEASE-DEAD-HOLDER; the fairness of ReleaseDeadHolder in the spec rests on this loop).
+            # (P-RELEASE-DEAD-HOLDER; the fairness of ReleaseDeadHolder in the spec rests on this loop).  The first
+            # look comes before the first wait, so that no hold of a thread that died is entered from another thread.
             while True:
                 self._release_dead_holders()
                 if not self._state.paused:

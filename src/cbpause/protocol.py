@@ -19,8 +19,8 @@ Three APIs:
 * the explicit holder API (``request_pause`` returns a :class:`PauseHold`; ``enter_pause``,
   ``leave_pause``, ``interrupt`` take it), one method per TLA+ action of a holder.
 
-Waiting holders are woken by ``notify_all`` on every change that can enable them, which is the weak fairness
-the spec assumes for ``HolderWakes`` (``EnterPause`` or ``PauseFails``; spec section 4.4).
+Waiting holders are woken by ``notify_all`` on every change that can enable them (``_wakes``), which is the weak
+fairness the spec assumes for ``HolderWakes`` (``EnterPause`` or ``PauseFails``; spec section 4.4).
 """
 
 from __future__ import annotations
@@ -107,13 +107,16 @@ class PauseHold:
         return f"<PauseHold {self.state} ({t.MODE_NAMES[self.mode]}) of thread {self.thread.name!r}>"
 
 
+_MODE_NUMBERS = {name: number for number, name in t.MODE_NAMES.items()}
+
+
 def check_mode(mode: str | int) -> int:
     """A pause mode as the protocol's number: ``"keep"``, ``"retract"``, ``"drain"`` or ``"abort"`` (or the number,
     ``transitions.KEEP`` ... ``ABORT``); ``ValueError`` for anything else."""
     if isinstance(mode, str):
-        for number, name in t.MODE_NAMES.items():
-            if mode == name:
-                return number
+        number = _MODE_NUMBERS.get(mode)
+        if number is not None:
+            return number
     elif isinstance(mode, int) and not isinstance(mode, bool) and mode in t.MODES:
         return mode
     raise ValueError(f"mode must be one of {', '.join(map(repr, t.MODE_NAMES.values()))}, not {mode!r}")
@@ -128,6 +131,9 @@ def _check_timeout(timeout: float | None, name: str = "timeout") -> float | None
     """
     if timeout is None:
         return None
+    # The common case first, without the checks below (the holder's fast path): NaN fails both comparisons.
+    if (type(timeout) is float or type(timeout) is int) and 0 <= timeout <= threading.TIMEOUT_MAX:
+        return float(timeout)
     if isinstance(timeout, bool) or not isinstance(timeout, (numbers.Real, decimal.Decimal)):
         raise ValueError(f"{name} must be a number of seconds or None, not {timeout!r}")
     try:
@@ -217,6 +223,12 @@ class PauseProtocol(LoopSteps, DropInLoop):
             return "The background thread is stopping."
         return None
 
+    @property
+    def pauses_taken(self) -> int:
+        """Holders that entered a pause since construction (as ``metrics().pauses_taken``, without the snapshot: the
+        loop reads it at the end of every window)."""
+        return self._pauses_taken
+
     def metrics(self) -> PauseMetrics:
         """A consistent snapshot of the pause metrics."""
         with self._lock:
@@ -256,13 +268,8 @@ class PauseProtocol(LoopSteps, DropInLoop):
             self._trace.record(self.trace_rank, fn.__name__, args, before, after, holder, holder_state)
         if after.paused != before.paused:
             self._window_metrics(after.paused)
-        # Wake the waiters only when this step can enable one of them (holders wait for an open window or a
-        # stopped loop; the loop waits for its last holder to leave, or, parked for a peer, for a request).
-        # EnterPause enables nobody, nor does RequestPause unless the loop is parked for a peer: with many
-        # holders, waking them all on each of these made every pause O(holders) wake-ups.
-        if fn is t.enter_pause or (fn is t.request_pause and before.phase != "peer"):
-            return after
-        self._condition.notify_all()
+        if _wakes(fn, before, after):
+            self._condition.notify_all()
         return after
 
     def _window_metrics(self, opened: bool) -> None:
@@ -389,9 +396,11 @@ class PauseProtocol(LoopSteps, DropInLoop):
         if not t.can_request_pause(s):
             raise RuntimeError(_refusal(s)) from self.fatal_error
         # An asynchronous exception between a hold's last store and its removal from the registry (_apply) leaves an
-        # idle hold there: forget those here, so the registry stays the holds waiting or inside.
-        for idle in [h for h in self._holds if h.state == "idle"]:
-            del self._holds[idle]
+        # idle hold there: forget those here, so the registry stays the holds waiting or inside.  The registry holds
+        # exactly `count` holds otherwise, so the scan (O(holders)) runs only when one was left.
+        if len(self._holds) > s.count:
+            for idle in [h for h in self._holds if h.state == "idle"]:
+                del self._holds[idle]
         hold = PauseHold(self, holder, self._clock(), mode)
         if holder is None:
             hold.holder = ("hold", next(self._serial))
@@ -436,8 +445,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         On the main thread the wait wakes every ``MAIN_THREAD_WAKE_S`` seconds, so that a SIGINT CPython left
         pending still interrupts it.
         """
-        deadline = None if timeout is None else self._clock() + timeout
-        on_main = threading.current_thread() is threading.main_thread()
+        deadline = on_main = None  # computed before the first wait: a hold that enters at once needs neither
         while True:
             if hold.state != "waiting":  # released meanwhile: its requesting thread ended (P-RELEASE-DEAD-HOLDER)
                 raise RuntimeError(f"this pause was released while waiting: {hold.thread.name!r}, the thread that "
@@ -451,6 +459,9 @@ class PauseProtocol(LoopSteps, DropInLoop):
             if (s.local_status == STOPPED or s.fatal) and not s.paused:
                 self._apply(t.pause_fails, hold.mode, hold=hold)
                 raise RuntimeError("The generation loop stopped before it could pause.") from self.fatal_error
+            if on_main is None:
+                deadline = None if timeout is None else self._clock() + timeout
+                on_main = threading.current_thread() is threading.main_thread()
             remaining = None if deadline is None else deadline - self._clock()
             if remaining is not None and remaining <= 0:
                 self._apply(t.pause_timeout, hold.mode, hold=hold)
@@ -503,7 +514,8 @@ class PauseProtocol(LoopSteps, DropInLoop):
         number = check_mode(mode)
         self._refuse_loop_thread()
         holds = self._thread_holds()
-        holds[:] = [h for h in holds if h.state != "idle"]  # left from another thread (leave_pause)
+        if holds:
+            holds[:] = [h for h in holds if h.state != "idle"]  # left from another thread (leave_pause)
         with self._lock:
             hold = self._new_hold(threading.get_ident(), number)
             try:
@@ -538,6 +550,29 @@ class PauseProtocol(LoopSteps, DropInLoop):
             hold = inside[-1]
             self._apply(t.leave_pause, hold.mode, hold=hold)
             holds.remove(hold)
+
+
+# Phases a waiter may wait for (besides an open window, a stop, and a failure): a park for a peer, the barrier after
+# a window (tests wait for these with testing.wait_for_phase).
+_WAKING_PHASES = frozenset({"peer", "barrier", "stopped", "dead"})
+
+
+def _wakes(fn: Callable[..., RankState], before: RankState, after: RankState) -> bool:
+    """Whether a step can enable a waiter, so that ``_apply`` wakes them (holders wait for an open window that covers
+    their mode, or a stopped or failed loop; the loop waits for its last holder to leave, or, parked for a peer, for
+    a request).  The steady loop's steps (Observe, AllReduce, NoPause, StartStep, EndStep, Idle, DrainFirst), a
+    holder's own RequestPause and EnterPause, and a LeavePause that leaves the window open (the loop waits for it to
+    close; a holder deferred to a stronger mode, for the next window) enable nobody: waking every waiting holder on
+    each of them made a pause O(holders) wake-ups, and the woken holders took the CPU from the loop on its way to
+    the window."""
+    return (
+        after.paused != before.paused
+        or after.local_status != before.local_status
+        or after.fatal != before.fatal
+        or fn is t.release_dead_holder
+        or (after.phase != before.phase and after.phase in _WAKING_PHASES)
+        or (fn is t.request_pause and before.phase == "peer")
+    )
 
 
 @functools.lru_cache(maxsize=8192)

@@ -87,31 +87,55 @@ def case_entry_and_resume(bench: Bench, reps: int, quick: bool) -> list[Row]:
     idle = Row("2", "pause entry, idle loop", "ms")
     resume = Row("3", "resume (last out to next step)", "ms")
     step = Row("2", "loop iteration (step to step)", "ms", note="a busy loop's forward starts, no pause between")
+    beyond_busy = Row("2", "entry beyond the step in flight, busy", "us",
+                      note="inside minus the next group step's start: what each protocol adds to the physical bound")
+    beyond_idle = Row("2", "entry beyond the step in flight, idle", "us", note="the same on an idle loop (its wake-up "
+                      "from the idle wait is the step in flight)")  # fmt: skip
+    forward_rest = Row("2", "rest of the forward step in flight, busy", "ms", note="request to the end of the forward "
+                       "step it landed in (the loop then updates the batch before its group step)")  # fmt: skip
+
+    def beyond(row: Row, impl: str, pairs: list[tuple[float, float]], rest: Row | None = None) -> None:
+        split = [bench.beyond_the_step(asked, entered) for asked, entered in pairs]
+        added = [1e6 * b for b, _ in split]
+        row.samples.setdefault(impl, []).extend(added)
+        row.reps.setdefault(impl, []).append(statistics.median(added))
+        if rest is not None:
+            forward = [1e3 * f for _, f in split if f is not None]
+            if forward:
+                rest.samples.setdefault(impl, []).extend(forward)
+                rest.reps.setdefault(impl, []).append(statistics.median(forward))
+
     for _ in range(reps):
         for impl in IMPLS:
             with bench.running(impl, busy=True) as manager:
                 times = [1e3 * x for x in bench.clock.step_times(40, WAIT)]
                 step.samples.setdefault(impl, []).extend(times)
                 step.reps.setdefault(impl, []).append(statistics.median(times))
-                entries, resumes = [], []
+                entries, resumes, pairs = [], [], []
                 for _ in range(n):
                     bench.clock.wait_steps(2, WAIT)
                     asked = time.perf_counter()
                     with pause(manager, impl):
-                        entries.append(time.perf_counter() - asked)
+                        entered = time.perf_counter()
+                        entries.append(entered - asked)
+                        pairs.append((asked, entered))
                         left = time.perf_counter()
                     resumes.append(bench.clock.first_after(left, WAIT) - left)
+                beyond(beyond_busy, impl, pairs, forward_rest)
                 busy.samples.setdefault(impl, []).extend(1e3 * x for x in entries)
                 busy.reps.setdefault(impl, []).append(1e3 * statistics.median(entries))
                 resume.samples.setdefault(impl, []).extend(1e3 * x for x in resumes)
                 resume.reps.setdefault(impl, []).append(1e3 * statistics.median(resumes))
             with bench.running(impl, busy=False) as manager:
-                entries = []
+                entries, pairs = [], []
                 for _ in range(n):
                     time.sleep(0.005)  # let the loop get back to its idle wait: the case is an idle loop
                     asked = time.perf_counter()
                     with pause(manager, impl):
-                        entries.append(time.perf_counter() - asked)
+                        entered = time.perf_counter()
+                        entries.append(entered - asked)
+                        pairs.append((asked, entered))
+                beyond(beyond_idle, impl, pairs)
                 idle.samples.setdefault(impl, []).extend(1e3 * x for x in entries)
                 idle.reps.setdefault(impl, []).append(1e3 * statistics.median(entries))
     step_ms = statistics.median(step.samples["upstream"] + step.samples["cbpause"])
@@ -121,7 +145,11 @@ def case_entry_and_resume(bench: Bench, reps: int, quick: bool) -> list[Row]:
         )
     busy.note += f"; target p99 <= iteration + 1 ms = {step_ms + 1:.2f} ms"
     idle.note += "; target p99 <= 1 ms"
-    return [busy, idle, resume, step]
+    for row in (beyond_busy, beyond_idle):
+        row.note += "; target for cbpause p50 < 50 us, p99 < 200 us: p50 {:.0f}, p99 {:.0f}".format(
+            percentile(row.samples["cbpause"], 50), percentile(row.samples["cbpause"], 99)
+        )
+    return [busy, idle, resume, step, beyond_busy, beyond_idle, forward_rest]
 
 
 def case_contention(bench: Bench, reps: int, quick: bool) -> list[Row]:

@@ -7,8 +7,10 @@ below 1.00 cbpause is cheaper.
 from __future__ import annotations
 
 import argparse
+import bisect
 import statistics
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -105,6 +107,11 @@ class Bench:
         self.vocab_size = self.model.config.vocab_size
         self.clock = ForwardProbe()
         self.clock.attach(self.model)
+        # When each forward step ended, and when each loop began its group step (where both implementations read
+        # the pause requests): what lies between a request and the group step after it is the step in flight.
+        self.forward_ends: list[float] = []
+        self.model.register_forward_hook(lambda *_: self.forward_ends.append(time.perf_counter()))
+        self.group_steps: list[float] = []
         self.rng = torch.Generator().manual_seed(args.seed)
 
     def prompt(self, n: int = 8) -> list[int]:
@@ -141,7 +148,7 @@ class Bench:
             self.clock.wait_steps(3, WAIT)
         # One pause, not measured: the first one waits for the loop to build its cache and scheduler.
         with pause(manager, impl):
-            pass
+            self._clock_group_steps(manager)
         try:
             yield manager
         finally:
@@ -149,6 +156,30 @@ class Bench:
             if feeder is not None:
                 feeder.join(WAIT)
             manager.stop(block=True, timeout=WAIT, hard_stop=True)
+
+
+    def _clock_group_steps(self, manager) -> None:
+        """Record the start of each group step (``_update_tp_group_state``, which both loops call first in every
+        iteration) in ``group_steps``: the same wrapper on either implementation's batch processor."""
+        processor = manager.batch_processor
+        step, starts = processor._update_tp_group_state, self.group_steps
+
+        def clocked():
+            starts.append(time.perf_counter())
+            return step()
+
+        processor._update_tp_group_state = clocked
+
+    def beyond_the_step(self, asked: float, entered: float) -> tuple[float, float | None]:
+        """For one pause asked at ``asked`` and entered at ``entered``: (what the protocol added beyond the step in
+        flight, the rest of the forward step in flight or None), in seconds.  The step in flight is what the loop
+        was doing when the request came (a forward step and its batch update, or the idle wait): it ends where the
+        loop begins its next group step, the first point at which either implementation can see the request."""
+        i = bisect.bisect_left(self.group_steps, asked)
+        group = self.group_steps[i] if i < len(self.group_steps) and self.group_steps[i] <= entered else asked
+        j = bisect.bisect_left(self.forward_ends, asked)
+        forward = self.forward_ends[j] - asked if j < len(self.forward_ends) and self.forward_ends[j] <= group else None
+        return entered - group, forward
 
 
 def pause(manager, impl: str, mode: str = "keep"):

@@ -19,7 +19,7 @@ def plot(rows: list[Row], path: Path) -> bool:
     except ImportError:
         return False
     restart = next((r for r in rows if r.metric.startswith("stop/")), None)
-    dists = [r for r in rows if r.samples and r.unit == "ms" and r is not restart]
+    dists = [r for r in rows if r.samples and r.unit in ("ms", "us") and r is not restart]
     if not dists:
         return False
     cols = 3
@@ -39,7 +39,7 @@ def plot(rows: list[Row], path: Path) -> bool:
         ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(f"{row.case}: {row.metric}", fontsize=9)
-        ax.set_xlabel("ms")
+        ax.set_xlabel(row.unit)
         ax.set_ylabel("fraction")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)

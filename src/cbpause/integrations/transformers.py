@@ -152,7 +152,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
                 self.inputs_and_outputs.compute_stream.synchronize()
             # end of copy
             status.pause_window()  # P-OPEN-WINDOW / P-SKIP-WINDOW / P-PARK-FOR-PEER, P-CLOSE-WINDOW; raises on D3
-            changed = weights.window_changed_weights(self.output_router.versions, status.metrics().pauses_taken)
+            changed = weights.window_changed_weights(self.output_router.versions, status.pauses_taken)
             if self.distributed_helper.cpu_comm_group is not None:
                 timeout = self.cb_config.cpu_group_timeout
                 try:

@@ -154,6 +154,12 @@ def check_model_unchanged(processor: Any) -> None:
     cache, model = processor.cache, getattr(processor, "_cbpause_model", None)
     if model is None:
         return
+    # The first parameter decides when it is floating point, as transformers' own `model.dtype` and `model.device`
+    # read it (each walking the module tree again): only a mismatch, or a model that starts with a non-floating
+    # parameter, pays for the full check.
+    first = next(model.parameters(), None)
+    if first is not None and first.is_floating_point() and (first.dtype, first.device) == (cache.dtype, cache.device):
+        return
     if (model.dtype, model.device) != (cache.dtype, cache.device):
         raise RuntimeError(
             f"the model was moved to {model.dtype} on {model.device} inside a pause, but the KV cache of this loop is "
