@@ -269,13 +269,20 @@ def test_generated_request_ids_skip_the_ids_a_caller_chose(manager):
     still_usable(manager)
 
 
-def test_a_model_moved_to_another_dtype_inside_a_pause_fails_the_loop_with_a_clear_error(manager):
-    """Upstream: the next forward step fails with index_copy_'s dtype error.  Stop and start builds a new cache."""
+@pytest.mark.parametrize("how", ["to", "load_state_dict(assign=True)"])
+def test_a_model_moved_to_another_dtype_inside_a_pause_fails_the_loop_with_a_clear_error(manager, how):
+    """Upstream: the next forward step fails with index_copy_'s dtype error.  Stop and start builds a new cache.
+    Replacing the parameters (``assign=True``) is seen as well as converting them in place (``.to()``)."""
     manager.start()
     model = manager.model
     try:
         with manager.pause(timeout=WAIT):
-            model.to(torch.float64)
+            pass  # the check at the resume has found the model's first parameter once
+        with manager.pause(timeout=WAIT):
+            if how == "to":
+                model.to(torch.float64)
+            else:
+                model.load_state_dict({k: v.double() for k, v in model.state_dict().items()}, assign=True)
         out = manager.get_result(timeout=WAIT) if manager.add_request(list(PROMPT), max_new_tokens=MAX_NEW) else None
         assert out is None or out.status == RequestStatus.FAILED
         thread_done = manager._generation_thread

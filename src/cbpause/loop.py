@@ -102,7 +102,7 @@ def _can_idle(s: RankState) -> bool:
 
 # The steps a steady loop takes every iteration, which replay a memo (LoopSteps._remember).
 _HOT = ("observe", "no_pause", "start_step", "end_step", "idle")
-_NO_MEMO = (None, None)
+_NO_MEMO = (None, None, None, None)
 
 # The steps that follow an all-reduce that decided to pause (the others follow one that did not).
 _DECIDE_A_PAUSE = frozenset({t.open_window, t.skip_window, t.park_for_peer})
@@ -165,21 +165,26 @@ class LoopSteps:
             return after
 
     def _remember(self, action: str, before: RankState, after: RankState, *args: object) -> None:
-        """The memo of the hot path: ``self._memo_<action> = (before, *args, after)``.
+        """The memo of the hot path: ``self._memo_<action> = (before, *args, after, *previous)``, the last two steps
+        taken, in one tuple (an attribute more per step would cost every attribute read of the object: CPython 3.11
+        shares the keys of an instance's dict only up to 30 of them).
 
-        A steady loop takes the same step from the same state object every iteration (transitions are interned,
-        see ``protocol._transition``), so each hot method first replays its memo, guard included, with one
-        identity test: the state object fixes every field a guard reads.  The replay takes the lock with
-        ``acquire()`` and ``try``/``finally`` rather than ``with``, which costs twice as much on CPython 3.11,
-        and several steps run every iteration; for the same reason the replay is written out in each hot method
-        rather than shared (a helper would add a call to every step).  Between ``acquire()`` and ``try`` a
-        signal handler could raise and leave the lock held; signal handlers run only on the main thread, so a
-        loop there gets no memos, and neither does a step that can wake a waiter (:func:`quiet`: the replay
-        notifies nobody) or a protocol that records a trace (the replay records nothing).  ``clear()`` forgets
-        every memo.
+        A steady loop takes the same step from the same state object every iteration (transitions are interned, see
+        ``protocol._transition``), so each hot method first replays its memo, guard included, with one identity test:
+        the state object fixes every field a guard reads. Two memos per step, the last two taken, the one replayed
+        first: an iteration with a pause takes the steps from other states than a steady one, and with one memo each
+        pause cost the slow path twice per step, on its way to the window and back. The replay takes the lock with
+        ``acquire()`` and ``try``/``finally`` rather than ``with``, which costs twice as much on CPython 3.11, and
+        several steps run every iteration; for the same reason the replay is written out in each hot method rather than
+        shared (a helper would add a call to every step). Between ``acquire()`` and ``try`` a signal handler could raise
+        and leave the lock held; signal handlers run only on the main thread, so a loop there gets no memos, and neither
+        does a step that can wake a waiter (:func:`quiet`: the replay notifies nobody) or a protocol that records a
+        trace (the replay records nothing). ``clear()`` forgets every memo.
         """
         if self._may_remember(before, after):
-            setattr(self, "_memo_" + action, (before, *args, after))
+            last = getattr(self, "_memo_" + action)
+            width = len(last) // 2
+            setattr(self, "_memo_" + action, (before, *args, after, *last[width * (last[0] is before) :][:width]))
 
     def _may_remember(self, before: RankState, after: RankState) -> bool:
         """Whether a step from ``before`` to ``after`` may be replayed from a memo (see :meth:`_remember`)."""
@@ -188,7 +193,7 @@ class LoopSteps:
     def _forget_memos(self) -> None:
         for action in _HOT:
             setattr(self, "_memo_" + action, _NO_MEMO)
-        self._memo_all_reduce = (None, None, None, None, None)
+        self._memo_all_reduce = (None,) * 10
         self._observe_memo = (None, None, None, None)  # the drop-in is_pause_requested()'s (DropInLoop)
 
     def observe(self) -> tuple[int, int]:
@@ -199,6 +204,10 @@ class LoopSteps:
         try:
             if memo[0] is self._state:
                 self._state = s = memo[1]
+                return s.obs_status, s.obs_pause
+            if memo[2] is self._state:  # the other of the last two (see _remember)
+                self._state = s = memo[3]
+                self._memo_observe = (*memo[2:], *memo[:2])
                 return s.obs_status, s.obs_pause
         finally:
             lock.release()
@@ -225,6 +234,13 @@ class LoopSteps:
                 and self._pending is None
             ):  # fmt: skip
                 self._state = memo[4]
+                return
+            if (
+                memo[5] is self._state and memo[6] == tp_status and memo[7] == tp_pause and memo[8] == busy
+                and self._pending is None
+            ):  # fmt: skip  (the other of the last two, see _remember)
+                self._state = memo[9]
+                self._memo_all_reduce = (*memo[5:], *memo[:5])
                 return
         finally:
             lock.release()
@@ -358,6 +374,10 @@ class LoopSteps:
             if memo[0] is self._state:
                 self._state = memo[1]
                 return
+            if memo[2] is self._state:  # the other of the last two (see _remember)
+                self._state = memo[3]
+                self._memo_no_pause = (*memo[2:], *memo[:2])
+                return
         finally:
             lock.release()
         self._step(t.no_pause, _can_no_pause)
@@ -373,6 +393,10 @@ class LoopSteps:
         try:
             if memo[0] is self._state:  # a state the step was taken from, so one with no holder inside
                 self._state = memo[1]
+                return
+            if memo[2] is self._state:  # the other of the last two (see _remember)
+                self._state = memo[3]
+                self._memo_start_step = (*memo[2:], *memo[:2])
                 return
         finally:
             lock.release()
@@ -392,6 +416,10 @@ class LoopSteps:
             if memo[0] is self._state:
                 self._state = memo[1]
                 return
+            if memo[2] is self._state:  # the other of the last two (see _remember)
+                self._state = memo[3]
+                self._memo_end_step = (*memo[2:], *memo[:2])
+                return
         finally:
             lock.release()
         self._step(t.end_step, _can_end_step)
@@ -403,6 +431,10 @@ class LoopSteps:
         try:
             if memo[0] is self._state:
                 self._state = memo[1]
+                return
+            if memo[2] is self._state:  # the other of the last two (see _remember)
+                self._state = memo[3]
+                self._memo_idle = (*memo[2:], *memo[:2])
                 return
         finally:
             lock.release()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..testing import percentile
-from .harness import IMPLS, WAIT, Bench, Row, pause
+from .harness import IMPLS, WAIT, Bench, Row, order, pause
 
 if TYPE_CHECKING:
     from ..testing import ForwardProbe
@@ -70,8 +70,8 @@ def case_overhead(bench: Bench, reps: int, quick: bool) -> list[Row]:
     ]
 
     def measure() -> None:
-        for _ in range(reps):
-            for row, name, one in loops:
+        for rep in range(reps):
+            for row, name, one in loops if rep % 2 == 0 else loops[::-1]:
                 row.reps.setdefault(name, []).append(timeit.timeit(one, number=n) / n * 1e9)
 
     thread = threading.Thread(target=measure, name="bench-loop")  # off the main thread, as the real loop
@@ -105,8 +105,8 @@ def case_entry_and_resume(bench: Bench, reps: int, quick: bool) -> list[Row]:
                 rest.samples.setdefault(impl, []).extend(forward)
                 rest.reps.setdefault(impl, []).append(statistics.median(forward))
 
-    for _ in range(reps):
-        for impl in IMPLS:
+    for rep in range(reps):
+        for impl in order(rep):
             with bench.running(impl, busy=True) as manager:
                 times = [1e3 * x for x in bench.clock.step_times(40, WAIT)]
                 step.samples.setdefault(impl, []).extend(times)
@@ -159,8 +159,8 @@ def case_contention(bench: Bench, reps: int, quick: bool) -> list[Row]:
         row = Row("4", f"{k} threads pausing", "pauses/s", higher_is_better=True)
         # Enough pauses that a measurement lasts well over the scheduler's noise (a few hundred ms).
         per_thread = max(4, (128 if quick else 1024) // k)
-        for _ in range(reps):
-            for impl in IMPLS:
+        for rep in range(reps):
+            for impl in order(rep):
                 with bench.running(impl, busy=True) as manager:
                     barrier = threading.Barrier(k + 1)
                     errors: list[BaseException] = []
@@ -257,8 +257,8 @@ def case_throughput(bench: Bench, reps: int, quick: bool) -> list[Row]:
     for every in (None, 1, 10, 100):
         metric = "no pauses" if every is None else f"pause every {every} steps"
         row = Row("5", metric, "tokens/s", higher_is_better=True)
-        for _ in range(reps):
-            for impl in IMPLS:
+        for rep in range(reps):
+            for impl in order(rep):
                 row.reps.setdefault(impl, []).append(_generate(bench, impl, n, max_new, every)[0])
         rows.append(row)
     return rows
@@ -339,8 +339,8 @@ def case_weight_update(bench: Bench, reps: int, quick: bool) -> list[Row]:
     restart_gaps: list[float] = []
     restart_rates: list[float] = []
     every = max(1, max_new // (updates + 1))
-    for _ in range(reps):
-        for impl in IMPLS:
+    for rep in range(reps):
+        for impl in order(rep):
             tps, gaps = _generate(bench, impl, n, max_new, every, update=_perturb(bench))
             gap.samples.setdefault(impl, []).extend(1e3 * g for g in gaps)
             gap.reps.setdefault(impl, []).append(1e3 * statistics.median(gaps) if gaps else float("nan"))

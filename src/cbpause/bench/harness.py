@@ -21,6 +21,12 @@ IMPLS = ("upstream", "cbpause")
 WAIT = 120.0
 
 
+def order(rep: int) -> tuple[str, ...]:
+    """The implementations in the order repetition ``rep`` runs them: upstream first in even repetitions, cbpause
+    first in odd ones (ABBA), so that a drift of the machine within a repetition favours neither."""
+    return IMPLS if rep % 2 == 0 else IMPLS[::-1]
+
+
 @dataclass
 class Row:
     """One line of the table.  ``reps`` holds one figure per repetition and implementation; ``samples``
@@ -33,6 +39,7 @@ class Row:
     samples: dict[str, list[float]] = field(default_factory=dict)
     higher_is_better: bool = False
     note: str = ""
+    scale: tuple[str, int] | None = None  # case 10: the axis and the value this row is measured at
 
     def ratios(self) -> list[float]:
         up, ours = self.reps.get("upstream", []), self.reps.get("cbpause", [])

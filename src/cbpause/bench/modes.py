@@ -14,7 +14,7 @@ import statistics
 import time
 
 from .cases import _generate, _perturb, _stop_restart
-from .harness import IMPLS, WAIT, Bench, Row, pause
+from .harness import WAIT, Bench, Row, order, pause
 
 MODES = ("keep", "retract", "drain", "abort")
 
@@ -47,8 +47,8 @@ def case_modes(bench: Bench, reps: int, quick: bool) -> list[Row]:
         resume = Row("9", f"{mode}: resume (last out to next step)", "ms")
         rate = Row("9", f"{mode}: tokens/s, {updates} updates", "tokens/s", higher_is_better=True,
                    note="upstream column: stop/update/restart/resubmit")  # fmt: skip
-        for _ in range(reps):
-            for impl in IMPLS if mode == "keep" else ("cbpause",):
+        for rep in range(reps):
+            for impl in order(rep) if mode == "keep" else ("cbpause",):
                 entries, resumes = _entries(bench, impl, mode, n)
                 entry.samples.setdefault(impl, []).extend(1e3 * x for x in entries)
                 entry.reps.setdefault(impl, []).append(1e3 * statistics.median(entries))

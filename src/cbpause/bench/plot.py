@@ -51,3 +51,50 @@ def plot(rows: list[Row], path: Path) -> bool:
     return True
 
 
+
+
+def plot_scaling(rows: list[Row], path: Path) -> bool:
+    """Case 10: p50 against holders, waiting requests and TP ranks, one panel per axis and metric, upstream against
+    cbpause; False without matplotlib or without case 10."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    from ..testing import percentile
+
+    panels: dict[tuple[str, str], list[Row]] = {}
+    for row in rows:
+        if row.scale is not None and row.samples:
+            what = row.metric.split(": ", 1)[1]
+            panels.setdefault((row.scale[0], what), []).append(row)
+    if not panels:
+        return False
+    cols = 3
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.4 * nrows), squeeze=False)
+    for ax, ((axis, what), group) in zip(axes.flat, panels.items(), strict=False):
+        xs = [r.scale[1] for r in group]
+        for impl, color in (("upstream", "tab:orange"), ("cbpause", "tab:blue")):
+            p50 = [percentile(r.samples.get(impl, [float("nan")]), 50) for r in group]
+            p99 = [percentile(r.samples.get(impl, [float("nan")]), 99) for r in group]
+            ax.plot(xs, p50, "o-", color=color, label=f"{impl} p50")
+            ax.plot(xs, p99, "x:", color=color, label=f"{impl} p99")
+        if axis != "ranks":
+            ax.set_xscale("symlog" if 0 in xs else "log")
+        ax.set_xticks(xs)
+        ax.set_xticklabels([str(x) for x in xs])
+        ax.set_title(f"10: {what}", fontsize=9)
+        ax.set_xlabel(axis)
+        ax.set_ylabel(group[0].unit)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True

@@ -15,7 +15,8 @@ from . import __doc__ as _package_doc
 from .cases import case_contention, case_entry_and_resume, case_overhead, case_throughput, case_tlc, case_weight_update
 from .harness import Bench, Row, format_table
 from .modes import case_modes
-from .plot import plot
+from .plot import plot, plot_scaling
+from .scaling import case_scaling
 from .tp import case_tp
 
 
@@ -38,6 +39,7 @@ CASES = {
     "update": case_weight_update,
     "tp": case_tp,
     "modes": case_modes,
+    "scaling": case_scaling,
 }
 
 
@@ -98,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [r.summary() for r in rows], "raw": [asdict(r) for r in rows], "tlc": tlc_rows,
     }  # fmt: skip
     (args.out / "bench.json").write_text(json.dumps(report, indent=1))
-    drew = plot(rows, args.out / "bench.png")
+    drew = plot([r for r in rows if r.scale is None], args.out / "bench.png")
     plotted = f" and {args.out / 'bench.png'}" if drew else " (no plot: no latency case, or no matplotlib)"
+    if plot_scaling(rows, args.out / "scaling.png"):
+        plotted += f" and {args.out / 'scaling.png'}"
     print(f"\nwrote {args.out / 'bench.json'}{plotted}")
     print(f"bench: {report['seconds']} s in all")
     return 0

@@ -1,7 +1,27 @@
-"""Case 7: pause entry under tensor parallelism, TP=2 over gloo, two worker processes per implementation."""
+"""Case 7: pause entry under tensor parallelism over gloo, one process per rank, and where its time goes.
+
+Every rank runs a busy loop and pauses ``n`` times; each pause is asked right after a forward step of its rank
+started (as in case 2).  Besides the entry, each rank records, for both implementations with the same wrappers
+(a ``perf_counter`` per call, on the instance): the start of each group step (``_update_tp_group_state``), each
+call of the group's all-reduce (``DistributedHelper.tp_all_reduce_state``: its start and its end), and where each
+loop opens its window (upstream's ``pause_and_wait``, cbpause's ``pause_window``).  Per pause, the entry splits
+into:
+
+* **step in flight**: request to the next group step (the rest of the forward step, the batch update);
+* **to the all-reduce**: group step to the all-reduce (draining the input queues, the observation);
+* **all-reduce**: the collective, which returns once every rank has reached it, so a rank whose peer is still
+  in its step waits here for it;
+* **decision to window**: the decision applied up to the window (cbpause: the modes' effects, the window's own
+  checks);
+* **window to inside**: the window opens and the holder is woken.
+
+The last row is the loop iteration (forward start to forward start, no pause) of the same processes: the target
+is an entry of at most 1.5 iterations at p50.
+"""
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import statistics
@@ -9,11 +29,49 @@ import tempfile
 import time
 from pathlib import Path
 
-from .harness import IMPLS, WAIT, Bench, Row, pause
+from .harness import IMPLS, WAIT, Bench, Row, order, pause
+
+PHASES = ("step in flight", "to the all-reduce", "all-reduce", "decision to window", "window to inside")
+
+
+def _clock_calls(obj: object, name: str, starts: list[float], ends: list[float] | None = None) -> None:
+    """Record when each call of ``obj.name`` starts (and ends) by wrapping it on the instance."""
+    fn = getattr(obj, name)
+
+    def clocked(*args, **kwargs):
+        starts.append(time.perf_counter())
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if ends is not None:
+                ends.append(time.perf_counter())
+
+    setattr(obj, name, clocked)
+
+
+def _first(xs: list[float], after: float) -> float | None:
+    i = bisect.bisect_left(xs, after)
+    return xs[i] if i < len(xs) else None
+
+
+def split_entry(asked: float, entered: float, clocks: dict[str, list[float]]) -> list[float] | None:
+    """One pause's entry as the durations of :data:`PHASES` (seconds), or None where a clock has no event in
+    the entry (the request landed in the group step itself)."""
+    group = _first(clocks["group"], asked)
+    if group is None or group > entered:
+        return None
+    i = bisect.bisect_left(clocks["reduce_start"], group)
+    if i >= len(clocks["reduce_start"]) or clocks["reduce_end"][i] > entered:
+        return None
+    reduce_start, reduce_end = clocks["reduce_start"][i], clocks["reduce_end"][i]
+    window = _first(clocks["window"], reduce_end)
+    if window is None or window > entered:
+        return None
+    return [group - asked, reduce_start - group, reduce_end - reduce_start, window - reduce_end, entered - window]
 
 
 def tp_worker(rank: int, world: int, port: int, ckpt: str, impl: str, n: int, outdir: str) -> None:
-    """Case 7, one rank: busy loop, ``n`` pauses, entry latency of each (spawned by :func:`case_tp`)."""
+    """Case 7, one rank: busy loop, ``n`` pauses, entry latency of each and its split (spawned by :func:`run_group`)."""
     record: dict = {"rank": rank, "impl": impl}
     try:
         from transformers.utils import logging as hf_logging
@@ -36,13 +94,27 @@ def tp_worker(rank: int, world: int, port: int, ckpt: str, impl: str, n: int, ou
             for _ in range(4):
                 manager.add_request(list(range(1, 9)), max_new_tokens=512)
         clock.wait_steps(3, WAIT)
-        entries = []
+        with pause(manager, impl):  # not measured: the batch processor exists once the loop has paused
+            clocks: dict[str, list[float]] = {"group": [], "reduce_start": [], "reduce_end": [], "window": []}
+            processor = manager.batch_processor
+            _clock_calls(processor, "_update_tp_group_state", clocks["group"])
+            helper = processor.distributed_helper
+            _clock_calls(helper, "tp_all_reduce_state", clocks["reduce_start"], clocks["reduce_end"])
+            status = manager.background_thread_status
+            _clock_calls(status, "pause_window" if impl == "cbpause" else "pause_and_wait", clocks["window"])
+        iterations = clock.step_times(41, WAIT)
+        entries, splits = [], []
         for _ in range(n):
             clock.wait_steps(2, WAIT)
             asked = time.perf_counter()
             with pause(manager, impl):
-                entries.append(time.perf_counter() - asked)
+                entered = time.perf_counter()
+            entries.append(entered - asked)
+            splits.append((asked, entered))
         record["entries_ms"] = [1e3 * x for x in entries]
+        record["iterations_ms"] = [1e3 * x for x in iterations]
+        split = [split_entry(a, e, clocks) for a, e in splits]
+        record["split_ms"] = [[1e3 * x for x in s] for s in split if s is not None]
         manager.stop(block=True, timeout=WAIT, hard_stop=True)
         import torch.distributed as dist
 
@@ -53,25 +125,48 @@ def tp_worker(rank: int, world: int, port: int, ckpt: str, impl: str, n: int, ou
     os._exit(0)  # skip process-group teardown; the parent only reads the file
 
 
-def case_tp(bench: Bench, reps: int, quick: bool) -> list[Row]:
-    """Case 7: TP=2 over gloo, two processes per implementation: pause-entry latency per rank."""
+def run_group(ckpt: Path, impl: str, world: int, n: int, outdir: Path) -> list[dict]:
+    """One group of ``world`` ranks of ``impl`` pausing ``n`` times: each rank's record."""
     from ..testing import free_port, spawn_ranks
 
+    outdir.mkdir(parents=True)
+    spawn_ranks(tp_worker, (world, free_port(), str(ckpt), impl, n, str(outdir)), world=world, timeout=WAIT * 2)
+    records = []
+    for r in range(world):
+        path = outdir / f"{impl}-rank{r}.json"
+        record = json.loads(path.read_text()) if path.exists() else {"error": "no result (hang?)"}
+        if "error" in record:
+            raise RuntimeError(f"TP case, {impl} rank {r} of {world}: {record['error']}")
+        records.append(record)
+    return records
+
+
+def _add(row: Row, impl: str, samples: list[float]) -> None:
+    if samples:
+        row.samples.setdefault(impl, []).extend(samples)
+        row.reps.setdefault(impl, []).append(statistics.median(samples))
+
+
+def case_tp(bench: Bench, reps: int, quick: bool) -> list[Row]:
+    """Case 7: TP=2 over gloo, pause entry per rank, its split into :data:`PHASES`, and the loop iteration."""
     n = 10 if quick else 40
     rows = [Row("7", f"TP=2 pause entry, rank {r}", "ms") for r in range(2)]
+    phases = [Row("7", f"TP=2 entry: {p}", "ms", note="both ranks") for p in PHASES]
+    iteration = Row("7", "TP=2 loop iteration", "ms", note="forward start to forward start, no pause; both ranks")
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp, "ckpt")
         bench.model.save_pretrained(ckpt)
         for rep in range(max(1, reps // 2)):
-            for impl in IMPLS:
-                outdir = Path(tmp, f"{impl}-{rep}")
-                outdir.mkdir()
-                spawn_ranks(tp_worker, (2, free_port(), str(ckpt), impl, n, str(outdir)), world=2, timeout=WAIT * 2)
-                for r in range(2):
-                    path = outdir / f"{impl}-rank{r}.json"
-                    record = json.loads(path.read_text()) if path.exists() else {"error": "no result (hang?)"}
-                    if "error" in record:
-                        raise RuntimeError(f"TP case, {impl} rank {r}: {record['error']}")
-                    rows[r].samples.setdefault(impl, []).extend(record["entries_ms"])
-                    rows[r].reps.setdefault(impl, []).append(statistics.median(record["entries_ms"]))
-    return rows
+            for impl in order(rep):
+                records = run_group(ckpt, impl, 2, n, Path(tmp, f"{impl}-{rep}"))
+                for r, record in enumerate(records):
+                    _add(rows[r], impl, record["entries_ms"])
+                _add(iteration, impl, [x for rec in records for x in rec["iterations_ms"]])
+                for k, row in enumerate(phases):
+                    _add(row, impl, [s[k] for rec in records for s in rec["split_ms"]])
+    it = {impl: statistics.median(iteration.samples[impl]) for impl in IMPLS}
+    for row in rows:
+        row.note = "p50 in iterations (target <= 1.5): " + ", ".join(
+            f"{impl} {statistics.median(row.samples[impl]) / it[impl]:.2f}" for impl in IMPLS
+        )
+    return [*rows, *phases, iteration]

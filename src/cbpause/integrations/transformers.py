@@ -139,7 +139,8 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             raise
         busy = tp_pause == t.DRAIN and modes.busy(self)
         status.all_reduce(tp_status, int(tp_pause), busy)  # P-ALL-REDUCE (raises unless tp_status is the agreed one)
-        if tp_pause or self.scheduler._cbpause_draining:  # (the hot path, no pause, skips it)
+        # What a mode does at the decision (a keep pause does nothing there: the hot path and a keep pause skip it).
+        if tp_pause > t.KEEP or self.scheduler._cbpause_draining:
             modes.at_decision(self, status, drained)
         if tp_status == status.HARD_STOP:
             status.exit_loop()  # P-EXIT-LOOP: a hard stop exits before any window

@@ -154,11 +154,16 @@ def check_model_unchanged(processor: Any) -> None:
     cache, model = processor.cache, getattr(processor, "_cbpause_model", None)
     if model is None:
         return
-    # The first parameter decides when it is floating point, as transformers' own `model.dtype` and `model.device`
-    # read it (each walking the module tree again): only a mismatch, or a model that starts with a non-floating
-    # parameter, pays for the full check.
-    first = next(model.parameters(), None)
-    if first is not None and first.is_floating_point() and (first.dtype, first.device) == (cache.dtype, cache.device):
+    # transformers' own `model.dtype` and `model.device` read the first (floating-point) parameter, each walking the
+    # module tree to find it, which costs tens of microseconds on every resume.  The check reads that parameter through
+    # the module that holds it, found once: `.to()`, `.half()` and a `load_state_dict(assign=True)` all show there.
+    # Only a mismatch pays for the full check.  (A holder that replaces that module by one of another dtype or device
+    # is caught by the full check only if that parameter's own dtype or device no longer match too.)
+    first = getattr(processor, "_cbpause_first_parameter", None)
+    if first is None:
+        first = processor._cbpause_first_parameter = _first_floating_parameter(model)
+    param = first[0]._parameters.get(first[1]) if first else None
+    if param is not None and (param.dtype, param.device) == (cache.dtype, cache.device):
         return
     if (model.dtype, model.device) != (cache.dtype, cache.device):
         raise RuntimeError(
@@ -166,3 +171,12 @@ def check_model_unchanged(processor: Any) -> None:
             f"{cache.dtype} on {cache.device}: change dtype or device only while the manager is stopped (stop(), "
             "then start() builds a new cache), or move the model back before the pause ends"
         )
+
+
+def _first_floating_parameter(model: Any) -> tuple:
+    """(module, attribute name) of the first floating-point parameter in ``model.parameters()`` order, or ``()``."""
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None and param.is_floating_point():
+                return (module, name)
+    return ()
