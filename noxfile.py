@@ -96,6 +96,15 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def gpu(session: nox.Session) -> None:
+    """The GPU check: the CUDA tests and ``python -m cbpause.bench --device cuda --quick`` (``cbpause.bench.gpu``),
+    figures as JSON and Markdown in ``gpu-results/``; without a CUDA device the CUDA parts are skipped and the rest
+    runs.  ``scripts/gpu-check.sh`` does the same in the current Python, keeping its torch."""
+    session.install("-e", ".[dev,transformers,bench]")
+    session.run("python", "-m", "cbpause.bench.gpu", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def soak(session: nox.Session) -> None:
     """A soak on the real loop with faults: `nox -s soak -- --minutes 10` (the default); seed printed.
 

@@ -89,3 +89,19 @@ def test_the_scaling_plot_draws_one_panel_per_axis_and_metric(tmp_path):
                 samples={"upstream": [1.0 * k], "cbpause": [1.1 * k]}) for k in (1, 4, 16)]  # fmt: skip
     assert plot_scaling(rows, tmp_path / "scaling.png") and (tmp_path / "scaling.png").stat().st_size > 0
     assert not plot_scaling([Row("2", "entry", "ms")], tmp_path / "none.png")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="with a GPU the check runs in full (nox -s gpu)")
+def test_the_gpu_check_runs_end_to_end_without_a_gpu(tmp_path):
+    """``nox -s gpu`` here: the CUDA tests are collected and skipped, the bench's stand-in runs on the CPU, and the
+    report says that the CUDA parts were skipped."""
+    from cbpause.bench import gpu
+
+    assert gpu.main(["--out", str(tmp_path), "--tests", "tests/test_integration_transformers.py"]) == 0
+    report = json.loads((tmp_path / "gpu.json").read_text())
+    assert report["device"]["cuda"] is False and "no CUDA device" in report["device"]["why"]
+    tests = report["tests"]
+    assert tests["exit"] == 0 and tests["skipped"] > 0 and tests["passed"] == 0 and tests["failures"] == 0
+    assert report["bench"]["stand_in"] and [r["case"] for r in report["bench"]["rows"]] == ["1", "1b"]
+    md = (tmp_path / "gpu.md").read_text()
+    assert "The CUDA parts were skipped" in md and "| 1 | per-iteration checks |" in md

@@ -92,6 +92,18 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines + (["", "notes:", *notes] if notes else []))
 
 
+def format_markdown(rows: list[Row]) -> str:
+    """The table as Markdown, ready for ``docs/benchmarks.md`` (the same cells as :func:`format_table`)."""
+    lines = ["| case | metric | unit | upstream | cbpause | ratio (spread) |", "| --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        r = row.ratios()
+        ratio = f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" if r else "-"
+        unit = row.unit + (" p50 / p99" if row.samples else "")
+        cells = (row.case, row.metric, unit, _cell(row, "upstream"), _cell(row, "cbpause"), ratio)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------------- the model
 
 

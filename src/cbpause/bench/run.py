@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import __doc__ as _package_doc
 from .cases import case_contention, case_entry_and_resume, case_overhead, case_throughput, case_tlc, case_weight_update
-from .harness import Bench, Row, format_table
+from .harness import Bench, Row, format_markdown, format_table
 from .modes import case_modes
 from .plot import plot, plot_scaling
 from .scaling import case_scaling
@@ -100,11 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [r.summary() for r in rows], "raw": [asdict(r) for r in rows], "tlc": tlc_rows,
     }  # fmt: skip
     (args.out / "bench.json").write_text(json.dumps(report, indent=1))
+    (args.out / "bench.md").write_text(f"{machine()}; device {args.device}; {reps} interleaved repetitions\n\n"
+                                       + format_markdown(rows) + "\n")  # fmt: skip
     drew = plot([r for r in rows if r.scale is None], args.out / "bench.png")
     plotted = f" and {args.out / 'bench.png'}" if drew else " (no plot: no latency case, or no matplotlib)"
     if plot_scaling(rows, args.out / "scaling.png"):
         plotted += f" and {args.out / 'scaling.png'}"
-    print(f"\nwrote {args.out / 'bench.json'}{plotted}")
+    print(f"\nwrote {args.out / 'bench.json'}, {args.out / 'bench.md'}{plotted}")
     print(f"bench: {report['seconds']} s in all")
     return 0
 
