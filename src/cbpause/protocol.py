@@ -266,9 +266,9 @@ class PauseProtocol(LoopSteps, DropInLoop):
         if self._trace is not None:
             holder, holder_state = (None, "") if hold is None else (hold.holder, hold.state)
             self._trace.record(self.trace_rank, fn.__name__, args, before, after, holder, holder_state)
-        if after.paused != before.paused:  # a window opened or closed: its waiters (below) are woken
+        if after.paused != before.paused:  # a window opened or closed: its waiters are woken, then the metrics
+            self._condition.notify_all()  # (which the woken wait for: they need this lock, and the CPU)
             self._window_metrics(after.paused)
-            self._condition.notify_all()
         elif _wakes(fn, before, after):
             self._condition.notify_all()
         return after
