@@ -453,9 +453,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
                                    "requested it, ended (a hold lives as long as the thread that requested it)")
             s = self._state
             if s.paused and hold.mode <= s.tp_pause:  # a window in a mode that covers the hold's (R-MODES)
-                self._apply(t.enter_pause, hold=hold)
-                self._pauses_taken += 1
-                self._last_entry_latency = self._clock() - hold.requested_at
+                self._enter(hold)
                 return
             if (s.local_status == STOPPED or s.fatal) and not s.paused:
                 self._apply(t.pause_fails, hold.mode, hold=hold)
@@ -470,6 +468,12 @@ class PauseProtocol(LoopSteps, DropInLoop):
             if on_main:
                 remaining = MAIN_THREAD_WAKE_S if remaining is None else min(remaining, MAIN_THREAD_WAKE_S)
             self._condition.wait(remaining)
+
+    def _enter(self, hold: PauseHold) -> None:
+        """P-ENTER-PAUSE for a waiting ``hold`` whose mode the open window covers (the caller holds the lock)."""
+        self._apply(t.enter_pause, hold=hold)
+        self._pauses_taken += 1
+        self._last_entry_latency = self._clock() - hold.requested_at
 
     def interrupt(self, hold: PauseHold) -> None:
         """P-INTERRUPT (``Interrupt``): withdraw a waiting request (as a SIGINT during the wait does).
@@ -507,7 +511,9 @@ class PauseProtocol(LoopSteps, DropInLoop):
         in, and an exception that lands just after the entry leaves again: an exception from this call means no
         pause is held.
 
-        ``into``, a list, gets the hold appended the moment it is requested, for a caller that must find it even
+        A window already open in a mode that covers ``mode`` is entered at once, under the same acquisition,
+        without setting ``wake_up_loop`` (the loop is parked in its window).  ``into``, a list, gets the hold
+        appended the moment it is requested, for a caller that must find it even
         when an asynchronous exception lands after this returns and before the caller stored the result.  ``mode``
         is the pause mode (R-MODES; as :meth:`request_pause`).
         """
@@ -524,6 +530,12 @@ class PauseProtocol(LoopSteps, DropInLoop):
                 holds.append(hold)
                 if into is not None:
                     into.append(hold)
+                s = self._state
+                if s.paused and number <= s.tp_pause:
+                    # The fast path: a window that covers the hold is open, so it enters now, with no wait and no
+                    # wake-up (the loop is parked in the window, not in its idle wait).
+                    self._enter(hold)
+                    return hold
                 if wake_up_loop is not None:
                     wake_up_loop.set()
                 self._wait_for_window(hold, timeout)

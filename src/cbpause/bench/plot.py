@@ -86,7 +86,7 @@ def plot_scaling(rows: list[Row], path: Path) -> bool:
             ax.set_xscale("symlog" if 0 in xs else "log")
         ax.set_xticks(xs)
         ax.set_xticklabels([str(x) for x in xs])
-        ax.set_title(f"10: {what}", fontsize=9)
+        ax.set_title(f"10: {what}, by {axis}", fontsize=9)
         ax.set_xlabel(axis)
         ax.set_ylabel(group[0].unit)
         ax.set_ylim(bottom=0)

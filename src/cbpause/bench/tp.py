@@ -149,14 +149,14 @@ def _add(row: Row, impl: str, samples: list[float]) -> None:
 
 def case_tp(bench: Bench, reps: int, quick: bool) -> list[Row]:
     """Case 7: TP=2 over gloo, pause entry per rank, its split into :data:`PHASES`, and the loop iteration."""
-    n = 10 if quick else 40
+    n = 10 if quick else 30
     rows = [Row("7", f"TP=2 pause entry, rank {r}", "ms") for r in range(2)]
     phases = [Row("7", f"TP=2 entry: {p}", "ms", note="both ranks") for p in PHASES]
     iteration = Row("7", "TP=2 loop iteration", "ms", note="forward start to forward start, no pause; both ranks")
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp, "ckpt")
         bench.model.save_pretrained(ckpt)
-        for rep in range(max(1, reps // 2)):
+        for rep in range(reps):
             for impl in order(rep):
                 records = run_group(ckpt, impl, 2, n, Path(tmp, f"{impl}-{rep}"))
                 for r, record in enumerate(records):
