@@ -172,8 +172,9 @@ class LoopSteps:
         A steady loop takes the same step from the same state object every iteration (transitions are interned, see
         ``protocol._transition``), so each hot method first replays its memo, guard included, with one identity test:
         the state object fixes every field a guard reads. Two memos per step, the last two taken, the one replayed
-        first: an iteration with a pause takes the steps from other states than a steady one, and with one memo each
-        pause cost the slow path twice per step, on its way to the window and back. The replay takes the lock with
+        first: the iteration after a window takes its steps from other states than a steady one, and with one memo
+        each window cost the slow path twice per step, after it and in the next iteration. A step with holders is not
+        remembered: it must wake them (``protocol._wakes``). The replay takes the lock with
         ``acquire()`` and ``try``/``finally`` rather than ``with``, which costs twice as much on CPython 3.11, and
         several steps run every iteration; for the same reason the replay is written out in each hot method rather than
         shared (a helper would add a call to every step). Between ``acquire()`` and ``try`` a signal handler could raise
@@ -181,6 +182,8 @@ class LoopSteps:
         does a step that can wake a waiter (:func:`quiet`: the replay notifies nobody) or a protocol that records a
         trace (the replay records nothing). ``clear()`` forgets every memo.
         """
+        if before.count:
+            return  # a step with holders wakes them (protocol._wakes): the memos replay the steady loop's only
         if self._may_remember(before, after):
             last = getattr(self, "_memo_" + action)
             width = len(last) // 2

@@ -570,14 +570,27 @@ class PauseProtocol(LoopSteps, DropInLoop):
 _WAKING_PHASES = frozenset({"peer", "barrier", "stopped", "dead"})
 
 
+# A holder's own steps (the others are the loop's, or a stop's).
+_HOLDER_STEPS = frozenset({t.request_pause, t.enter_pause, t.leave_pause, t.interrupt, t.pause_timeout, t.pause_fails})
+
+
 def _wakes(fn: Callable[..., RankState], before: RankState, after: RankState) -> bool:
-    """Whether a step can enable a waiter, so that ``_apply`` wakes them (holders wait for an open window that covers
-    their mode, or a stopped or failed loop; the loop waits for its last holder to leave, or, parked for a peer, for
-    a request).  The steady loop's steps (Observe, AllReduce, NoPause, StartStep, EndStep, Idle, DrainFirst), a
-    holder's own RequestPause and EnterPause, and a LeavePause that leaves the window open (the loop waits for it to
-    close; a holder deferred to a stronger mode, for the next window) enable nobody: waking every waiting holder on
-    each of them made a pause O(holders) wake-ups, and the woken holders took the CPU from the loop on its way to
-    the window."""
+    """Whether ``_apply`` wakes the waiters after a step.
+
+    Those a step can enable (holders wait for an open window that covers their mode, or a stopped or failed loop;
+    the loop waits for its last holder to leave, or, parked for a peer, for a request) are woken by a step that
+    opens or closes the window, moves the stop status, fails, enters a phase a waiter waits for (``peer``,
+    ``barrier``, ``stopped``, ``dead``), releases a dead holder, or asks for a pause of a loop parked for a peer.
+    A holder's own RequestPause and EnterPause, and a LeavePause that leaves the window open (the loop waits for
+    it to close; a holder deferred to a stronger mode, for the next window), wake nobody: waking every waiting
+    holder on each of them made a pause O(holders) wake-ups.
+
+    While holders wait, every step of the loop wakes them too, although it enables none of them: they look and
+    wait again.  Measured on the benchmark's machine (``docs/benchmarks.md``, "Where the time goes"), a holder
+    woken that recently gets into the window 20-40 µs sooner than one that has slept since its request, whose
+    CPU has gone idle: the window opens microseconds after the loop's decision.  The loop's memos
+    (``LoopSteps._remember``) replay only steps without holders, so that every step with them comes here.
+    """
     return (
         after.paused != before.paused
         or after.local_status != before.local_status
@@ -585,6 +598,7 @@ def _wakes(fn: Callable[..., RankState], before: RankState, after: RankState) ->
         or fn is t.release_dead_holder
         or (after.phase != before.phase and after.phase in _WAKING_PHASES)
         or (fn is t.request_pause and before.phase == "peer")
+        or (before.waiting > 0 and fn not in _HOLDER_STEPS)
     )
 
 
