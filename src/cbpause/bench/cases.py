@@ -96,14 +96,9 @@ def case_entry_and_resume(bench: Bench, reps: int, quick: bool) -> list[Row]:
 
     def beyond(row: Row, impl: str, pairs: list[tuple[float, float]], rest: Row | None = None) -> None:
         split = [bench.beyond_the_step(asked, entered) for asked, entered in pairs]
-        added = [1e6 * b for b, _ in split]
-        row.samples.setdefault(impl, []).extend(added)
-        row.reps.setdefault(impl, []).append(statistics.median(added))
+        row.add(impl, [1e6 * b for b, _ in split])
         if rest is not None:
-            forward = [1e3 * f for _, f in split if f is not None]
-            if forward:
-                rest.samples.setdefault(impl, []).extend(forward)
-                rest.reps.setdefault(impl, []).append(statistics.median(forward))
+            rest.add(impl, [1e3 * f for _, f in split if f is not None])
 
     for rep in range(reps):
         for impl in order(rep):

@@ -41,6 +41,12 @@ class Row:
     note: str = ""
     scale: tuple[str, int] | None = None  # case 10: the axis and the value this row is measured at
 
+    def add(self, impl: str, samples: list[float]) -> None:
+        """One repetition's samples of ``impl``: pooled into ``samples``, their median into ``reps``."""
+        if samples:
+            self.samples.setdefault(impl, []).extend(samples)
+            self.reps.setdefault(impl, []).append(statistics.median(samples))
+
     def ratios(self) -> list[float]:
         up, ours = self.reps.get("upstream", []), self.reps.get("cbpause", [])
         pairs = [(u, o) for u, o in zip(up, ours, strict=False) if u > 0 and o > 0]

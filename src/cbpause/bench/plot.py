@@ -43,11 +43,7 @@ def plot(rows: list[Row], path: Path) -> bool:
         ax.set_ylabel("fraction")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(dists) :]:
-        ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _finish(plt, fig, axes, len(dists), path)
     return True
 
 
@@ -92,9 +88,14 @@ def plot_scaling(rows: list[Row], path: Path) -> bool:
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels) :]:
+    _finish(plt, fig, axes, len(panels), path)
+    return True
+
+
+def _finish(plt, fig, axes, used: int, path: Path) -> None:
+    """Blank the panels left over, and write the figure."""
+    for ax in list(axes.flat)[used:]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
-    return True

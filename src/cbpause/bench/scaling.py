@@ -30,10 +30,6 @@ WAITING = (0, 10, 100, 1000)
 RANKS = (1, 2, 4)
 
 
-def _add(row: Row, impl: str, samples: list[float]) -> None:
-    row.samples.setdefault(impl, []).extend(samples)
-    row.reps.setdefault(impl, []).append(statistics.median(samples))
-
 
 def _holders_at_once(bench: Bench, impl: str, manager, k: int) -> tuple[float, float]:
     """k threads ask at once: (start to the last one inside, last one out to the next forward step), seconds."""
@@ -103,8 +99,8 @@ def case_scaling(bench: Bench, reps: int, quick: bool) -> list[Row]:
             for impl in order(rep):
                 with bench.running(impl, busy=True) as manager:
                     got = [_holders_at_once(bench, impl, manager, k) for _ in range(n)]
-                _add(entry, impl, [1e3 * e for e, _ in got])
-                _add(resume, impl, [1e3 * r for _, r in got])
+                entry.add(impl, [1e3 * e for e, _ in got])
+                resume.add(impl, [1e3 * r for _, r in got])
         rows += [entry, resume]
     n = 8 if quick else 30
     for waiting in WAITING:
@@ -133,9 +129,9 @@ def case_scaling(bench: Bench, reps: int, quick: bool) -> list[Row]:
                         resumed.append(1e3 * (bench.clock.first_after(left, WAIT) - left))
                     if len(manager.batch_processor.scheduler.waiting_requests) < waiting:
                         raise RuntimeError(f"scaling case, {impl}: the waiting requests did not stay waiting")
-                _add(beyond, impl, added)
-                _add(resume, impl, resumed)
-                _add(group, impl, [1e6 * d for d in quiet[2:]])
+                beyond.add(impl, added)
+                resume.add(impl, resumed)
+                group.add(impl, [1e6 * d for d in quiet[2:]])
         rows += [beyond, resume, group]
     rows += _ranks(bench, reps, quick)
     return rows
@@ -157,8 +153,8 @@ def _ranks(bench: Bench, reps: int, quick: bool) -> list[Row]:
             for rep in range(max(1, reps // 2)):
                 for impl in order(rep):
                     records = run_group(ckpt, impl, world, n, Path(tmp, f"{impl}-{world}-{rep}"))
-                    _add(entry, impl, [x for r in records for x in r["entries_ms"]])
-                    _add(iteration, impl, [x for r in records for x in r["iterations_ms"]])
+                    entry.add(impl, [x for r in records for x in r["entries_ms"]])
+                    iteration.add(impl, [x for r in records for x in r["iterations_ms"]])
             per = {impl: statistics.median(entry.samples[impl]) / statistics.median(iteration.samples[impl])
                    for impl in IMPLS}  # fmt: skip
             entry.note = "p50 in iterations: " + ", ".join(f"{impl} {v:.2f}" for impl, v in per.items())

@@ -141,11 +141,6 @@ def run_group(ckpt: Path, impl: str, world: int, n: int, outdir: Path) -> list[d
     return records
 
 
-def _add(row: Row, impl: str, samples: list[float]) -> None:
-    if samples:
-        row.samples.setdefault(impl, []).extend(samples)
-        row.reps.setdefault(impl, []).append(statistics.median(samples))
-
 
 def case_tp(bench: Bench, reps: int, quick: bool) -> list[Row]:
     """Case 7: TP=2 over gloo, pause entry per rank, its split into :data:`PHASES`, and the loop iteration."""
@@ -160,10 +155,10 @@ def case_tp(bench: Bench, reps: int, quick: bool) -> list[Row]:
             for impl in order(rep):
                 records = run_group(ckpt, impl, 2, n, Path(tmp, f"{impl}-{rep}"))
                 for r, record in enumerate(records):
-                    _add(rows[r], impl, record["entries_ms"])
-                _add(iteration, impl, [x for rec in records for x in rec["iterations_ms"]])
+                    rows[r].add(impl, record["entries_ms"])
+                iteration.add(impl, [x for rec in records for x in rec["iterations_ms"]])
                 for k, row in enumerate(phases):
-                    _add(row, impl, [s[k] for rec in records for s in rec["split_ms"]])
+                    row.add(impl, [s[k] for rec in records for s in rec["split_ms"]])
     it = {impl: statistics.median(iteration.samples[impl]) for impl in IMPLS}
     for row in rows:
         row.note = "p50 in iterations (target <= 1.5): " + ", ".join(
