@@ -6,12 +6,14 @@ same model in the same process, for several repetitions.  On a shared machine ab
 the ratio within one run is the figure that counts.  ``ratio`` is always cbpause's cost over upstream's
 (a time over a time, or upstream's rate over cbpause's): below 1.00 cbpause is cheaper.
 
-Prints one table, writes it as JSON (``bench.json``) and draws the latency distributions (``bench.png``,
-with matplotlib if installed) into ``--out``.  ``--quick`` finishes in under two minutes on two cores.
+Prints one table, writes it as JSON (``bench.json``) and Markdown (``bench.md``) and draws the latency
+distributions (``bench.png``) and case 10's scaling (``scaling.png``, with matplotlib if installed) into
+``--out``.  ``--quick`` finishes in under three minutes on two cores.
 
 The package: :mod:`~cbpause.bench.harness` (rows, table, the model and managers), :mod:`~cbpause.bench.cases`
-(cases 1-6 and 8), :mod:`~cbpause.bench.tp` (case 7, TP=2 worker processes), :mod:`~cbpause.bench.plot`,
-:mod:`~cbpause.bench.run` (the command line).
+(cases 1-6 and 8), :mod:`~cbpause.bench.tp` (case 7, TP worker processes and the entry's split),
+:mod:`~cbpause.bench.modes` (case 9), :mod:`~cbpause.bench.scaling` (case 10), :mod:`~cbpause.bench.plot`,
+:mod:`~cbpause.bench.run` (the command line), :mod:`~cbpause.bench.gpu` (the GPU check).
 """
 
 from .harness import IMPLS, Bench, Row, format_table

@@ -45,7 +45,7 @@ CASES = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m cbpause.bench", description=_package_doc.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="fewer repetitions and samples: under 2 minutes")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions and samples: under 3 minutes")
     p.add_argument("--repeats", type=int, default=None, help="repetitions per case (default 2 quick, 5 full)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (case 7 always runs on the CPU over gloo)")
     p.add_argument("--cases", default=",".join([*CASES, "tlc"]), help="comma-separated subset of: "
