@@ -104,8 +104,7 @@ def case_entry_and_resume(bench: Bench, reps: int, quick: bool) -> list[Row]:
         for impl in order(rep):
             with bench.running(impl, busy=True) as manager:
                 times = [1e3 * x for x in bench.clock.step_times(40, WAIT)]
-                step.samples.setdefault(impl, []).extend(times)
-                step.reps.setdefault(impl, []).append(statistics.median(times))
+                step.add(impl, times)
                 entries, resumes, pairs = [], [], []
                 for _ in range(n):
                     bench.clock.wait_steps(2, WAIT)
@@ -117,10 +116,8 @@ def case_entry_and_resume(bench: Bench, reps: int, quick: bool) -> list[Row]:
                         left = time.perf_counter()
                     resumes.append(bench.clock.first_after(left, WAIT) - left)
                 beyond(beyond_busy, impl, pairs, forward_rest)
-                busy.samples.setdefault(impl, []).extend(1e3 * x for x in entries)
-                busy.reps.setdefault(impl, []).append(1e3 * statistics.median(entries))
-                resume.samples.setdefault(impl, []).extend(1e3 * x for x in resumes)
-                resume.reps.setdefault(impl, []).append(1e3 * statistics.median(resumes))
+                busy.add(impl, [1e3 * x for x in entries])
+                resume.add(impl, [1e3 * x for x in resumes])
             with bench.running(impl, busy=False) as manager:
                 entries, pairs = [], []
                 for _ in range(n):
@@ -131,8 +128,7 @@ def case_entry_and_resume(bench: Bench, reps: int, quick: bool) -> list[Row]:
                         entries.append(entered - asked)
                         pairs.append((asked, entered))
                 beyond(beyond_idle, impl, pairs)
-                idle.samples.setdefault(impl, []).extend(1e3 * x for x in entries)
-                idle.reps.setdefault(impl, []).append(1e3 * statistics.median(entries))
+                idle.add(impl, [1e3 * x for x in entries])
     step_ms = statistics.median(step.samples["upstream"] + step.samples["cbpause"])
     for row in (busy, idle):
         row.note = "p99 / median iteration ({:.2f} ms): upstream {:.2f}, cbpause {:.2f}".format(

@@ -21,6 +21,22 @@ IMPLS = ("upstream", "cbpause")
 WAIT = 120.0
 
 
+def clock_calls(obj: object, name: str, starts: list[float], ends: list[float] | None = None) -> None:
+    """Record when each call of ``obj.name`` starts (and ends) by wrapping it on the instance: the same wrapper on
+    either implementation's objects."""
+    fn = getattr(obj, name)
+
+    def clocked(*args, **kwargs):
+        starts.append(time.perf_counter())
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if ends is not None:
+                ends.append(time.perf_counter())
+
+    setattr(obj, name, clocked)
+
+
 def order(rep: int) -> tuple[str, ...]:
     """The implementations in the order repetition ``rep`` runs them: upstream first in even repetitions, cbpause
     first in odd ones (ABBA), so that a drift of the machine within a repetition favours neither."""
@@ -83,16 +99,21 @@ def _cell(row: Row, impl: str) -> str:
     return "-"
 
 
+HEAD = ("case", "metric", "unit", "upstream", "cbpause", "ratio (spread)")
+
+
+def _cells(row: Row, p50_p99: str) -> tuple[str, ...]:
+    """One row's cells under :data:`HEAD`; ``p50_p99`` follows the unit of a distribution."""
+    r = row.ratios()
+    ratio = f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" if r else "-"
+    unit = row.unit + (p50_p99 if row.samples else "")
+    return (row.case, row.metric, unit, _cell(row, "upstream"), _cell(row, "cbpause"), ratio)
+
+
 def format_table(rows: list[Row]) -> str:
-    head = ("case", "metric", "unit", "upstream", "cbpause", "ratio (spread)")
-    body = []
-    for row in rows:
-        r = row.ratios()
-        ratio = f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" if r else "-"
-        unit = row.unit + (" p50/p99" if row.samples else "")
-        body.append((row.case, row.metric, unit, _cell(row, "upstream"), _cell(row, "cbpause"), ratio))
-    widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [head, *body]]
+    body = [_cells(row, " p50/p99") for row in rows]
+    widths = [max(len(str(x[i])) for x in [HEAD, *body]) for i in range(len(HEAD))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [HEAD, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     notes = [f"  {row.case} {row.metric}: {row.note}" for row in rows if row.note]
     return "\n".join(lines + (["", "notes:", *notes] if notes else []))
@@ -100,13 +121,8 @@ def format_table(rows: list[Row]) -> str:
 
 def format_markdown(rows: list[Row]) -> str:
     """The table as Markdown, ready for ``docs/benchmarks.md`` (the same cells as :func:`format_table`)."""
-    lines = ["| case | metric | unit | upstream | cbpause | ratio (spread) |", "| --- | --- | --- | --- | --- | --- |"]
-    for row in rows:
-        r = row.ratios()
-        ratio = f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" if r else "-"
-        unit = row.unit + (" p50 / p99" if row.samples else "")
-        cells = (row.case, row.metric, unit, _cell(row, "upstream"), _cell(row, "cbpause"), ratio)
-        lines.append("| " + " | ".join(cells) + " |")
+    lines = ["| " + " | ".join(cells) + " |" for cells in [HEAD, ("---",) * len(HEAD)]]
+    lines += ["| " + " | ".join(_cells(row, " p50 / p99")) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -171,9 +187,11 @@ class Bench:
             feeder = threading.Thread(target=feed, name="bench-feeder", daemon=True)
             feeder.start()
             self.clock.wait_steps(3, WAIT)
-        # One pause, not measured: the first one waits for the loop to build its cache and scheduler.
+        # One pause, not measured: the first one waits for the loop to build its cache and scheduler.  Inside it,
+        # the batch processor exists: the start of each group step (``_update_tp_group_state``, which both loops
+        # call first in every iteration) goes into ``group_steps``.
         with pause(manager, impl):
-            self._clock_group_steps(manager)
+            clock_calls(manager.batch_processor, "_update_tp_group_state", self.group_steps)
         try:
             yield manager
         finally:
@@ -182,18 +200,6 @@ class Bench:
                 feeder.join(WAIT)
             manager.stop(block=True, timeout=WAIT, hard_stop=True)
 
-
-    def _clock_group_steps(self, manager) -> None:
-        """Record the start of each group step (``_update_tp_group_state``, which both loops call first in every
-        iteration) in ``group_steps``: the same wrapper on either implementation's batch processor."""
-        processor = manager.batch_processor
-        step, starts = processor._update_tp_group_state, self.group_steps
-
-        def clocked():
-            starts.append(time.perf_counter())
-            return step()
-
-        processor._update_tp_group_state = clocked
 
     def beyond_the_step(self, asked: float, entered: float) -> tuple[float, float | None]:
         """For one pause asked at ``asked`` and entered at ``entered``: (what the protocol added beyond the step in

@@ -50,10 +50,8 @@ def case_modes(bench: Bench, reps: int, quick: bool) -> list[Row]:
         for rep in range(reps):
             for impl in order(rep) if mode == "keep" else ("cbpause",):
                 entries, resumes = _entries(bench, impl, mode, n)
-                entry.samples.setdefault(impl, []).extend(1e3 * x for x in entries)
-                entry.reps.setdefault(impl, []).append(1e3 * statistics.median(entries))
-                resume.samples.setdefault(impl, []).extend(1e3 * x for x in resumes)
-                resume.reps.setdefault(impl, []).append(1e3 * statistics.median(resumes))
+                entry.add(impl, [1e3 * x for x in entries])
+                resume.add(impl, [1e3 * x for x in resumes])
             tps, _ = _generate(bench, "cbpause", n_req, max_new, every, update=_perturb(bench), mode=mode)
             rate.reps.setdefault("cbpause", []).append(tps)
         rate.reps["upstream"] = restart

@@ -47,8 +47,6 @@ def plot(rows: list[Row], path: Path) -> bool:
     return True
 
 
-
-
 def plot_scaling(rows: list[Row], path: Path) -> bool:
     """Case 10: p50 against holders, waiting requests and TP ranks, one panel per axis and metric, upstream against
     cbpause; False without matplotlib or without case 10."""

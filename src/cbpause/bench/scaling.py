@@ -22,13 +22,12 @@ import threading
 import time
 from pathlib import Path
 
-from .harness import IMPLS, WAIT, Bench, Row, order, pause
+from .harness import IMPLS, WAIT, Bench, Row, clock_calls, order, pause
 from .tp import run_group
 
 HOLDERS = (1, 4, 16, 64, 256)
 WAITING = (0, 10, 100, 1000)
 RANKS = (1, 2, 4)
-
 
 
 def _holders_at_once(bench: Bench, impl: str, manager, k: int) -> tuple[float, float]:
@@ -74,20 +73,6 @@ def _keep_waiting(manager) -> None:
     scheduler._get_waiting_candidates = lambda: [s for s in candidates() if in_flight(s)]
 
 
-def _clock_group_step(manager, durations: list[float]) -> None:
-    processor = manager.batch_processor
-    step = processor._update_tp_group_state
-
-    def clocked():
-        t0 = time.perf_counter()
-        try:
-            return step()
-        finally:
-            durations.append(time.perf_counter() - t0)
-
-    processor._update_tp_group_state = clocked
-
-
 def case_scaling(bench: Bench, reps: int, quick: bool) -> list[Row]:
     """Case 10: holders, waiting requests, TP ranks."""
     rows: list[Row] = []
@@ -112,12 +97,13 @@ def case_scaling(bench: Bench, reps: int, quick: bool) -> list[Row]:
                 with bench.running(impl, busy=True) as manager:
                     with pause(manager, impl):
                         _keep_waiting(manager)
-                        durations: list[float] = []
-                        _clock_group_step(manager, durations)
+                        starts: list[float] = []
+                        ends: list[float] = []
+                        clock_calls(manager.batch_processor, "_update_tp_group_state", starts, ends)
                         for _ in range(waiting):
                             manager.add_request(bench.prompt(), max_new_tokens=8)
                     bench.clock.wait_steps(20, WAIT)
-                    quiet = list(durations)
+                    quiet = [end - start for start, end in zip(starts, list(ends), strict=False)]
                     added, resumed = [], []
                     for _ in range(n):
                         bench.clock.wait_steps(2, WAIT)

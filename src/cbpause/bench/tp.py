@@ -29,24 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from .harness import IMPLS, WAIT, Bench, Row, order, pause
+from .harness import IMPLS, WAIT, Bench, Row, clock_calls, order, pause
 
 PHASES = ("step in flight", "to the all-reduce", "all-reduce", "decision to window", "window to inside")
-
-
-def _clock_calls(obj: object, name: str, starts: list[float], ends: list[float] | None = None) -> None:
-    """Record when each call of ``obj.name`` starts (and ends) by wrapping it on the instance."""
-    fn = getattr(obj, name)
-
-    def clocked(*args, **kwargs):
-        starts.append(time.perf_counter())
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            if ends is not None:
-                ends.append(time.perf_counter())
-
-    setattr(obj, name, clocked)
 
 
 def _first(xs: list[float], after: float) -> float | None:
@@ -61,7 +46,7 @@ def split_entry(asked: float, entered: float, clocks: dict[str, list[float]]) ->
     if group is None or group > entered:
         return None
     i = bisect.bisect_left(clocks["reduce_start"], group)
-    if i >= len(clocks["reduce_start"]) or clocks["reduce_end"][i] > entered:
+    if i >= len(clocks["reduce_end"]) or clocks["reduce_end"][i] > entered:  # (an all-reduce in progress: no end)
         return None
     reduce_start, reduce_end = clocks["reduce_start"][i], clocks["reduce_end"][i]
     window = _first(clocks["window"], reduce_end)
@@ -97,11 +82,11 @@ def tp_worker(rank: int, world: int, port: int, ckpt: str, impl: str, n: int, ou
         with pause(manager, impl):  # not measured: the batch processor exists once the loop has paused
             clocks: dict[str, list[float]] = {"group": [], "reduce_start": [], "reduce_end": [], "window": []}
             processor = manager.batch_processor
-            _clock_calls(processor, "_update_tp_group_state", clocks["group"])
+            clock_calls(processor, "_update_tp_group_state", clocks["group"])
             helper = processor.distributed_helper
-            _clock_calls(helper, "tp_all_reduce_state", clocks["reduce_start"], clocks["reduce_end"])
+            clock_calls(helper, "tp_all_reduce_state", clocks["reduce_start"], clocks["reduce_end"])
             status = manager.background_thread_status
-            _clock_calls(status, "pause_window" if impl == "cbpause" else "pause_and_wait", clocks["window"])
+            clock_calls(status, "pause_window" if impl == "cbpause" else "pause_and_wait", clocks["window"])
         iterations = clock.step_times(41, WAIT)
         entries, splits = [], []
         for _ in range(n):
