@@ -31,6 +31,8 @@
 (*   D5  NothingLostInv: the loop stops holding an accepted request that   *)
 (*       will never get an output (drained, then dropped by a hard stop;   *)
 (*       or enqueued after the loop's last drain).                         *)
+(*   D7  UpstreamStopReturnsProp: two holders whose pauses overlap keep a  *)
+(*       flush stop waiting for ever, though each of them leaves.          *)
 (***************************************************************************)
 EXTENDS PauseProtocol
 
@@ -223,4 +225,14 @@ UpstreamFairness ==
     /\ \A i \in Requests : WF_vars(UpstreamEnqueue(i))
 
 UpstreamSpec == Init /\ [][UpstreamNext]_vars /\ UpstreamFairness
+
+\* R-STOP-RETURNS for upstream: StopReturnsProp with upstream's leave.  Every
+\* holder inside eventually leaves, and may pause again: pause() admits a
+\* pause after a stop is asked, so holders that take turns keep the window
+\* open and the stop waiting (D7).
+UpstreamHoldersLeave == \A h \in Holders : WF_vars(UpstreamLeavePause(h))
+UpstreamStopReturnsProp ==
+    UpstreamHoldersLeave =>
+        \A r \in Ranks :
+            (localStatus[r] \in {FLUSH_AND_STOP, HARD_STOP}) ~> (phase[r] \in {"stopped", "dead"})
 =============================================================================
