@@ -1,5 +1,5 @@
-"""Sessions: `nox -s tlc` (the main job), `tlc_deep`, `tests`, `lint`, `crosshair`, `fuzz`, `traces`, `bench`,
-`soak`.
+"""Sessions: `nox -s tlc` (the main job), `tlc_deep`, `tests`, `lint`, `docs`, `docs_check`, `crosshair`, `fuzz`,
+`traces`, `bench`, `gpu`, `soak`.
 
 Virtual environments are reused between runs, so a session installs its
 dependencies once (torch included, for `tests`); `tlc`, `crosshair` and
@@ -117,6 +117,28 @@ def soak(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff over the package, tests and noxfile."""
+    """ruff over the package, tests, scripts and noxfile."""
     session.install("ruff")
-    session.run("ruff", "check", "src", "tests", "noxfile.py")
+    session.run("ruff", "check", "src", "tests", "scripts", "noxfile.py")
+
+
+DOCS_ENV = {"NO_MKDOCS_2_WARNING": "1"}  # Material's notice about its successor, printed on every build
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Build the documentation site into site/ with warnings as errors (a broken link, a missing page or
+    anchor, a docstring mkdocstrings cannot render fails it); TLC draws the pictures (Java and Graphviz's
+    `dot` needed).  Open site/index.html."""
+    session.install("-e", ".[docs]")
+    session.run("mkdocs", "build", "--strict", env=DOCS_ENV)
+
+
+@nox.session(python=PYTHON)
+def docs_check(session: nox.Session) -> None:
+    """Build the site, serve it on localhost and open every page in headless Chromium (/usr/bin/chromium,
+    Debian's `chromium`): a screenshot per page in docs-check/, and a failure for a console error, a failed
+    request, a missing image or a broken internal link (scripts/docs_check.py)."""
+    session.install("-e", ".[docs,docs-check]")
+    session.run("mkdocs", "build", "--strict", env=DOCS_ENV)
+    session.run("python", "scripts/docs_check.py", "site", "--out", "docs-check", *session.posargs)

@@ -162,6 +162,14 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     return markdown
 
 
+_ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj):<code>(~?)([\w.]+)</code>")
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    """The docstrings' Sphinx roles (``:class:`~cbpause.X` ``) as code, the way Sphinx would show them."""
+    return _ROLE.sub(lambda m: f"<code>{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}</code>", html)
+
+
 def on_post_build(config, **kwargs) -> None:
     # The site is self-contained; the generated Markdown is rebuilt every time and never committed.
     if os.environ.get("CBPAUSE_DOCS_KEEP_GENERATED") != "1":

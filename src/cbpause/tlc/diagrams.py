@@ -109,7 +109,7 @@ def phase_edges(graphs: Iterable[tuple[str, Graph]]) -> PhaseEdges:
         for s in graph.init:
             initial.update(_phases(s))
         for s, action, t in graph.edges:
-            for before, after in zip(_phases(s), _phases(t)):
+            for before, after in zip(_phases(s), _phases(t), strict=True):
                 if before != after:
                     edges.setdefault((before, after), set()).add(action)
     return PhaseEdges(edges, states, initial, tuple(names))
@@ -163,7 +163,8 @@ def phase_dot(p: PhaseEdges) -> str:
 def phase_table(p: PhaseEdges) -> str:
     """The same graph as a Markdown table (the picture's text, for readers and for diffs)."""
     rows = ["| from | to | actions |", "|---|---|---|"]
-    rows += [f"| `{a}` | `{b}` | {', '.join(f'`{x}`' for x in sorted(acts))} |" for (a, b), acts in sorted(p.edges.items())]
+    for (a, b), acts in sorted(p.edges.items()):
+        rows.append(f"| `{a}` | `{b}` | {', '.join(f'`{x}`' for x in sorted(acts))} |")
     return "\n".join(rows) + "\n"
 
 
@@ -224,7 +225,7 @@ def _changed_entries(name: str, before: str | None, after: str) -> list[Lifeline
     if isinstance(new, tuple) and kind != "environment" and (old is None or isinstance(old, tuple)):
         if old is None or len(old) != len(new):
             return [Lifeline(kind, i + 1) for i in range(len(new))]
-        return [Lifeline(kind, i + 1) for i, (a, b) in enumerate(zip(old, new)) if a != b]
+        return [Lifeline(kind, i + 1) for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b]
     return [Lifeline(kind, 1)]
 
 
@@ -349,7 +350,8 @@ def sequence_svg(trace: Sequence[tuple[str, dict[str, str]]], title: str = "", v
     if title:
         head.append(_text(left, 28, title, 15, anchor="start", weight="bold"))
     for line, x in x_of.items():
-        head.append(f'<line x1="{x:.0f}" y1="{top + 30}" x2="{x:.0f}" y2="{y:.0f}" stroke="#aaa" stroke-dasharray="4 4"/>')
+        head.append(f'<line x1="{x:.0f}" y1="{top + 30}" x2="{x:.0f}" y2="{y:.0f}" stroke="#aaa" '
+                    'stroke-dasharray="4 4"/>')  # fmt: skip
         head.append(f'<rect x="{x - col / 2 + 8:.0f}" y="{top}" width="{col - 16}" height="28" rx="5" '
                     'fill="#eef3fb" stroke="#3f6fb5"/>')  # fmt: skip
         head.append(_text(x, top + 19, line.name(counts), 12, weight="bold"))
@@ -357,7 +359,11 @@ def sequence_svg(trace: Sequence[tuple[str, dict[str, str]]], title: str = "", v
     return "\n".join(head + body + ["</svg>"]) + "\n"
 
 
-def _draw_step(s: SequenceStep, x_of: dict[Lifeline, float], loops: list[Lifeline], mid: float, col: float) -> list[str]:
+def _draw_step(
+    s: SequenceStep, x_of: dict[Lifeline, float], loops: list[Lifeline], mid: float, col: float
+) -> list[str]:
+    """One row of the diagram: a bar for the group's collectives, a line for the first and last rows, an arrow
+    (or a bar on its own lifeline) for a thread's step."""
     out: list[str] = []
     xs = list(x_of.values())
     if s.actor is None and s.action in ("AllReduce", "Barrier") and loops:
@@ -400,6 +406,7 @@ DEFECT_MODELS = {
     "D1": "Upstream_D1",
     "D2": "Upstream_D2",
     "D3": "Upstream_D3",
+    "D4": "Upstream_D4",
     "D5": "Upstream_D5",
     "D7": "Upstream_D7",
     "D6": "RequestVersions_upstream_D6",

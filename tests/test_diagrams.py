@@ -1,0 +1,163 @@
+"""The docs' pictures come from TLC's output: a change to the spec changes them.
+
+The phase diagram is TLC's state graph projected onto the loop's phases, and each defect's sequence diagram is
+TLC's counterexample (:mod:`cbpause.tlc.diagrams`); the tests below change a copy of the spec and check that the
+regenerated picture changes with it, and pin the reading of a counterexample (who took each step, whose state
+it changed) on a hand-written trace.  The site's link rewriting (``scripts/mkdocs_hooks.py``) is tested here
+too: a link the site cannot follow fails ``nox -s docs``, and a wrong rewrite would send readers elsewhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+import pytest
+
+from cbpause.tlc import diagrams
+from cbpause.tlc.conformance import tlc_graph
+from cbpause.tlc.manifest import load_manifest
+
+from .conftest import ROOT
+
+
+def _models(tla_dir):
+    return {m.name: m for m in load_manifest(tla_dir)}
+
+
+def _phases(tla_dir):
+    graph = tlc_graph(_models(tla_dir)["PauseProtocol_1r2h"], tla_dir)
+    return diagrams.phase_edges([("PauseProtocol_1r2h", graph)])
+
+
+def test_the_phase_diagram_changes_with_the_spec(tla_copy, tlc_ready, tmp_path):
+    """Rename an action and a phase in a copy of the spec: TLC's graph, and so the picture, follow."""
+    before = _phases(tla_copy)
+    assert ("decided", "barrier") in before.edges and "SkipWindow" in before.edges[("decided", "barrier")]
+    for f in tla_copy.glob("*.tla"):
+        f.write_text(f.read_text().replace("SkipWindow", "PassTheWindowBy").replace('"barrier"', '"rendezvous"'))
+    after = _phases(tla_copy)
+    assert after.edges[("decided", "rendezvous")] == {"PassTheWindowBy"}
+    assert "barrier" not in after.states and after.states["rendezvous"] == before.states["barrier"]
+    dot_before, dot_after = diagrams.phase_dot(before), diagrams.phase_dot(after)
+    assert dot_before != dot_after
+    assert "PassTheWindowBy" in dot_after and "SkipWindow" not in dot_after
+    if shutil.which("dot"):
+        svg = diagrams.render_svg(dot_after, tmp_path / "phases.svg").read_text()
+        assert "PassTheWindowBy" in svg and "rendezvous" in svg
+
+
+def test_the_phase_diagram_has_the_loops_iteration(tlc_ready):
+    """The main path of one iteration is in the projection of the fast model, with the actions the spec names."""
+    p = _phases(ROOT / "tla")
+    for edge, action in [
+        (("read", "reduce"), "Observe"), (("reduce", "decided"), "AllReduce"), (("decided", "window"), "OpenWindow"),
+        (("window", "barrier"), "CloseWindow"), (("barrier", "body"), "Barrier"), (("body", "step"), "StartStep"),
+        (("step", "read"), "EndStep"), (("decided", "body"), "NoPause"),
+    ]:  # fmt: skip
+        assert action in p.edges[edge], (edge, action)
+    assert p.initial == {"read"}
+    table = diagrams.phase_table(p)
+    assert "| `read` | `reduce` |" in table
+
+
+def test_a_defects_sequence_diagram_changes_with_the_spec(tla_copy, tlc_ready, tmp_path):
+    """Rename upstream's unconditional park in a copy of the spec: D1's picture shows the new name."""
+    d1 = {"D1": "Upstream_D1"}
+    diagrams.generate(tmp_path / "before", tla_copy, phase_models=(), defects=d1)
+    before = (tmp_path / "before" / "D1.svg").read_text()
+    assert "UpstreamOpenWindow" in before
+    path = tla_copy / "UpstreamBackgroundThreadStatus.tla"
+    path.write_text(path.read_text().replace("UpstreamOpenWindow", "UpstreamParksAnyway"))
+    diagrams.generate(tmp_path / "after", tla_copy, phase_models=(), defects=d1)
+    after = (tmp_path / "after" / "D1.svg").read_text()
+    assert after != before
+    assert "UpstreamParksAnyway" in after and "UpstreamOpenWindow" not in after
+    assert "UpstreamParksAnyway" in (tmp_path / "after" / "D1.txt").read_text()
+
+
+def test_a_picture_of_a_defect_the_model_no_longer_has_is_refused(tla_copy, tlc_ready, tmp_path):
+    """With D2's stray release gone from the spec, TLC finds no counterexample: no picture, an error."""
+    path = tla_copy / "MCUpstreamBackgroundThreadStatus.tla"
+    path.write_text(path.read_text().replace('MCStrayRelease(r) == "stray" \\in Faults', "MCStrayRelease(r) == FALSE"))
+    with pytest.raises(RuntimeError, match="no picture of D2"):
+        diagrams.generate(tmp_path, tla_copy, phase_models=(), defects={"D2": "Upstream_D2"})
+
+
+TRACE = [
+    ("State 1: <Initial predicate>", {"hs": '<<"idle">>', "count": "<<0, 0>>", "phase": '<<"read", "read">>',
+                                      "tpPause": "0", "localStatus": "<<0, 0>>"}),
+    ("State 2: <MCRequestPause line 1, col 1 to line 2, col 2 of module M>",
+     {"hs": '<<"waiting">>', "count": "<<0, 1>>", "phase": '<<"read", "read">>', "tpPause": "0",
+      "localStatus": "<<0, 0>>"}),
+    ("State 3: <AllReduce line 1, col 1 to line 2, col 2 of module M>",
+     {"hs": '<<"waiting">>', "count": "<<0, 1>>", "phase": '<<"decided", "decided">>', "tpPause": "1",
+      "localStatus": "<<0, 0>>"}),
+    ("State 4: <MCInterrupt line 1, col 1 to line 2, col 2 of module M>",
+     {"hs": '<<"idle">>', "count": "<<0, 0>>", "phase": '<<"decided", "decided">>', "tpPause": "1",
+      "localStatus": "<<0, 0>>"}),
+    ("State 5: <MCRequestStop line 1, col 1 to line 2, col 2 of module M>",
+     {"hs": '<<"idle">>', "count": "<<0, 0>>", "phase": '<<"decided", "decided">>', "tpPause": "1",
+      "localStatus": "<<0, 1>>"}),
+    ("State 6: Stuttering", {}),
+]  # fmt: skip
+
+
+def test_a_counterexample_is_read_as_threads_and_arrows():
+    steps = diagrams.sequence_steps(TRACE)
+    assert [s.action for s in steps] == [
+        "initial state", "RequestPause", "AllReduce", "Interrupt", "RequestStop", "Stuttering",
+    ]  # fmt: skip
+    pause, reduce, interrupt, stop = steps[1:5]
+    holder, loop2 = diagrams.Lifeline("holder", 1), diagrams.Lifeline("loop", 2)
+    assert (pause.actor, pause.target) == (holder, loop2)  # the holder's call reaches its rank's loop (rank 2)
+    assert reduce.actor is None and reduce.changes == {"phase": '<<"decided", "decided">>', "tpPause": "1"}
+    assert (interrupt.actor, interrupt.target) == (diagrams.Lifeline("environment"), holder)
+    assert loop2 in interrupt.touched  # the withdrawn request changed rank 2's count too
+    assert (stop.actor, stop.target) == (diagrams.Lifeline("environment"), loop2)
+    svg = diagrams.sequence_svg(TRACE, "a title")
+    for text in ("environment", "holder", "loop, rank 1", "loop, rank 2", "AllReduce (TP group)", "a title",
+                 "nothing can change any more"):  # fmt: skip
+        assert text in svg, text
+
+
+def test_an_invariants_counterexample_ends_with_the_verdict():
+    svg = diagrams.sequence_svg(TRACE[:5], verdict="CountsInv is violated in this state")
+    assert "CountsInv is violated in this state" in svg
+    assert "nothing can change any more" not in svg
+
+
+# --------------------------------------------------------------------------------------- the site's links
+
+
+@pytest.fixture(scope="module")
+def hooks():
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "scripts" / "mkdocs_hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("text", "source", "page", "expected"),
+    [
+        ("[spec](../spec/PROTOCOL.md#6-requirements)", "docs", "", "[spec](protocol.md#6-requirements)"),
+        ("[py](docs/python.md)", "", "", "[py](python.md)"),
+        ("[tla](../tla/PauseProtocol.tla)", "spec", "", "[tla](generated/sources/PauseProtocol.tla.md)"),
+        ("[the models](tla/)", "", "", "[the models](tlc.md)"),
+        ("[`protocol.py`](../src/cbpause/protocol.py)", "docs", "", "`protocol.py`"),
+        ("![plot](bench/bench.png)", "docs", "", "![plot](bench/bench.png)"),
+        ("[web](https://example.org/x.md)", "docs", "", "[web](https://example.org/x.md)"),
+        ("```\n[not a link](../src/x.py)\n```", "docs", "", "```\n[not a link](../src/x.py)\n```"),
+    ],
+)
+def test_links_are_rewritten_for_the_site(hooks, text, source, page, expected):
+    assert hooks.rewrite_links(text, source, page) == expected
+
+
+def test_an_include_of_a_missing_section_says_which(hooks):
+    with pytest.raises(ValueError, match="no section 'nope'"):
+        hooks._section("text", "nope", "README.md")
+    readme = (ROOT / "README.md").read_text()
+    setup = hooks._section(readme, "setup", "README.md")
+    assert "nox -s tlc" in setup and "nox -s tests lint docs" in setup  # the README's two set-up commands
