@@ -138,7 +138,9 @@ def docs(session: nox.Session) -> None:
 def docs_check(session: nox.Session) -> None:
     """Build the site, serve it on localhost and open every page in headless Chromium (/usr/bin/chromium,
     Debian's `chromium`): a screenshot per page in docs-check/, and a failure for a console error, a failed
-    request, a missing image or a broken internal link (scripts/docs_check.py)."""
-    session.install("-e", ".[docs,docs-check]")
+    request, a missing image or a broken internal link (scripts/docs_check.py), after a test that plants each
+    of those faults in a tiny site and expects the checker to find it."""
+    session.install("-e", ".[docs,docs-check]", "pytest", "pytest-timeout")
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/test_docs_check.py")  # the checker finds faults
     session.run("mkdocs", "build", "--strict", env=DOCS_ENV)
     session.run("python", "scripts/docs_check.py", "site", "--out", "docs-check", *session.posargs)

@@ -4,8 +4,10 @@ Before the build (``on_pre_build``) they write ``docs/generated/`` (git-ignored)
 gives (:mod:`cbpause.tlc.diagrams`: the loop's phase diagram from the state graphs of fast models, one
 sequence diagram per upstream defect from its counterexample), the table of the models of
 ``tla/models.toml``, and one page per file of ``tla/`` so that the site can link to the TLA+ it talks about.
-TLC runs again whenever a file of ``tla/`` or the diagram code changes (the results are cached under
-``.cache/docs/`` by a hash of both); so a change to the spec changes the pictures.
+TLC runs again whenever a file of ``tla/`` or of :mod:`cbpause.tlc` changes (the results are cached under
+``.cache/docs/`` by a hash of both); so a change to the spec changes the pictures.  ``mkdocs serve`` is not
+supported (the generated folder would trigger its own rebuilds): build, then open ``site/index.html`` or run
+``nox -s docs_check``.
 
 Each page's Markdown (``on_page_markdown``) then gets its ``<!-- include: PATH -->`` and
 ``<!-- include: PATH#name -->`` lines replaced by that file, or by the part of it between
@@ -39,7 +41,8 @@ def _key() -> str:
     h = hashlib.sha256()
     from cbpause.tlc import diagrams
 
-    sources = sorted((ROOT / "tla").iterdir()) + [Path(diagrams.__file__)]
+    # the spec, and the code that runs TLC and reads its output (a change to either may change a picture)
+    sources = sorted((ROOT / "tla").iterdir()) + sorted(Path(diagrams.__file__).parent.glob("*.py"))
     for path in sources:
         if path.is_file():
             h.update(path.name.encode() + b"\0" + path.read_bytes())
