@@ -60,6 +60,9 @@ def _pictures(out: Path) -> None:
         (tmp / "done").write_text("")
         shutil.rmtree(cached, ignore_errors=True)
         tmp.rename(cached)
+        for old in CACHE.iterdir():  # the pictures of earlier versions of the spec
+            if old != cached:
+                shutil.rmtree(old, ignore_errors=True)
     for f in cached.iterdir():
         if f.name != "done":
             shutil.copy(f, out / f.name)

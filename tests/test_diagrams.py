@@ -121,6 +121,13 @@ def test_a_counterexample_is_read_as_threads_and_arrows():
         assert text in svg, text
 
 
+def test_a_liveness_loop_back_is_drawn_as_one():
+    trace = [*TRACE[:5], ("Back to state 2: <MCRequestPause line 1, col 1 to line 2, col 2 of module M>", {})]
+    steps = diagrams.sequence_steps(trace)
+    assert steps[-1].action == "Back to state 2 by RequestPause" and steps[-1].actor is None
+    assert "Back to state 2 by RequestPause: the behaviour repeats from there for ever" in diagrams.sequence_svg(trace)
+
+
 def test_an_invariants_counterexample_ends_with_the_verdict():
     svg = diagrams.sequence_svg(TRACE[:5], verdict="CountsInv is violated in this state")
     assert "CountsInv is violated in this state" in svg

@@ -230,12 +230,16 @@ def _changed_entries(name: str, before: str | None, after: str) -> list[Lifeline
 
 
 def _header(header: str) -> tuple[int, str]:
+    """A counterexample step's number and name: the action, ``initial state``, ``Stuttering``, or ``Back to
+    state N by Action`` (a liveness trace's loop: the action leads back to state N)."""
     number = int(header.split(":")[0].split()[-1]) if header.startswith("State") else 0
+    action = protocol_action(header.split("<", 1)[1].split()[0]) if "<" in header else ""
     if header.endswith("<Initial predicate>"):
         return number, "initial state"
-    if "<" in header:
-        return number, protocol_action(header.split("<", 1)[1].split()[0])
-    return number, header.split(":")[0].strip() if header.startswith("Back to") else header.split(":")[-1].strip()
+    if header.startswith("Back to"):
+        back = header.split(":")[0].strip()
+        return number, f"{back} by {action}" if action else back
+    return number, action or header.split(":")[-1].strip()
 
 
 def _actor(action: str, touched: Sequence[Lifeline]) -> Lifeline | None:
@@ -379,7 +383,8 @@ def _draw_step(
             label = s.action
         out.append(f'<line x1="{xs[0] - col / 2 + 8:.0f}" y1="{mid:.0f}" x2="{xs[-1] + col / 2 - 8:.0f}" '
                    f'y2="{mid:.0f}" stroke="#c0392b" stroke-width="1.5"/>')  # fmt: skip
-        out.append(f'<rect x="{(xs[0] + xs[-1]) / 2 - 190:.0f}" y="{mid - 11:.0f}" width="380" height="22" '
+        w = max(380, 6.5 * len(label) + 24)  # about 6.5 px a character at 11 px, bold
+        out.append(f'<rect x="{(xs[0] + xs[-1]) / 2 - w / 2:.0f}" y="{mid - 11:.0f}" width="{w:.0f}" height="22" '
                    'fill="white" stroke="#c0392b" rx="4"/>')  # fmt: skip
         out.append(_text((xs[0] + xs[-1]) / 2, mid + 4, label, 11, weight="bold", fill="#c0392b"))
         return out
