@@ -3,7 +3,8 @@
 Before the build (``on_pre_build``) they write ``docs/generated/`` (git-ignored): the pictures TLC's output
 gives (:mod:`cbpause.tlc.diagrams`: the loop's phase diagram from the state graphs of fast models, one
 sequence diagram per upstream defect from its counterexample), the table of the models of
-``tla/models.toml``, and one page per file of ``tla/`` so that the site can link to the TLA+ it talks about.
+``tla/models.toml``, and one page per file of ``tla/`` and per test module, so that the site can link to the
+TLA+ and the tests it talks about.
 TLC runs again whenever a file of ``tla/`` or of :mod:`cbpause.tlc` changes (the results are cached under
 ``.cache/docs/`` by a hash of both); so a change to the spec changes the pictures.  ``mkdocs serve`` is not
 supported (the generated folder would trigger its own rebuilds): build, then open ``site/index.html`` or run
@@ -14,14 +15,13 @@ Each page's Markdown (``on_page_markdown``) then gets its ``<!-- include: PATH -
 ``<!-- docs:name -->`` and ``<!-- /docs:name -->``, so that ``spec/PROTOCOL.md`` and the README's set-up
 commands are rendered, not copied; and every relative link is rewritten for the site: a link to a page of
 ``docs/`` stays one, ``spec/PROTOCOL.md`` is the protocol page, ``README.md`` the landing page, a file of
-``tla/`` its source page, and a link to any other file of the repository (``src/``, ``tests/``) becomes its
-text, since the site does not carry those files.
+``tla/`` or a test module its source page, and a link to any other file of the repository (``src/``)
+becomes its text, since the site does not carry those files (the API reference renders ``src/``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import posixpath
 import re
 import shutil
@@ -81,14 +81,19 @@ def _models_table(out: Path) -> None:
     (out / "models.md").write_text("\n".join(rows) + "\n")
 
 
+_LANG = {".tla": "tla", ".cfg": "text", ".toml": "toml", ".py": "python"}
+
+
 def _sources(out: Path) -> None:
-    (out / "sources").mkdir(exist_ok=True)
-    for path in sorted((ROOT / "tla").iterdir()):
-        if path.suffix not in (".tla", ".cfg", ".toml"):
-            continue
-        lang = {".tla": "tla", ".cfg": "text", ".toml": "toml"}[path.suffix]
-        text = f"# `tla/{path.name}`\n\n```{lang}\n{path.read_text().rstrip()}\n```\n"
-        (out / "sources" / f"{path.name}.md").write_text(text)
+    """One page per file of ``tla/`` and per test module, for the pages' links to them."""
+    (out / "sources" / "tests").mkdir(parents=True)
+    files = [p for p in sorted((ROOT / "tla").iterdir()) if p.suffix in (".tla", ".cfg", ".toml")]
+    files += sorted((ROOT / "tests").glob("*.py"))
+    for path in files:
+        rel = path.relative_to(ROOT).as_posix()
+        text = f"# `{rel}`\n\n```{_LANG[path.suffix]}\n{path.read_text().rstrip()}\n```\n"
+        dest = out / "sources" / ("tests" if rel.startswith("tests/") else "") / f"{path.name}.md"
+        dest.write_text(text)
 
 
 def on_pre_build(config, **kwargs) -> None:
@@ -114,6 +119,8 @@ def _site_target(repo_path: str, page_dir: str) -> str | None:
         target = "tlc.md"
     elif repo_path.startswith("tla/") and (ROOT / repo_path).is_file():
         target = f"generated/sources/{repo_path[4:]}.md"
+    elif repo_path.startswith("tests/") and repo_path.endswith(".py") and (ROOT / repo_path).is_file():
+        target = f"generated/sources/{repo_path}.md"
     else:
         return None
     return posixpath.relpath(target, page_dir or ".")
@@ -177,6 +184,5 @@ def on_page_content(html: str, page, config, files) -> str:
 
 
 def on_post_build(config, **kwargs) -> None:
-    # The site is self-contained; the generated Markdown is rebuilt every time and never committed.
-    if os.environ.get("CBPAUSE_DOCS_KEEP_GENERATED") != "1":
-        shutil.rmtree(GENERATED, ignore_errors=True)
+    # The site carries what it needs; docs/generated/ is rebuilt by every build and never committed.
+    shutil.rmtree(GENERATED, ignore_errors=True)

@@ -153,6 +153,8 @@ def hooks():
         ("[tla](../tla/PauseProtocol.tla)", "spec", "", "[tla](generated/sources/PauseProtocol.tla.md)"),
         ("[the models](tla/)", "", "", "[the models](tlc.md)"),
         ("[`protocol.py`](../src/cbpause/protocol.py)", "docs", "", "`protocol.py`"),
+        ("[t](../tests/test_holds.py)", "docs", "", "[t](generated/sources/tests/test_holds.py.md)"),
+        ("[t](../../tests/test_holds.py)", "docs/sub", "sub", "[t](../generated/sources/tests/test_holds.py.md)"),
         ("![plot](bench/bench.png)", "docs", "", "![plot](bench/bench.png)"),
         ("[web](https://example.org/x.md)", "docs", "", "[web](https://example.org/x.md)"),
         ("```\n[not a link](../src/x.py)\n```", "docs", "", "```\n[not a link](../src/x.py)\n```"),
@@ -168,3 +170,23 @@ def test_an_include_of_a_missing_section_says_which(hooks):
     readme = (ROOT / "README.md").read_text()
     setup = hooks._section(readme, "setup", "README.md")
     assert "nox -s tlc" in setup and "nox -s tests lint docs" in setup  # the README's two set-up commands
+
+
+class _Page:
+    class file:  # noqa: N801 -- the shape of mkdocs' Page.file
+        src_uri = "sub/page.md"
+
+
+def test_an_include_renders_the_file_with_its_links_for_the_page(hooks):
+    """An included part keeps its indentation (an admonition's body) and its links are the page's."""
+    md = "!!! note\n\n    <!-- include: README.md#setup -->\n"
+    out = hooks.on_page_markdown(md, _Page, None, None)
+    assert "    python3 -m pip install nox && python3 -m nox -s tests lint docs" in out
+    assert "<!-- include" not in out
+    readme = hooks.on_page_markdown("<!-- include: README.md#reading -->", _Page, None, None)
+    assert "[`spec/PROTOCOL.md`](../protocol.md)" in readme  # README's link, from a page in sub/
+
+
+def test_an_include_of_a_missing_file_names_the_page(hooks):
+    with pytest.raises(FileNotFoundError, match="sub/page.md: include of nowhere.md"):
+        hooks.on_page_markdown("<!-- include: nowhere.md -->", _Page, None, None)

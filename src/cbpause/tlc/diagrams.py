@@ -41,6 +41,7 @@ __all__ = [
 ]
 
 # Which thread a variable belongs to: a sequence-valued variable has one entry per holder, rank or request.
+# A variable not named here (a model wrapper's ghost variable) is drawn as the loop's.
 OWNERS = {
     # PauseProtocol and upstream's model
     "hs": "holder", "hmode": "holder",
@@ -203,7 +204,7 @@ class SequenceStep:
     """One step of a counterexample, as the diagram draws it."""
 
     number: int
-    action: str  # the protocol's name, "initial state", "Stuttering" or "Back to state N"
+    action: str  # the protocol's name, "initial state", "Stuttering" or "Back to state N by Action"
     actor: Lifeline | None  # None: the TP group (a bar across the loops) or a closing line
     target: Lifeline | None
     touched: tuple[Lifeline, ...]  # every lifeline whose state changed
