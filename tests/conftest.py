@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import shutil
 import signal
@@ -15,6 +16,14 @@ TLA_DIR = ROOT / "tla"
 WAIT = 30.0  # seconds: the bound on any wait for something that must happen
 MAX_NEW = 24  # tokens each request generates (greedy, no end-of-sequence token)
 PROMPT = [1, 2, 3, 4, 5]
+
+
+def load_script(name: str):
+    """A module of ``scripts/`` (which is no package), loaded from its file."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def submit(manager, n: int = 4, prompt: list[int] = PROMPT) -> list[str]:

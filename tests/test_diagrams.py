@@ -9,7 +9,6 @@ too: a link the site cannot follow fails ``nox -s docs``, and a wrong rewrite wo
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 
 import pytest
@@ -18,7 +17,7 @@ from cbpause.tlc import diagrams
 from cbpause.tlc.conformance import tlc_graph
 from cbpause.tlc.manifest import load_manifest
 
-from .conftest import ROOT
+from .conftest import ROOT, load_script
 
 
 def _models(tla_dir):
@@ -139,10 +138,7 @@ def test_an_invariants_counterexample_ends_with_the_verdict():
 
 @pytest.fixture(scope="module")
 def hooks():
-    spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "scripts" / "mkdocs_hooks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("mkdocs_hooks")
 
 
 @pytest.mark.parametrize(

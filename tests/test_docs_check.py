@@ -4,12 +4,11 @@ before checking the real site; elsewhere it is skipped."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import load_script
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -20,10 +19,7 @@ if not CHROMIUM.is_file():
 
 @pytest.fixture(scope="module")
 def docs_check():
-    spec = importlib.util.spec_from_file_location("docs_check", ROOT / "scripts" / "docs_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docs_check")
 
 
 PIXEL = (  # a 1x1 PNG
