@@ -11,6 +11,8 @@ SPEC = (ROOT / "spec" / "PROTOCOL.md").read_text()
 TLA = (TLA_DIR / "PauseProtocol.tla").read_text()
 # R-BOUNDED-ENTRY is checked over a ghost counter that only its model wrapper has.
 ENTRY = (TLA_DIR / "MCPauseProtocolEntry.tla").read_text()
+# R-STOP-NO-TEARDOWN, over an abstraction of the manager's stop().
+TEARDOWN = (TLA_DIR / "StopTeardown.tla").read_text()
 
 
 def table_rows(text: str, id_prefix: str) -> list[list[str]]:
@@ -35,7 +37,8 @@ def test_every_invariant_and_property_has_a_requirement_and_back():
     named = set().union(*requirement_column().values())
     named_checks = {n for n in named if n.endswith(("Inv", "Prop")) or n == "TypeOK"}
     requests = checked_definitions((TLA_DIR / "RequestVersions.tla").read_text())
-    assert named_checks == checked_definitions(TLA) | {"BoundedEntryInv"} | requests
+    teardown = checked_definitions(TEARDOWN) - {"TypeOK"}
+    assert named_checks == checked_definitions(TLA) | {"BoundedEntryInv"} | requests | teardown
     assert "BoundedEntryInv" in definitions(ENTRY)
 
 
@@ -49,6 +52,7 @@ def test_requirement_ids_are_unique_and_statements_normative():
 
 def test_every_name_in_the_tables_exists_in_the_tla():
     defined = definitions(TLA) | definitions(ENTRY) | definitions((TLA_DIR / "RequestVersions.tla").read_text())
+    defined |= definitions(TEARDOWN)
     for rid, names in requirement_column().items():
         assert names <= defined, f"{rid} names undefined TLA+: {names - defined}"
 
@@ -70,7 +74,8 @@ def test_every_action_has_its_p_requirement():
 
 def test_models_that_must_pass_check_every_requirement():
     """The fast models of the protocol check every invariant and property of the spec; the bounded-entry ones,
-    R-BOUNDED-ENTRY; those of the requests under pauses, every one of tla/RequestVersions.tla."""
+    R-BOUNDED-ENTRY; those of the requests under pauses, every one of tla/RequestVersions.tla; the model of
+    cbpause's stop(), every one of tla/StopTeardown.tla."""
     wanted = checked_definitions(TLA)
     requests = checked_definitions((TLA_DIR / "RequestVersions.tla").read_text())
     for m in load_manifest(TLA_DIR):
@@ -81,6 +86,7 @@ def test_models_that_must_pass_check_every_requirement():
             if cfg.constants().get("Modes") == "{1}":  # KEEP only: no holder is deferred, PauseReturnsProp says it all
                 need = need - {"ModePauseReturnsProp"}
             need = requests if m.module == "RequestVersions" else need
+            need = checked_definitions(TEARDOWN) if m.module == "StopTeardown" else need
             assert need <= listed, f"{m.name} does not check {need - listed}"
 
 

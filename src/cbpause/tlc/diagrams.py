@@ -50,6 +50,8 @@ OWNERS = {
     "tpStatus": "group", "tpPause": "group",
     "req": "request", "out": "request",
     "restarts": "environment",
+    # StopTeardown: the thread in stop(), and the loop's batch processor
+    "stopper": "environment", "processor": "loop",
     # RequestVersions: the trainer holds the weights; the loop the windows and the prefix blocks
     "wv": "holder", "changed": "holder",
     "win": "loop", "windows": "loop", "last": "loop", "prefix": "loop",
@@ -59,7 +61,8 @@ OWNERS = {
 # Who takes each action (every other action is the loop's own).
 _ACTORS = {
     "environment": {"Interrupt", "PauseTimeout", "HolderDies", "RequestStop", "RecordFatalError", "Crash",
-                    "StrayRelease", "Restart", "UpstreamInterrupt", "UpstreamRestart"},
+                    "StrayRelease", "Restart", "UpstreamInterrupt", "UpstreamRestart", "StopWaitRunsOut",
+                    "StopReturns"},
     "holder": {"RequestPause", "EnterPause", "LeavePause", "PauseFails", "UpstreamRequestPause",
                "UpstreamLeavePause", "UpstreamPauseFails", "Update"},
     "request": {"Submit", "Retry", "UpstreamAdmit", "UpstreamEnqueue"},
@@ -73,8 +76,8 @@ _TARGET_ORDER = {
     "request": ("loop", "request"),
     "loop": ("request", "holder", "loop"),
 }
-# A holder's calls that reach its loop even when they change only the holder's own state.
-_CALLS = {"RequestPause", "UpstreamRequestPause", "LeavePause", "UpstreamLeavePause"}
+# Calls that reach a loop even when they change only the caller's own state (a holder's reach its rank's).
+_CALLS = {"RequestPause", "UpstreamRequestPause", "LeavePause", "UpstreamLeavePause", "RequestStop"}
 _KINDS = ("environment", "holder", "loop", "request")
 
 
@@ -279,7 +282,7 @@ def sequence_steps(trace: Sequence[tuple[str, dict[str, str]]]) -> list[Sequence
             if target is None and actor.kind == "request":  # a caller's step is a call into the driver's loop
                 target = Lifeline("loop", 1)
             if target is None and action in _CALLS:
-                target = Lifeline("loop", rank_of.get(actor.index, 1))
+                target = Lifeline("loop", rank_of.get(actor.index, 1) if actor.kind == "holder" else 1)
         steps.append(SequenceStep(number, action, actor, target, touched, dict(changes)))
         previous = state
     return steps
@@ -415,6 +418,7 @@ DEFECT_MODELS = {
     "D4": "Upstream_D4",
     "D5": "Upstream_D5",
     "D7": "Upstream_D7",
+    "D8": "Upstream_D8",
     "D6": "RequestVersions_upstream_D6",
 }
 # The models whose state graphs the phase diagram projects: one rank with every fault a single rank has

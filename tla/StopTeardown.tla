@@ -1,0 +1,121 @@
+---------------------------- MODULE StopTeardown ----------------------------
+(***************************************************************************)
+(* D8: what stop() does to a loop that a holder keeps paused.  An          *)
+(* abstraction of the manager's stop(), not of the pause protocol (whose   *)
+(* stop is PauseProtocol's RequestStop and StopReturnsProp): the pause is  *)
+(* one step here, the loop a thread that steps its requests while it runs, *)
+(* and the batch processor the object the steps need.                      *)
+(*                                                                         *)
+(* A thread calls stop(block=True, timeout=t) (a flush stop) and waits;    *)
+(* when its wait runs out before the loop has stopped (or at once, for     *)
+(* block=False), stop() returns.  transformers 5.23.0 then tears down at   *)
+(* once: it clears the batch processor under the loop that still runs,     *)
+(* and the loop's next step fails every request (TearDownEarly = TRUE).    *)
+(* cbpause's integration leaves the teardown to the loop's own exit        *)
+(* (TearDownEarly = FALSE): the loop flushes when the pause ends, every    *)
+(* request finishes, then the processor is cleared.                        *)
+(*                                                                         *)
+(* TLC must find FlushFailsNothingInv violated for upstream                *)
+(* (Upstream_D8) and must not for cbpause (StopTeardown_cbpause).          *)
+(***************************************************************************)
+EXTENDS Naturals
+
+CONSTANTS
+    Requests,       \* the requests in flight
+    TearDownEarly   \* TRUE: upstream's stop(); FALSE: cbpause's
+
+VARIABLES
+    phase,      \* the loop: "running", "paused", "stopped"
+    hs,         \* the holder: "idle", "inside", "done"
+    stopper,    \* the thread in stop(): "idle", "waiting", "returned"
+    processor,  \* the batch processor: "ready", "cleared"
+    req,        \* each request: "active", "finished", "failed"
+    out         \* each request's outputs delivered
+
+vars == <<phase, hs, stopper, processor, req, out>>
+
+TypeOK ==
+    /\ phase \in {"running", "paused", "stopped"}
+    /\ hs \in {"idle", "inside", "done"}
+    /\ stopper \in {"idle", "waiting", "returned"}
+    /\ processor \in {"ready", "cleared"}
+    /\ req \in [Requests -> {"active", "finished", "failed"}]
+    /\ out \in [Requests -> 0..1]
+
+Init ==
+    /\ phase = "running"
+    /\ hs = "idle"
+    /\ stopper = "idle"
+    /\ processor = "ready"
+    /\ req = [i \in Requests |-> "active"]
+    /\ out = [i \in Requests |-> 0]
+
+Active == {i \in Requests : req[i] = "active"}
+
+\* pause(), entered at once (the protocol's entry is checked elsewhere).
+RequestPause ==
+    /\ hs = "idle" /\ phase = "running"
+    /\ hs' = "inside" /\ phase' = "paused"
+    /\ UNCHANGED <<stopper, processor, req, out>>
+
+LeavePause ==
+    /\ hs = "inside"
+    /\ hs' = "done" /\ phase' = "running"
+    /\ UNCHANGED <<stopper, processor, req, out>>
+
+\* stop(block=True, timeout=t): ask a flush stop, wait for the loop.
+RequestStop ==
+    /\ stopper = "idle"
+    /\ stopper' = "waiting"
+    /\ UNCHANGED <<phase, hs, processor, req, out>>
+
+\* The wait runs out with the loop still running or paused; stop() returns
+\* and upstream tears the loop down there and then.
+StopWaitRunsOut ==
+    /\ stopper = "waiting" /\ phase # "stopped"
+    /\ stopper' = "returned"
+    /\ processor' = IF TearDownEarly THEN "cleared" ELSE processor
+    /\ UNCHANGED <<phase, hs, req, out>>
+
+\* The loop has stopped before the wait ran out.
+StopReturns ==
+    /\ stopper = "waiting" /\ phase = "stopped"
+    /\ stopper' = "returned"
+    /\ UNCHANGED <<phase, hs, processor, req, out>>
+
+\* A forward step: one request finishes; without a batch processor the step
+\* raises and the loop's error handler fails every request and stops.
+Step ==
+    /\ phase = "running" /\ Active # {}
+    /\ IF processor = "ready"
+       THEN \E i \in Active :
+                /\ req' = [req EXCEPT ![i] = "finished"]
+                /\ out' = [out EXCEPT ![i] = 1]
+                /\ UNCHANGED phase
+       ELSE /\ req' = [i \in Requests |-> IF req[i] = "active" THEN "failed" ELSE req[i]]
+            /\ out' = [i \in Requests |-> IF req[i] = "active" THEN 1 ELSE out[i]]
+            /\ phase' = "stopped"
+    /\ UNCHANGED <<hs, stopper, processor>>
+
+\* A flush stop with nothing left to step: the loop exits and tears down.
+ExitLoop ==
+    /\ phase = "running" /\ stopper # "idle" /\ Active = {}
+    /\ phase' = "stopped" /\ processor' = "cleared"
+    /\ UNCHANGED <<hs, stopper, req, out>>
+
+Done == phase = "stopped" /\ stopper = "returned" /\ hs # "inside" /\ UNCHANGED vars
+
+Next == RequestPause \/ LeavePause \/ RequestStop \/ StopWaitRunsOut \/ StopReturns \/ Step \/ ExitLoop \/ Done
+
+Spec == Init /\ [][Next]_vars /\ WF_vars(Step) /\ WF_vars(ExitLoop) /\ WF_vars(LeavePause) /\ WF_vars(StopReturns)
+
+\* A flush stop fails no request: nothing else goes wrong in this model, so
+\* every request in flight must finish.
+FlushFailsNothingInv == \A i \in Requests : req[i] # "failed"
+
+\* Every request gets its output, and a stop waited for completes (the holder
+\* leaves: weak fairness of LeavePause).
+FlushFinishesProp ==
+    /\ <>(\A i \in Requests : out[i] = 1)
+    /\ (stopper = "waiting") ~> (phase = "stopped")
+=============================================================================
