@@ -103,19 +103,32 @@ ExitLoop ==
     /\ phase' = "stopped" /\ processor' = "cleared"
     /\ UNCHANGED <<hs, stopper, req, out>>
 
-Done == phase = "stopped" /\ stopper = "returned" /\ hs # "inside" /\ UNCHANGED vars
+\* The story is over (PauseProtocol's Terminated): no deadlock.
+Terminated == phase = "stopped" /\ stopper = "returned" /\ hs # "inside" /\ UNCHANGED vars
 
-Next == RequestPause \/ LeavePause \/ RequestStop \/ StopWaitRunsOut \/ StopReturns \/ Step \/ ExitLoop \/ Done
+Next ==
+    \/ RequestPause \/ LeavePause \/ RequestStop \/ StopWaitRunsOut \/ StopReturns \/ Step \/ ExitLoop
+    \/ Terminated
 
-Spec == Init /\ [][Next]_vars /\ WF_vars(Step) /\ WF_vars(ExitLoop) /\ WF_vars(LeavePause) /\ WF_vars(StopReturns)
+\* The loop's thread runs while it has work or a stop to finish (PauseProtocol's
+\* weak fairness of the loop, spec section 4.4); a stop() that waits returns
+\* once the thread has ended (Thread.join).  That the holder leaves is no
+\* part of the spec: it is the premise of FlushFinishesProp.
+Spec == Init /\ [][Next]_vars /\ WF_vars(Step) /\ WF_vars(ExitLoop) /\ WF_vars(StopReturns)
 
 \* A flush stop fails no request: nothing else goes wrong in this model, so
 \* every request in flight must finish.
 FlushFailsNothingInv == \A i \in Requests : req[i] # "failed"
 
-\* Every request gets its output, and a stop waited for completes (the holder
-\* leaves: weak fairness of LeavePause).
+\* Every request gets its output, and a stop waited for completes, provided
+\* the holder inside leaves (R-STOP-RETURNS's premise, HoldersLeave).
 FlushFinishesProp ==
-    /\ <>(\A i \in Requests : out[i] = 1)
-    /\ (stopper = "waiting") ~> (phase = "stopped")
+    WF_vars(LeavePause) =>
+        /\ <>(\A i \in Requests : out[i] = 1)
+        /\ (stopper = "waiting") ~> (phase = "stopped")
+
+\* Witnesses (must fail, models.toml): a request does finish, and the loop does
+\* tear down, in the end.
+NeverFinishesWitness == \A i \in Requests : req[i] # "finished"
+NeverTearsDownWitness == processor = "ready"
 =============================================================================
