@@ -75,6 +75,14 @@ def test_a_defects_sequence_diagram_changes_with_the_spec(tla_copy, tlc_ready, t
     assert "UpstreamParksAnyway" in (tmp_path / "after" / "D1.txt").read_text()
 
 
+def test_a_defects_picture_is_the_same_every_time(tlc_ready, tmp_path):
+    """A liveness counterexample too (TLC's order follows its fingerprint function, which generate fixes)."""
+    d7 = {"D7": "Upstream_D7"}
+    for run in ("a", "b"):
+        diagrams.generate(tmp_path / run, ROOT / "tla", phase_models=(), defects=d7)
+    assert (tmp_path / "a" / "D7.svg").read_text() == (tmp_path / "b" / "D7.svg").read_text()
+
+
 def test_a_picture_of_a_defect_the_model_no_longer_has_is_refused(tla_copy, tlc_ready, tmp_path):
     """With D2's stray release gone from the spec, TLC finds no counterexample: no picture, an error."""
     path = tla_copy / "MCUpstreamBackgroundThreadStatus.tla"

@@ -453,7 +453,10 @@ def generate(out: Path, tla_dir: Path | None = None, *, phase_models: Sequence[s
     for defect, name in (DEFECT_MODELS if defects is None else defects).items():
         if on_line:
             on_line(f"counterexample of {name} ({defect})")
-        result = run_model(models[name], tla_dir, workers=1)  # one worker: the same (shortest) trace every time
+        # One worker and a fixed fingerprint function (TLC draws one at random per run otherwise, and the order
+        # of its liveness search follows it): the same counterexample every time, and the shortest for safety.
+        model = dataclasses.replace(models[name], options=(*models[name].options, "-fp", "1"))
+        result = run_model(model, tla_dir, workers=1)
         trace = parse_trace(result.run.output)
         if not result.matches_expectation or not trace:
             raise RuntimeError(f"{name} gave {result.outcome}, not {models[name].expect}: no picture of {defect}")
