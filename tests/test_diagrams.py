@@ -9,6 +9,7 @@ too: a link the site cannot follow fails ``nox -s docs``, and a wrong rewrite wo
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -194,3 +195,14 @@ def test_an_include_renders_the_file_with_its_links_for_the_page(hooks):
 def test_an_include_of_a_missing_file_names_the_page(hooks):
     with pytest.raises(FileNotFoundError, match="sub/page.md: include of nowhere.md"):
         hooks.on_page_markdown("<!-- include: nowhere.md -->", _Page, None, None)
+
+
+def test_every_defect_model_has_its_picture_on_the_defects_page():
+    """A model that finds an upstream defect (named ..._D<n>) is drawn, and the defects page shows it."""
+    found = {m.name for m in load_manifest(ROOT / "tla") if re.search(r"_D\d+$", m.name)}
+    assert found == set(diagrams.DEFECT_MODELS.values())
+    page = (ROOT / "docs" / "defects.md").read_text()
+    for defect, model in diagrams.DEFECT_MODELS.items():
+        assert model.endswith(f"_{defect}")
+        assert f"## {defect}: " in page and f"](generated/{defect}.svg)" in page, defect
+        assert f"<!-- include: generated/{defect}.txt -->" in page, defect
