@@ -28,10 +28,15 @@ from .conformance import Graph, parse_tla_value
 from .launcher import protocol_action
 
 __all__ = [
+    "DEFECT_MODELS",
+    "FAULT_ACTIONS",
     "OWNERS",
+    "PHASE_MODELS",
     "Lifeline",
     "PhaseEdges",
     "SequenceStep",
+    "generate",
+    "main",
     "phase_dot",
     "phase_edges",
     "phase_table",
