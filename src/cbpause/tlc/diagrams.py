@@ -24,8 +24,10 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .conformance import Graph, parse_tla_value
-from .launcher import protocol_action
+from .conformance import Graph, parse_tla_value, tlc_graph
+from .launcher import format_trace, parse_trace, protocol_action
+from .manifest import default_tla_dir, load_manifest
+from .models import run_model
 
 __all__ = [
     "DEFECT_MODELS",
@@ -293,16 +295,15 @@ def sequence_steps(trace: Sequence[tuple[str, dict[str, str]]]) -> list[Sequence
     return steps
 
 
+def _ends_a_liveness_trace(action: str) -> bool:
+    return action == "Stuttering" or action.startswith("Back to")
+
+
 def _lifelines(steps: Sequence[SequenceStep]) -> list[Lifeline]:
     initial = steps[0].changes if steps else {}
     lines: set[Lifeline] = set()
-    for name, value in initial.items():
-        kind = OWNERS.get(name, "loop")
-        parsed = _value(value)
-        if kind in ("group", "environment"):
-            continue
-        n = len(parsed) if isinstance(parsed, tuple) else 1
-        lines.update(Lifeline(kind, i + 1) for i in range(n))
+    for name, value in initial.items():  # every entry of every variable is "changed" from nothing
+        lines.update(e for e in _changed_entries(name, None, value) if e.kind != "environment")
     if any(s.actor and s.actor.kind == "environment" for s in steps):
         lines.add(Lifeline("environment"))
     for s in steps:
@@ -331,7 +332,7 @@ def sequence_svg(trace: Sequence[tuple[str, dict[str, str]]], title: str = "", v
     """A counterexample as an SVG sequence diagram (see the module's docstring); ``verdict``, when given, closes
     a trace that ends in a bad state (an invariant violated) with a line saying so."""
     steps = sequence_steps(trace)
-    if verdict and steps and steps[-1].actor is None and steps[-1].action not in ("initial state",):
+    if verdict and steps and _ends_a_liveness_trace(steps[-1].action):
         verdict = ""  # a liveness trace already ends in its stuttering or loop-back line
     if verdict:
         steps.append(SequenceStep(0, verdict, None, None, (), {}))
@@ -385,11 +386,12 @@ def _draw_step(
                    'stroke="#c9a227"/>')  # fmt: skip
         out.append(_text((a + b) / 2, mid + 4, f"{s.action} (TP group)", 11, weight="bold"))
         return out
-    if s.actor is None:  # the initial state, stuttering, a loop back
-        text = {"initial state": "initial state", "Stuttering": "nothing can change any more (stuttering, for ever)"}
-        label = text.get(s.action, f"{s.action}: the behaviour repeats from there for ever")
-        if not s.action.startswith(("Back to", "initial", "Stuttering")):
-            label = s.action
+    if s.actor is None:  # the initial state, the verdict, stuttering, a loop back
+        label = s.action
+        if s.action == "Stuttering":
+            label = "nothing can change any more (stuttering, for ever)"
+        elif _ends_a_liveness_trace(s.action):
+            label = f"{s.action}: the behaviour repeats from there for ever"
         out.append(f'<line x1="{xs[0] - col / 2 + 8:.0f}" y1="{mid:.0f}" x2="{xs[-1] + col / 2 - 8:.0f}" '
                    f'y2="{mid:.0f}" stroke="#c0392b" stroke-width="1.5"/>')  # fmt: skip
         w = max(380, 6.5 * len(label) + 24)  # about 6.5 px a character at 11 px, bold
@@ -436,11 +438,6 @@ def generate(out: Path, tla_dir: Path | None = None, *, phase_models: Sequence[s
     """Run TLC and write ``phases.svg``, ``phases.md`` and, per defect, ``D<n>.svg`` and ``D<n>.txt`` (TLC's
     counterexample as the runner prints it) into ``out``.  Raises ``RuntimeError`` when a defect's model no
     longer gives its expected counterexample: a picture of the wrong behaviour is worse than none."""
-    from .conformance import tlc_graph
-    from .launcher import format_trace, parse_trace
-    from .manifest import default_tla_dir, load_manifest
-    from .models import run_model
-
     tla_dir = Path(tla_dir or default_tla_dir())
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
