@@ -89,3 +89,22 @@ def test_a_holder_record_claiming_a_state_the_rank_was_not_in_is_rejected(real_t
     result = validate(altered(real_trace, events), TLA_DIR, tmp_path)
     assert not result.accepted
     assert result.matched == k
+
+
+@pytest.mark.tp
+@pytest.mark.slow
+def test_a_peer_killed_with_requests_in_transit_loses_none(tmp_path, tlc_ready):
+    """The TP=2 plan ``kill_payload``: rank 1 dies after the all-reduce that agreed rank 0's non-empty payload, before
+    the broadcast that would carry it.  Rank 0's broadcast fails with the drained requests in hand; each gets its
+    terminal output (issue 24: before the fix, 1 to 3 of them were lost in every run), and the group's trace is a
+    behaviour of the spec."""
+    from cbpause.scenarios.real import run_tp
+
+    checkpoint = tmp_path / "ckpt"
+    tiny_llama("cpu", 3).save_pretrained(checkpoint)
+    trace, info = run_tp("kill_payload", str(checkpoint), seed=24, workdir=tmp_path)
+    assert info["errors"] == [], info["errors"]
+    assert info["killed"] == [1], "rank 1 was not killed at the broadcast"
+    assert info["lost"] == 0 and info["duplicated"] == 0, info
+    result = validate(trace, TLA_DIR, tmp_path / "v")
+    assert result.accepted, describe_rejection(trace, result)

@@ -171,10 +171,14 @@ def deliver_cancellations(scheduler: Any, router: Any) -> None:
 
 
 def fail_drained(processor: Any, states: list, error: Exception) -> None:
-    """Give each request drained from the input queue its terminal failed output.
+    """Give each request in hand (drained from the input queue, or carried by the payload broadcast, and not in the
+    scheduler yet) its terminal failed output, emptying ``states`` as it goes: a request leaves the list once its
+    output is delivered, so a second call (the failure of a delivery reaching an outer handler) never delivers one
+    twice.
 
-    Drained requests are in no queue and no scheduler yet, so the loop's exit path cannot see them: upstream 5.23.0
+    Requests in hand are in no queue and no scheduler, so the loop's exit path cannot see them: upstream 5.23.0
     loses them when a collective or the pause window raises, or on a hard stop (R-NOTHING-LOST-DELIVERED).
     """
-    for state in states:
-        processor.output_router.fail_and_deliver(state, error)
+    while states:
+        processor.output_router.fail_and_deliver(states[0], error)
+        states.pop(0)

@@ -86,8 +86,9 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
 
         Observe, AllReduce, then ExitLoop on a hard stop, the window (open, skip for a withdrawn request, or
         park for a peer for at most ``peer_park_timeout``) and Barrier if the group decided to pause, NoPause
-        otherwise.  Returns True if the group is hard-stopping.  Unlike upstream, requests drained from the
-        queue before a failure or a hard stop are failed, not lost.
+        otherwise.  Returns True if the group is hard-stopping.  Unlike upstream, the requests in hand (drained,
+        then carried by the broadcast, until the scheduler has each: the exit path cannot see them) fail, not get
+        lost, when anything fails before they are admitted or the group hard-stops (D5; the broadcast, issue 24).
         """
         status = self.background_thread_status
         # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
@@ -96,27 +97,33 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         else:
             payload = ([], [])
         # end of copy
+        in_hand = payload[0]  # an abort at the decision empties it
         try:
-            payload_size, hard_stopping = self._group_decision(status, len(payload[0]) + len(payload[1]), payload[0])
+            payload_size, hard_stopping = self._group_decision(status, len(payload[0]) + len(payload[1]), in_hand)
+            if hard_stopping:
+                admission.fail_drained(self, in_hand, RuntimeError("The loop hard-stopped before this request ran."))
+                return True
+            # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
+            if payload_size == 0:
+                return False
+            new_states, cancellations = self.distributed_helper.tp_broadcast_object_from_rank_0(payload)
+            # end of copy
+            in_hand = list(new_states)
+            while in_hand:  # each leaves the hand once the scheduler has it, or once it failed alone (as upstream)
+                state = in_hand[0]
+                # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
+                try:
+                    self.logit_processor.check_kwargs(state.logit_processor_kwargs)
+                    self.scheduler.add_waiting_request(state)
+                except Exception as e:
+                    _api.logger.error(f"Error processing new request: {e}", exc_info=True)
+                    self._handle_request_error(e, state)
+                # end of copy
+                in_hand.pop(0)
         except BaseException as error:
-            failure = error if isinstance(error, Exception) else RuntimeError(repr(error))
-            admission.fail_drained(self, payload[0], failure)
+            admission.fail_drained(self, in_hand, error if isinstance(error, Exception) else RuntimeError(repr(error)))
             raise
-        if hard_stopping:
-            admission.fail_drained(self, payload[0], RuntimeError("The loop hard-stopped before this request ran."))
-            return True
-
         # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
-        if payload_size == 0:
-            return False
-        new_states, cancellations = self.distributed_helper.tp_broadcast_object_from_rank_0(payload)
-        for state in new_states:
-            try:
-                self.logit_processor.check_kwargs(state.logit_processor_kwargs)
-                self.scheduler.add_waiting_request(state)
-            except Exception as e:  # noqa: BLE001 - upstream fails the one request and goes on
-                _api.logger.error(f"Error processing new request: {e}", exc_info=True)
-                self._handle_request_error(e, state)
         for request_id in cancellations:
             self.scheduler.set_request_cancellation(request_id)
         return False
@@ -180,11 +187,8 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
 
 
 def _collective_failed(status: PauseProtocol, error: BaseException) -> None:
-    """P-COLLECTIVE-TIMEOUT: a peer died or never came.  Record ``error`` and stop, waking every waiter.
-
-    Should the protocol not be where the spec says a collective fails, the error is still recorded: the
-    collective's own error is what the caller must see, not a protocol complaint.
-    """
+    """P-COLLECTIVE-TIMEOUT: a peer died or never came.  Record ``error`` and stop, waking every waiter.  Where the
+    spec has no collective failing, the error is recorded all the same (the caller must see it, not a complaint)."""
     try:
         status.collective_timeout(error)
     except RuntimeError:
@@ -485,8 +489,7 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         # end of copy
 
     def _generation_loop_body(self, batch_processor: Any, bootstrapping: bool) -> bool:
-        """Upstream's loop body, with the steps the spec names around the forward step reported.
-
+        """Upstream's loop body, with the steps the spec names around the forward step reported:
         P-START-STEP before the forward step (refused while a holder is inside: R-EXCLUSION is enforced where
         the step runs), P-END-STEP once the batch is updated, P-IDLE before waiting for work, P-EXIT-LOOP on a
         flush with nothing left.  A loop asked to flush whose pending requests cannot be scheduled now goes

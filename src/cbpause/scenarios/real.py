@@ -15,6 +15,8 @@ take every action of the spec and 90 % of its transitions of one rank.
 from __future__ import annotations
 
 import argparse
+import collections
+import fnmatch
 import os
 import random
 import tempfile
@@ -106,6 +108,45 @@ class Campaign:
                 f"steps={self.steps}")  # fmt: skip
 
 
+def repeat_plans(args: argparse.Namespace, rng: random.Random, began: float) -> int:
+    """``--plans P --repeat N``: the TP=2 plans matching ``P``, each ``N`` times, every trace validated; one line per
+    plan.  Exits 1 on any lost or duplicated request, rejected trace, hang or scenario error."""
+    plans = [plan for plan in TP_PLANS if fnmatch.fnmatchcase(plan, args.plans)]
+    if not plans:
+        print(f"traces: no TP=2 plan matches {args.plans!r} (plans: {', '.join(TP_PLANS)})")
+        return 2
+    per_plan: dict[str, collections.Counter] = {plan: collections.Counter() for plan in plans}
+    with tempfile.TemporaryDirectory(prefix="cbpause-real-traces-") as tmp:
+        from ..testing import tiny_llama
+
+        campaign = Campaign(args.tla_dir or default_tla_dir(), Path(tmp))
+        checkpoint = str(Path(tmp, "ckpt"))
+        tiny_llama("cpu", rng.randrange(1000)).save_pretrained(checkpoint)
+        for n in range(args.repeat):
+            for plan in plans:
+                trace, info = run_tp(plan, checkpoint, rng.randrange(2**31), Path(tmp))
+                campaign.tp2 += 1
+                campaign.real += 1
+                rejected, problems = campaign.rejected, len(campaign.problems)
+                campaign.check(trace, info, f"tp2 {plan} #{n + 1}", 2)
+                counts = per_plan[plan]
+                counts["runs"] += 1
+                counts["validated"] += campaign.rejected == rejected
+                counts["lost"] += info.get("lost", 0)
+                counts["duplicated"] += info.get("duplicated", 0)
+                counts["problems"] += len(campaign.problems) - problems
+            print(f"  round {n + 1}/{args.repeat}: {campaign.line()} ({time.monotonic() - began:.0f} s)", flush=True)
+    for problem in campaign.problems:
+        print(problem)
+    for plan, c in per_plan.items():
+        print(f"{plan}: runs={c['runs']} validated={c['validated']} lost={c['lost']} duplicated={c['duplicated']} "
+              f"problems={c['problems']}")  # fmt: skip
+    print(f"{campaign.line()} seconds={time.monotonic() - began:.0f}")
+    if any("HANG" in problem or "still running" in problem for problem in campaign.problems):
+        os._exit(1)
+    return 1 if campaign.rejected or campaign.problems else 0
+
+
 def main(args: argparse.Namespace) -> int:
     """A campaign of ``args.count`` scenarios (at least the TP=2 plans), from ``args.seed``."""
     from ..testing import ForwardProbe, tiny_llama
@@ -114,13 +155,15 @@ def main(args: argparse.Namespace) -> int:
     master = args.seed if args.seed is not None else random.randrange(2**32)
     rng = random.Random(master)
     print(f"traces: real loop, seed={master} (--seed {master} reproduces the plans)", flush=True)
+    if args.plans is not None:
+        return repeat_plans(args, rng, time.monotonic())
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="cbpause-real-traces-") as tmp:
         campaign = Campaign(args.tla_dir or default_tla_dir(), Path(tmp))
         model = tiny_llama("cpu", master % 1000)
         checkpoint = str(Path(tmp, "ckpt"))
         model.save_pretrained(checkpoint)
-        for plan in TP_PLANS[: max(args.tp, 0)]:
+        for plan in TP_PLANS[: len(TP_PLANS) if args.tp is None else max(args.tp, 0)]:
             trace, info = run_tp(plan, checkpoint, rng.randrange(2**31), Path(tmp))
             campaign.tp2 += 1
             campaign.real += 1

@@ -21,12 +21,15 @@ from ..tlc.traces import Trace, event_from_json, event_to_json, merge
 from ..transitions import RankState
 from .episodes import RealRank, quiet_logs
 
-__all__ = ["KILL_PHASES", "TP_PLANS", "load_group_trace", "tp_worker"]
+__all__ = ["KILL_PHASES", "KILL_PLANS", "TP_PLANS", "load_group_trace", "tp_worker"]
 
 PEER_PARK_TIMEOUT = 2.0
 CPU_GROUP_TIMEOUT = 4.0
 KILL_PHASES = ("read", "reduce", "decided", "body", "step", "window", "peer", "barrier")
-TP_PLANS = ("pauses", "peer_never", "stop", "fatal", *(f"kill_{phase}" for phase in KILL_PHASES))
+# kill_payload: rank 1 dies after the group all-reduce that agreed a non-empty payload, before the broadcast that
+# would carry it: rank 0 holds the requests it drained (in transit) when the broadcast meets the death (issue 24).
+KILL_PLANS = (*(f"kill_{phase}" for phase in KILL_PHASES), "kill_payload")
+TP_PLANS = ("pauses", "peer_never", "stop", "fatal", *KILL_PLANS)
 
 
 def _write(outdir: str, rank: int, recorder: Any, **extra: Any) -> None:
@@ -95,7 +98,9 @@ def _kill(real: RealRank, rank: int, phase: str, die: Any, gate: Any, wait_for_p
     if phase in ("window", "peer", "barrier") and (rank == 0 or phase != "peer"):
         holder = real.pause_in_thread()
     if rank == 1:
-        if phase == "step":
+        if phase == "payload":  # the broadcast is called only when the all-reduce agreed a payload
+            real.manager.distributed_helper.tp_broadcast_object_from_rank_0 = lambda payload: die()
+        elif phase == "step":
             real.probe.call_next = die
         elif phase in ("read", "reduce", "decided", "body"):
             method = {"read": "end_step", "reduce": "observe", "decided": "all_reduce", "body": "no_pause"}[phase]
