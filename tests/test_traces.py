@@ -72,3 +72,50 @@ def test_a_forward_step_while_a_holder_is_inside_is_rejected(tmp_path, tlc_ready
 
 def test_recording_is_off_by_default():
     assert PauseProtocol()._trace is None
+
+
+def pause_after_stop_trace(stop: int | None):
+    """One rank: a stop asked (``stop``, or none), then a holder's RequestPause record, forged (the code refuses
+    that pause once a stop is asked, so it records none): the state a granted pause would have left."""
+    from cbpause import transitions as t
+    from cbpause.recorder import TraceEvent
+    from cbpause.tlc.traces import Trace
+
+    recorder = TraceRecorder()
+    protocol = PauseProtocol(trace=recorder)
+    if stop is not None:
+        protocol.request_stop(stop, 0)
+    state = protocol.state
+    granted = t.request_pause(state, t.KEEP)  # the pure step, without its guard
+    forged = TraceEvent("RequestPause", 0, 0, t.KEEP, granted, "waiting", 0)
+    return Trace([*recorder.events, forged], [0], 1)
+
+
+def test_a_pause_granted_after_a_flush_stop_is_rejected(tmp_path, tlc_ready):
+    """R-STOP-RETURNS (the D7 fix): no new pause once a stop is asked.  The trace spec reads the spec's own guard,
+    so a trace in which the real code granted one would fail validation."""
+    from cbpause.transitions import FLUSH_AND_STOP
+
+    assert validate(pause_after_stop_trace(None), TLA_DIR, tmp_path / "none").accepted  # the forgery is well formed
+    trace = pause_after_stop_trace(FLUSH_AND_STOP)
+    result = validate(trace, TLA_DIR, tmp_path / "flush")
+    assert not result.accepted
+    assert result.matched == 1, describe_rejection(trace, result)  # the stop matched, the pause did not
+
+
+def test_trace_validation_follows_a_guard_changed_in_the_spec(tla_copy, tmp_path, tlc_ready):
+    """One home per guard: loosen RequestPause's D7 guard in a copy of PauseProtocol.tla (back to what it was
+    before the D7 fix, a pause allowed under a flush stop) and the trace spec, unchanged, accepts the trace it
+    rejected: it evaluates the spec's guard, not a restatement of it."""
+    from cbpause.transitions import FLUSH_AND_STOP
+
+    spec = tla_copy / "PauseProtocol.tla"
+    lines = spec.read_text().splitlines(keepends=True)
+    tagged = [n for n, line in enumerate(lines) if "\\* guard:D7" in line]
+    assert len(tagged) == 1, "expected exactly one line tagged guard:D7"
+    assert "ls = DONT_STOP" in lines[tagged[0]]
+    lines[tagged[0]] = lines[tagged[0]].replace("ls = DONT_STOP", "ls < HARD_STOP")
+    spec.write_text("".join(lines))
+    trace = pause_after_stop_trace(FLUSH_AND_STOP)
+    assert validate(trace, tla_copy, tmp_path / "loose").accepted
+    assert not validate(trace, TLA_DIR, tmp_path / "strict").accepted

@@ -123,7 +123,8 @@ TypeOK ==
     /\ restarts \in Nat
 
 HoldersOf(r) == {h \in Holders : RankOf[h] = r}
-Live(r) == phase[r] \notin {"stopped", "dead"}
+LivePhase(ph) == ph \notin {"stopped", "dead"}
+Live(r) == LivePhase(phase[r])
 AnyInside == \E h \in Holders : hs[h] = "inside" /\ phase[RankOf[h]] # "dead"
 HasWork == \E i \in Requests : req[i] = "active"
 
@@ -360,20 +361,34 @@ ExitLoop(r) ==
 -----------------------------------------------------------------------------
 (* Holders of rank RankOf[h].                                              *)
 
-\* P-REQUEST-PAUSE: ask for a pause, in one of the Modes.  Refused at once (a RuntimeError, no state
+\* The guard of P-REQUEST-PAUSE on what a rank shows: its phase ph, its stop
+\* status ls and its fatal flag f.  Refused at once (a RuntimeError, no state
 \* change) when the loop is not running, has failed, or a stop was asked on
 \* this rank or agreed by the group (R-STOP-RETURNS: holders that keep pausing
-\* could otherwise keep a flush stop from ever completing).
-RequestPause(h) ==
+\* could otherwise keep a flush stop from ever completing: D7).  The one
+\* definition of the guard: TracePauseProtocol evaluates it on the view a
+\* rank's object showed, which may lag a group step (Python:
+\* transitions.can_request_pause).
+CanRequestPause(ph, ls, f) ==
+    /\ LivePhase(ph)
+    /\ ls = DONT_STOP                            \* guard:D7
+    /\ ~f
+
+\* What P-REQUEST-PAUSE does once allowed: holder h waits, in mode m.
+AskPause(h, m) ==
     LET r == RankOf[h] IN
     /\ hs[h] = "idle"
-    /\ Live(r)
-    /\ localStatus[r] = DONT_STOP
-    /\ ~fatal[r]
+    /\ m \in Modes
     /\ hs' = [hs EXCEPT ![h] = "waiting"]
-    /\ \E m \in Modes : hmode' = [hmode EXCEPT ![h] = m]
+    /\ hmode' = [hmode EXCEPT ![h] = m]
     /\ count' = [count EXCEPT ![r] = count[r] + 1]
     /\ UNCHANGED <<loopVars, groupVars, paused, requestVars, restarts>>
+
+\* P-REQUEST-PAUSE: ask for a pause, in one of the Modes.
+RequestPause(h) ==
+    LET r == RankOf[h] IN
+    /\ CanRequestPause(phase[r], localStatus[r], fatal[r])
+    /\ \E m \in Modes : AskPause(h, m)
 
 \* P-ENTER-PAUSE: the window of the holder's rank is open, in a mode at least
 \* as strong as the holder's (a holder arriving on an already paused loop
@@ -415,12 +430,20 @@ PauseTimeout(h) ==
     /\ phase[RankOf[h]] # "dead"
     /\ Drop(h)
 
+\* Holder h's thread may die now: it waits or is inside, on a rank that lives.
+HolderMayDie(h) ==
+    /\ hs[h] \in {"waiting", "inside"}
+    /\ phase[RankOf[h]] # "dead"
+
+\* Where a dead holder's hold is released: by the loop parked in its window,
+\* or by clear() on a stopped loop.
+DeadHolderReleasable(h) == phase[RankOf[h]] \in {"window", "stopped"}
+
 \* P-HOLDER-DIES: a holder's thread ends while it waits or is inside, without
 \* leaving (it returned or was killed with the pause's context manager still
 \* referenced).  Nothing else changes: the protocol does not know yet.
 HolderDies(h) ==
-    /\ hs[h] \in {"waiting", "inside"}
-    /\ phase[RankOf[h]] # "dead"
+    /\ HolderMayDie(h)
     /\ hs' = [hs EXCEPT ![h] = "dead"]
     /\ UNCHANGED <<loopVars, groupVars, hmode, count, paused, requestVars, restarts>>
 
@@ -431,17 +454,22 @@ HolderDies(h) ==
 \* thread (RequestPause from "idle").
 ReleaseDeadHolder(h) ==
     /\ hs[h] = "dead"
-    /\ phase[RankOf[h]] \in {"window", "stopped"}
+    /\ DeadHolderReleasable(h)
     /\ Drop(h)
 
 -----------------------------------------------------------------------------
 (* Stoppers, the environment, requests.                                    *)
 
+\* The guard of P-REQUEST-STOP on what a rank shows (phase ph, stop status ls),
+\* for stop status s; like CanRequestPause, read by TracePauseProtocol too.
+CanRequestStop(ph, ls, s) ==
+    /\ LivePhase(ph)
+    /\ ls < s
+
 \* P-REQUEST-STOP: flush or hard stop asked on rank r; takes effect at the next
 \* all-reduce.  The status only grows.
 RequestStop(r, s) ==
-    /\ Live(r)
-    /\ localStatus[r] < s
+    /\ CanRequestStop(phase[r], localStatus[r], s)
     /\ localStatus' = [localStatus EXCEPT ![r] = IF s >= tpStatus THEN s ELSE tpStatus]
     /\ UNCHANGED <<phase, obsStatus, obsPause, fatal, draining, groupVars, holderVars,
                    requestVars, restarts>>

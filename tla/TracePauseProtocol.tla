@@ -18,7 +18,8 @@
 (*    caught up are `lagging`: a holder's or stopper's record on such a    *)
 (*    rank is checked against that view, and the guards of RequestPause   *)
 (*    and RequestStop, the two holder-side steps that read the loop's      *)
-(*    variables, are evaluated on it.                                      *)
+(*    variables, are evaluated on it (the spec's own CanRequestPause and   *)
+(*    CanRequestStop, never a copy of them).                               *)
 (*  - StartStep: requests are not visible to PauseProtocol (the loop owns  *)
 (*    them), so the trace runs with Requests = {} and TraceStartStep is    *)
 (*    StartStep without its HasWork guard.                                 *)
@@ -64,19 +65,12 @@ GroupStep(A, r, before) ==
 \* taken the group step yet.
 Seen(r) == IF r \in lagging THEN prev[r] ELSE View(r)
 
-\* RequestPause in the mode m the record gives, with its guard on what the
-\* holder's rank showed.
+\* RequestPause in the mode m the record gives, with the spec's guard
+\* (CanRequestPause) on what the holder's rank showed.
 TraceRequestPause(h, m) ==
     LET r == RankOf[h] IN
-    /\ hs[h] = "idle"
-    /\ Seen(r).phase \notin {"stopped", "dead"}
-    /\ Seen(r).localStatus < HARD_STOP
-    /\ ~fatal[r]
-    /\ m \in Modes
-    /\ hs' = [hs EXCEPT ![h] = "waiting"]
-    /\ hmode' = [hmode EXCEPT ![h] = m]
-    /\ count' = [count EXCEPT ![r] = count[r] + 1]
-    /\ UNCHANGED <<loopVars, groupVars, paused, requestVars, restarts>>
+    /\ CanRequestPause(Seen(r).phase, Seen(r).localStatus, fatal[r])
+    /\ AskPause(h, m)
 
 \* RequestStop on a lagging rank: the object's status grows from what it showed;
 \* the spec's may have grown past it already, and then the step changes nothing.
@@ -84,14 +78,14 @@ TraceRequestStop(r, s) ==
     \/ /\ r \notin lagging
        /\ RequestStop(r, s)
     \/ /\ r \in lagging
-       /\ Seen(r).localStatus < s
+       /\ CanRequestStop(Seen(r).phase, Seen(r).localStatus, s)
        /\ IF localStatus[r] < s THEN RequestStop(r, s) ELSE UNCHANGED vars
 
 \* ReleaseDeadHolder: the code does not see a holder's thread die (HolderDies),
 \* only the release that follows; its record stands for both steps.
 TraceReleaseDeadHolder(h) ==
-    /\ hs[h] \in {"waiting", "inside"}
-    /\ phase[RankOf[h]] \in {"window", "stopped"}
+    /\ HolderMayDie(h)
+    /\ DeadHolderReleasable(h)
     /\ Drop(h)
 
 Step(e) ==
