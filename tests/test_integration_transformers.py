@@ -416,6 +416,59 @@ def test_d5_a_request_admitted_as_the_loop_stops_gets_its_output(cbpause_or_upst
     assert manager.get_result(timeout=0.2) is None  # exactly one
 
 
+# ------------------------------------------------- D9, D10: upstream loses a cancelled or a killed loop's request
+
+UPSTREAM_D9 = "D9: transformers 5.23.0 delivers nothing for a cancelled request"
+UPSTREAM_D10 = "D10: transformers 5.23.0's loop ends on a BaseException without failing its requests"
+
+
+@pytest.fixture(params=upstream_fails(UPSTREAM_D9))
+def cbpause_or_upstream_d9(request, model):
+    yield from ours_or_theirs(request.param, model)
+
+
+@pytest.fixture(params=upstream_fails(UPSTREAM_D10))
+def cbpause_or_upstream_d10(request, model):
+    yield from ours_or_theirs(request.param, model)
+
+
+def test_d9_a_cancelled_request_gets_its_output(cbpause_or_upstream_d9, model):
+    """Upstream_D9 on the real loop: a request cancelled in the batch.  Upstream's scheduler drops it and delivers
+    nothing, so its caller waits for ever; cbpause delivers it failed, "cancelled by cancel_request()"."""
+    manager = cbpause_or_upstream_d9
+    with probed(manager, model):
+        reached, release = manager.probe.hold_next()
+        manager.start()
+        rid = manager.add_request(list(PROMPT), max_new_tokens=MAX_NEW)
+        assert reached.wait(WAIT)  # the request is in the batch, its step held
+        manager.cancel_request(rid)
+        release.set()
+        out = manager.get_result(timeout=5.0)
+        assert out is not None, "the cancelled request got no output and never will (D9)"
+        assert out.request_id == rid and out.status == RequestStatus.FAILED
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread ends with it
+def test_d10_a_base_exception_on_the_loop_thread_fails_its_requests(cbpause_or_upstream_d10, model):
+    """Upstream_D10 on the real loop: a BaseException that is not an Exception (here raised in the forward step)
+    ends the loop's thread past upstream's ``except Exception``, and the requests in it never get an output;
+    cbpause fails each (P-FAIL-LOOP)."""
+    manager = cbpause_or_upstream_d10
+    with probed(manager, model):
+        reached, release = manager.probe.hold_next()
+        manager.start()
+        ids = [manager.add_request(list(PROMPT), max_new_tokens=MAX_NEW) for _ in range(2)]
+        assert reached.wait(WAIT)
+        manager.probe.fail_with = LoopKilled("killed")
+        release.set()
+        manager._generation_thread.join(WAIT)
+        assert not manager._generation_thread.is_alive()
+        seen = {}
+        while (out := manager.get_result(timeout=1.0)) is not None:
+            seen[out.request_id] = seen.get(out.request_id, 0) + 1
+        assert seen == dict.fromkeys(ids, 1), f"outputs {seen} for {ids} (D10: lost when the thread was killed)"
+
+
 # ------------------------------------------------------------------ stop() never tears down a running loop
 
 UPSTREAM_TEARDOWN = "transformers 5.23.0: stop() tears down a running loop (or, on the loop thread, joins itself)"

@@ -252,7 +252,7 @@ class ProtocolComparison(RuleBasedStateMachine):
     def do_Submit(self, label, data):
         pass  # requests are the loop's; PauseProtocol does not see them
 
-    do_Deliver = do_Submit
+    do_Deliver = do_Broadcast = do_Submit
 
     # Holders: an explicit holder takes each step by itself; a drop-in holder requests and settles at once.
 

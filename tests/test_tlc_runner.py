@@ -234,3 +234,24 @@ def test_a_simulated_model_reports_its_behaviours():
     assert simulation_summary(model, run) == (
         "simulated: 1500 behaviours of up to 100 steps, 100,113 states checked, no error"
     )
+
+
+def test_the_models_table_of_the_docs_states_the_manifest_counts():
+    """One home per fact: every distinct and total state count in docs/tlc.md's table of models is the manifest's
+    (a count changed in models.toml and not in the docs, or the reverse, fails)."""
+    from cbpause.tlc.manifest import load_manifest
+
+    from .conftest import ROOT, TLA_DIR
+
+    models = {m.name: m for m in load_manifest(TLA_DIR)}
+    doc = (ROOT / "docs" / "tlc.md").read_text()
+    checked = 0
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 8 or cells[0] not in models or not re.fullmatch(r"[\d,]+", cells[4]):
+            continue
+        model = models[cells[0]]
+        stated = (int(cells[4].replace(",", "")), int(cells[5].replace(",", "")))
+        assert stated == (model.distinct_states, model.total_states), (cells[0], stated)
+        checked += 1
+    assert checked >= 15, f"only {checked} rows of docs/tlc.md's table read: has its layout changed?"

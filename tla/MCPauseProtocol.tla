@@ -15,10 +15,10 @@ EXTENDS PauseProtocol, TLC
 
 CONSTANTS
     Faults,       \* subset of {"interrupt", "timeout", "error", "crash", "stop", "death"}
-                  \* ("stray" too, in the upstream models only)
+                  \* ("stray", "cancel" and "kill" too, in the upstream models only)
     MaxRestarts   \* how many times the group may be cleared and restarted
 
-ASSUME Faults \subseteq {"interrupt", "timeout", "error", "crash", "stop", "death", "stray"}
+ASSUME Faults \subseteq {"interrupt", "timeout", "error", "crash", "stop", "death", "stray", "cancel", "kill"}
 ASSUME MaxRestarts \in Nat
 
 \* The environment's actions, each within its budget.  One crash at most
@@ -44,6 +44,27 @@ MCSpec == Init /\ [][SystemNext \/ MCEnvironmentNext]_vars /\ Fairness
 \* that die leave their loop parked for ever), which shows the fault is real.
 MCSpecWithoutRecovery ==
     Init /\ [][SystemNextWithoutRecovery \/ MCEnvironmentNext]_vars /\ FairnessWithoutRecovery
+
+\* cbpause before issue 24: the payload broadcast raised outside the handler
+\* that fails the requests in hand, so its failure (a peer died) failed the
+\* queue and the scheduler, and lost the hand.  Added beside CollectiveTimeout;
+\* the model BroadcastOutside_2r1h must fail NothingLostInv, which shows the
+\* model sees a request in transit.
+BroadcastFailsOutsideTheHandler(r) ==
+    /\ phase[r] = "body" /\ InHand
+    /\ \E q \in Ranks : phase[q] # phase[r]
+    /\ fatal' = [fatal EXCEPT ![r] = TRUE]
+    /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]
+    /\ phase' = [phase EXCEPT ![r] = "stopped"]
+    /\ IF r = Driver
+       THEN /\ req' = [i \in Requests |-> IF req[i] \in Held \ {"drained"} THEN "done" ELSE req[i]]
+            /\ out' = [i \in Requests |-> IF req[i] \in Held \ {"drained"} THEN out[i] + 1 ELSE out[i]]
+       ELSE UNCHANGED requestVars
+    /\ UNCHANGED <<obsStatus, obsPause, draining, groupVars, holderVars, restarts>>
+
+MCSpecBroadcastOutside ==
+    Init /\ [][SystemNext \/ MCEnvironmentNext \/ \E r \in Ranks : BroadcastFailsOutsideTheHandler(r)]_vars
+         /\ Fairness
 
 \* Holder-to-rank maps (a .cfg cannot write a function).
 OneHolderOnRankOne == [h \in {1} |-> 1]

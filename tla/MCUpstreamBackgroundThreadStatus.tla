@@ -11,12 +11,24 @@ MCUpstreamInterrupt(h) == "interrupt" \in Faults /\ UpstreamInterrupt(h)
 MCStrayRelease(r) == "stray" \in Faults /\ count[r] >= 0 /\ StrayRelease(r)
 MCUpstreamFailLoop(r) == "error" \in Faults /\ UpstreamFailLoop(r)
 MCUpstreamRestart == restarts < MaxRestarts /\ UpstreamRestart
+MCUpstreamCancel(i) == "cancel" \in Faults /\ UpstreamCancel(i)
+MCUpstreamThreadKilled(r) == "kill" \in Faults /\ UpstreamThreadKilled(r)
 
 MCUpstreamEnvironmentNext ==
     \/ \E h \in Holders : MCUpstreamInterrupt(h)
     \/ \E r \in Ranks : \E s \in {FLUSH_AND_STOP, HARD_STOP} : MCRequestStop(r, s)
     \/ \E r \in Ranks : MCRecordFatalError(r) \/ MCUpstreamFailLoop(r) \/ MCCrash(r) \/ MCStrayRelease(r)
+    \/ \E r \in Ranks : MCUpstreamThreadKilled(r)
+    \/ \E i \in Requests : MCUpstreamCancel(i)
     \/ MCUpstreamRestart
+
+\* Upstream_D5_broadcast's filter: a rank's first failure comes while the driver
+\* holds a payload at its body (at the payload broadcast), and a request is
+\* enqueued only while the driver's loop runs, so that no other path of D5
+\* (the all-reduce, a hard stop, the late enqueue) is the one TLC reports.
+FailuresOnlyAtTheBroadcast ==
+    /\ \A r \in Ranks : (~fatal[r] /\ fatal'[r]) => (phase[Driver] = "body" /\ InHand)
+    /\ \A i \in Requests : (req[i] = "admitted" /\ req'[i] = "queued") => Live(Driver)
 
 MCUpstreamSpec == Init /\ [][UpstreamSystemNext \/ MCUpstreamEnvironmentNext]_vars /\ UpstreamFairness
 
@@ -52,7 +64,7 @@ MCUpstreamRequestPause(h) == phase[RankOf[h]] = "step" /\ UpstreamRequestPause(h
 
 MCUpstreamSelfPauseNext ==
     \/ \E r \in Ranks : SelfPauseLoopAction(r)
-    \/ AllReduce \/ Barrier
+    \/ AllReduce \/ Barrier \/ Broadcast
     \/ \E h \in Holders : MCUpstreamRequestPause(h) \/ UpstreamHolderWakes(h) \/ UpstreamLeavePause(h)
     \/ \E i \in Requests : UpstreamAdmit(i) \/ UpstreamEnqueue(i) \/ Deliver(i)
     \/ Terminated
@@ -61,7 +73,7 @@ MCUpstreamSelfPauseNext ==
 MCUpstreamSelfPauseSpec ==
     /\ Init /\ [][MCUpstreamSelfPauseNext]_vars
     /\ \A r \in Ranks : WF_vars(SelfPauseLoopAction(r))
-    /\ WF_vars(AllReduce) /\ WF_vars(Barrier)
+    /\ WF_vars(AllReduce) /\ WF_vars(Barrier) /\ WF_vars(Broadcast)
     /\ \A h \in Holders : WF_vars(UpstreamHolderWakes(h))
     /\ \A i \in Requests : WF_vars(Deliver(i)) /\ WF_vars(UpstreamEnqueue(i))
 =============================================================================

@@ -13,6 +13,12 @@
 (*   read -> reduce -> decided -> [window | peer] -> barrier -> body       *)
 (*        -> step -> read ...                                              *)
 (*                                                                         *)
+(* Requests follow the driver's path through it: submitted to its queue,   *)
+(* drained at Observe (then in hand: in no queue and no scheduler), carried *)
+(* to every rank by the payload broadcast and admitted to the scheduler    *)
+(* (Broadcast, before any step of the body), finished by a forward step or *)
+(* failed, delivered to their caller.                                      *)
+(*                                                                         *)
 (* Observe reads the local stop status and whether a local pause is        *)
 (* pending; AllReduce is the MAX all-reduce of the group                   *)
 (* (DistributedHelper.tp_all_reduce_state); the pause window and the       *)
@@ -55,7 +61,13 @@ Phases == {"read", "reduce", "decided", "window", "peer", "barrier",
 \* "dead": the holder's thread ended while it waited or was inside, without
 \* leaving; its count stays until the protocol notices (ReleaseDeadHolder).
 HolderStates == {"idle", "waiting", "inside", "dead"}
-RequestStates == {"new", "queued", "active", "done", "delivered", "rejected"}
+\* "drained": taken from the driver's queue at Observe and in hand until the
+\* broadcast admits it to every rank's scheduler: the exit path, which fails
+\* the queue and the scheduler, cannot see it (D5, issue 24).  In the
+\* scheduler a request is "waiting" (transformers' waiting_requests: admitted,
+\* never stepped) until its first forward step makes it "active"
+\* (active_requests, in flight: what a drain waits for); a later step ends it.
+RequestStates == {"new", "queued", "drained", "waiting", "active", "done", "delivered", "rejected"}
 
 Driver == CHOOSE r \in Ranks : \A q \in Ranks : r <= q
 
@@ -126,7 +138,14 @@ HoldersOf(r) == {h \in Holders : RankOf[h] = r}
 LivePhase(ph) == ph \notin {"stopped", "dead"}
 Live(r) == LivePhase(phase[r])
 AnyInside == \E h \in Holders : hs[h] = "inside" /\ phase[RankOf[h]] # "dead"
-HasWork == \E i \in Requests : req[i] = "active"
+\* The scheduler has requests: a forward step has something to do.
+HasWork == \E i \in Requests : req[i] \in {"waiting", "active"}
+\* Requests in flight: stepped at least once, not ended (modes.busy).
+InFlight == \E i \in Requests : req[i] = "active"
+\* The group's payload: requests the driver drained and the broadcast has not
+\* carried yet.  The all-reduce tells every rank its size, so every rank
+\* takes part in the broadcast before any step of its body.
+InHand == \E i \in Requests : req[i] = "drained"
 
 \* The holders of rank r that wait, are inside or died there, and whose mode
 \* the group's decision covers: those the window is for.  A holder that asked
@@ -146,13 +165,15 @@ Move(r, p) ==
     /\ GoTo(r, p)
     /\ UNCHANGED <<groupVars, holderVars, requestVars, restarts>>
 
+\* What the driver holds: its queue, its hand (drained, not admitted yet) and
+\* its scheduler.
+Held == {"queued", "drained", "waiting", "active"}
+
 \* Every request the driver still holds gets its terminal (failed) output.
 FailRemaining(r) ==
     IF r = Driver
-    THEN /\ req' = [i \in Requests |->
-                      IF req[i] \in {"queued", "active"} THEN "done" ELSE req[i]]
-         /\ out' = [i \in Requests |->
-                      IF req[i] \in {"queued", "active"} THEN out[i] + 1 ELSE out[i]]
+    THEN /\ req' = [i \in Requests |-> IF req[i] \in Held THEN "done" ELSE req[i]]
+         /\ out' = [i \in Requests |-> IF req[i] \in Held THEN out[i] + 1 ELSE out[i]]
     ELSE UNCHANGED requestVars
 
 \* A holder stops waiting or holding: the count drops, and the last one out
@@ -186,15 +207,15 @@ Init ==
 (* The loop of rank r.                                                     *)
 
 \* P-OBSERVE: read the local stop status and the pending pause request (its
-\* mode) for the all-reduce; the driver drains its request queue into the
-\* batch, unless a drain holds admission (R-MODES).
+\* mode) for the all-reduce; the driver drains its request queue into its
+\* hand (the payload), unless a drain holds admission (R-MODES).
 Observe(r) ==
     /\ phase[r] = "read"
     /\ phase' = [phase EXCEPT ![r] = "reduce"]
     /\ obsStatus' = [obsStatus EXCEPT ![r] = localStatus[r]]
     /\ obsPause' = [obsPause EXCEPT ![r] = Asked(r)]
     /\ req' = IF r = Driver /\ ~draining[r]
-              THEN [i \in Requests |-> IF req[i] = "queued" THEN "active" ELSE req[i]]
+              THEN [i \in Requests |-> IF req[i] = "queued" THEN "drained" ELSE req[i]]
               ELSE req
     /\ UNCHANGED <<localStatus, fatal, draining, groupVars, holderVars, out, restarts>>
 
@@ -212,7 +233,7 @@ AllReduce ==
        /\ tpPause' = m
        \* Every rank reads its own batch at the decision; the batches of a TP
        \* group are copies of the driver's, at the same iteration.
-       /\ draining' = [r \in Ranks |-> m = DRAIN /\ HasWork]
+       /\ draining' = [r \in Ranks |-> m = DRAIN /\ InFlight]
     /\ IF Max({obsPause[r] : r \in Ranks}) = ABORT /\ Max({obsStatus[r] : r \in Ranks}) < HARD_STOP
        THEN FailRemaining(Driver)
        ELSE UNCHANGED requestVars
@@ -297,10 +318,12 @@ PeerParkTimeout(r) ==
     /\ Pending(r) = {}
     /\ Fail(r)
 
-\* P-COLLECTIVE-TIMEOUT: a peer never joined the all-reduce or the barrier
-\* (it died, exited, or is held in its pause beyond the group timeout).
+\* P-COLLECTIVE-TIMEOUT: a peer never joined the all-reduce, the barrier or the
+\* payload broadcast (it died, exited, or is held in its pause beyond the
+\* group timeout).  What the driver holds fails, its hand included.
 CollectiveTimeout(r) ==
-    /\ phase[r] \in {"reduce", "barrier"}
+    /\ \/ phase[r] \in {"reduce", "barrier"}
+       \/ phase[r] = "body" /\ InHand
     /\ \E q \in Ranks : phase[q] # phase[r]
     /\ Fail(r)
 
@@ -324,19 +347,35 @@ NoPause(r) ==
     /\ tpPause = 0
     /\ Move(r, "body")
 
+\* P-BROADCAST: the payload broadcast, a collective of every rank (gloo's
+\* broadcast_object_list under TP), carries what the driver drained to every
+\* rank, and each rank admits it to its scheduler.  It fails as a collective
+\* does (CollectiveTimeout), or with the loop (FailLoop, RecordFatalError,
+\* Crash); whatever fails in between fails the requests in hand.
+Broadcast ==
+    /\ InHand
+    /\ \A r \in Ranks : phase[r] = "body"
+    /\ req' = [i \in Requests |-> IF req[i] = "drained" THEN "waiting" ELSE req[i]]
+    /\ UNCHANGED <<loopVars, groupVars, holderVars, out, restarts>>
+
 \* P-START-STEP: a forward step of the batch.
 StartStep(r) ==
     /\ phase[r] = "body"
+    /\ ~InHand
     /\ HasWork
     /\ Move(r, "step")
 
-\* P-END-STEP: the step ends; on the driver every request of the batch finishes (one
-\* step per request is enough to expose every interleaving that matters).
+\* P-END-STEP: the step ends; on the driver a request's first step puts it in
+\* flight (waiting -> active) and its second ends it (two steps per request
+\* are enough to expose every interleaving that matters: a request in flight
+\* at a decision, which a drain waits for, and one that ends).
 EndStep(r) ==
     /\ phase[r] = "step"
     /\ GoTo(r, "read")
     /\ IF r = Driver
-       THEN /\ req' = [i \in Requests |-> IF req[i] = "active" THEN "done" ELSE req[i]]
+       THEN /\ req' = [i \in Requests |-> CASE req[i] = "active" -> "done"
+                                            [] req[i] = "waiting" -> "active"
+                                            [] OTHER -> req[i]]
             /\ out' = [i \in Requests |-> IF req[i] = "active" THEN out[i] + 1 ELSE out[i]]
        ELSE UNCHANGED requestVars
     /\ UNCHANGED <<groupVars, holderVars, restarts>>
@@ -344,6 +383,7 @@ EndStep(r) ==
 \* P-IDLE: nothing to do and no stop: wait for work (the wake-up event), go round.
 Idle(r) ==
     /\ phase[r] = "body"
+    /\ ~InHand
     /\ ~HasWork
     /\ tpStatus = DONT_STOP
     /\ Move(r, "read")
@@ -352,7 +392,7 @@ Idle(r) ==
 \* once nothing is left to generate.  Whatever remains fails; mark_as_stopped.
 ExitLoop(r) ==
     /\ \/ phase[r] = "decided" /\ tpStatus = HARD_STOP
-       \/ phase[r] = "body" /\ tpStatus = FLUSH_AND_STOP /\ ~HasWork
+       \/ phase[r] = "body" /\ tpStatus = FLUSH_AND_STOP /\ ~InHand /\ ~HasWork
     /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]
     /\ phase' = [phase EXCEPT ![r] = "stopped"]
     /\ FailRemaining(r)
@@ -546,7 +586,7 @@ HolderWakes(h) == EnterPause(h) \/ PauseFails(h)
 \* holders (the witness models check that without it the loop stays parked).
 SystemNextWithoutRecovery ==
     \/ \E r \in Ranks : LoopAction(r)
-    \/ AllReduce \/ Barrier
+    \/ AllReduce \/ Barrier \/ Broadcast
     \/ \E h \in Holders : RequestPause(h) \/ HolderWakes(h) \/ LeavePause(h)
     \/ \E i \in Requests : Submit(i) \/ Deliver(i)
     \/ Terminated
@@ -579,6 +619,7 @@ FairnessWithoutRecovery ==
     /\ \A r \in Ranks : WF_vars(LoopAction(r))
     /\ WF_vars(AllReduce)
     /\ WF_vars(Barrier)
+    /\ WF_vars(Broadcast)
     /\ \A h \in Holders : WF_vars(HolderWakes(h))
     /\ \A i \in Requests : WF_vars(Deliver(i))
 
@@ -616,14 +657,14 @@ CountsInv ==
 
 \* R-NOTHING-LOST-ONCE: at most one terminal output per request, a request
 \* counted as done or delivered has exactly one, and a driver whose loop has
-\* stopped holds no request (no accepted request is left behind in a queue or
-\* a batch that nobody will read again: transformers 5.23.0's D5).
+\* stopped holds no request (no accepted request is left behind in a queue, a
+\* hand or a batch that nobody will read again: transformers 5.23.0's D5).
 NothingLostInv ==
     \A i \in Requests :
         /\ out[i] <= 1
         /\ req[i] \in {"done", "delivered"} => out[i] = 1
-        /\ req[i] \in {"new", "queued", "active", "rejected"} => out[i] = 0
-        /\ phase[Driver] = "stopped" => req[i] \notin {"queued", "active"}
+        /\ req[i] \in {"new", "rejected"} \cup Held => out[i] = 0
+        /\ phase[Driver] = "stopped" => req[i] \notin Held
 
 \* R-MODES: a holder inside asked for a mode no stronger than the window's;
 \* in DRAIN and in ABORT no request is in the batch while a holder is inside
@@ -631,7 +672,7 @@ NothingLostInv ==
 \* output first).
 ModeInv ==
     /\ \A h \in Holders : hs[h] = "inside" => hmode[h] \in 1..tpPause
-    /\ tpPause \in {DRAIN, ABORT} /\ AnyInside => ~HasWork
+    /\ tpPause \in {DRAIN, ABORT} /\ AnyInside => ~InFlight
 
 \* R-MONOTONE-STOP: stop statuses only grow, except through Restart.
 MonotoneStopInv ==
@@ -701,7 +742,7 @@ FatalStopsGroupProp ==
 NothingLostProp ==
     HoldersLeave /\ WindowsClose =>
     \A i \in Requests :
-        (req[i] \in {"queued", "active", "done"})
+        (req[i] \in Held \cup {"done"})
             ~> (req[i] = "delivered" \/ phase[Driver] = "dead")
 
 =============================================================================

@@ -16,8 +16,14 @@
 (*   - release_pause() by a thread holding no pause (StrayRelease);        *)
 (*   - add_request() checks, then enqueues, in two steps (UpstreamAdmit,   *)
 (*     UpstreamEnqueue);                                                   *)
-(*   - a hard stop, or a failure between the drain and the scheduler,      *)
-(*     drops the payload drained from the queue (UpstreamFailRemaining);   *)
+(*   - a hard stop, or a failure between the drain and the scheduler (the  *)
+(*     all-reduce, the window, the barrier, the payload broadcast), drops  *)
+(*     the payload drained from the queue (UpstreamFailRemaining);         *)
+(*   - cancel_request() removes a request and delivers nothing             *)
+(*     (UpstreamCancel);                                                   *)
+(*   - a BaseException (KeyboardInterrupt, SystemExit) that reaches the    *)
+(*     loop's thread skips _fail_all_remaining_requests: the thread ends   *)
+(*     holding every request (UpstreamThreadKilled);                       *)
 (*   - every failure runs one more all-reduce with HARD_STOP               *)
 (*     (UpstreamCriticalError), the thread ending if that one fails too;   *)
 (*   - start() calls clear() whatever the holders do (UpstreamRestart).   *)
@@ -29,34 +35,43 @@
 (*   D3  ResumeProp, TP=2: a rank parked for a peer's pause, with no local *)
 (*       holder, waits for ever.                                           *)
 (*   D5  NothingLostInv: the loop stops holding an accepted request that   *)
-(*       will never get an output (drained, then dropped by a hard stop;   *)
-(*       or enqueued after the loop's last drain).                         *)
+(*       will never get an output (drained, then dropped by a hard stop or *)
+(*       a failed collective, the payload broadcast included; or enqueued  *)
+(*       after the loop's last drain).                                     *)
 (*   D7  UpstreamStopReturnsProp: two holders whose pauses overlap keep a  *)
 (*       flush stop waiting for ever, though each of them leaves.          *)
+(*   D9  NothingLostProp: a cancelled request never gets an output; its   *)
+(*       caller waits for ever.                                            *)
+(*   D10 NothingLostInv: a KeyboardInterrupt or SystemExit on the loop's   *)
+(*       thread stops it holding requests that never get an output.        *)
 (***************************************************************************)
 EXTENDS PauseProtocol
 
 \* A request whose add_request() passed its check and has not enqueued yet is
-\* "admitted": a request state of upstream's only (PauseProtocol's submit is
-\* one step), so these models do not check TypeOK.
+\* "admitted", and one removed by cancel_request() is "cancelled": request
+\* states of upstream's only (PauseProtocol's submit is one step, and its
+\* cancellation delivers an output), so these models do not check TypeOK.
 
 -----------------------------------------------------------------------------
 (* Requests.                                                               *)
 
-\* The driver holds what it drained from its queue in a local variable from
-\* the drain (Observe) until it adds the payload to the scheduler, after the
-\* pause window.  A request is active in such a phase only if this
-\* iteration's Observe drained it: one step ends every request of a batch.
-HoldsDrained(r) == r = Driver /\ phase[r] \in {"reduce", "decided", "window", "barrier"}
-
 \* _fail_all_remaining_requests(): fails the input queue and the scheduler's
-\* requests; a drained payload is in neither, and is lost (D5).
+\* requests; the payload in hand (drained, not broadcast and admitted yet) is
+\* in a local variable of _update_tp_group_state, in neither, and is lost (D5).
 UpstreamFailRemaining(r) ==
     IF r = Driver
-    THEN LET failed == IF HoldsDrained(r) THEN {"queued"} ELSE {"queued", "active"} IN
-         /\ req' = [i \in Requests |-> IF req[i] \in failed THEN "done" ELSE req[i]]
-         /\ out' = [i \in Requests |-> IF req[i] \in failed THEN out[i] + 1 ELSE out[i]]
+    THEN /\ req' = [i \in Requests |-> IF req[i] \in Held \ {"drained"} THEN "done" ELSE req[i]]
+         /\ out' = [i \in Requests |-> IF req[i] \in Held \ {"drained"} THEN out[i] + 1 ELSE out[i]]
     ELSE UNCHANGED requestVars
+
+\* cancel_request(): the cancellation reaches the scheduler with the next
+\* payload, and clear_cancelled_requests() removes the request; nothing is
+\* delivered (D9).  The caller's choice: no fairness.
+UpstreamCancel(i) ==
+    /\ req[i] \in Held
+    /\ phase[Driver] # "dead"
+    /\ req' = [req EXCEPT ![i] = "cancelled"]
+    /\ UNCHANGED <<loopVars, groupVars, holderVars, out, restarts>>
 
 \* can_accept_new_requests(): no fatal error and no stop asked.  It does not
 \* look at the loop's thread.
@@ -86,7 +101,7 @@ UpstreamOpenWindow(r) ==
 \* The loop's exits, with the drained payload dropped on a hard stop.
 UpstreamExitLoop(r) ==
     /\ \/ phase[r] = "decided" /\ tpStatus = HARD_STOP
-       \/ phase[r] = "body" /\ tpStatus = FLUSH_AND_STOP /\ ~HasWork
+       \/ phase[r] = "body" /\ tpStatus = FLUSH_AND_STOP /\ ~InHand /\ ~HasWork
     /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]
     /\ phase' = [phase EXCEPT ![r] = "stopped"]
     /\ UpstreamFailRemaining(r)
@@ -108,7 +123,8 @@ UpstreamCriticalError(r) ==
 \* whose extra all-reduce is one more collective; if that one times out
 \* too, the exception leaves the handler and the thread marks itself stopped.
 UpstreamCollectiveTimeout(r) ==
-    /\ phase[r] \in {"reduce", "barrier"}
+    /\ \/ phase[r] \in {"reduce", "barrier"}
+       \/ phase[r] = "body" /\ InHand             \* the payload broadcast
     /\ \E q \in Ranks : phase[q] # phase[r]
     /\ IF fatal[r]
        THEN /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]
@@ -122,6 +138,16 @@ UpstreamFailLoop(r) ==
     /\ phase[r] = "decided"
     /\ ~fatal[r]
     /\ UpstreamCriticalError(r)
+
+\* A BaseException that is not an Exception (KeyboardInterrupt, SystemExit)
+\* reaches the loop's thread anywhere: _run_generation_loop catches Exception
+\* only, so _handle_critical_error never runs; its finally marks the loop
+\* stopped, holding whatever it held (D10).
+UpstreamThreadKilled(r) ==
+    /\ Live(r)
+    /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]
+    /\ phase' = [phase EXCEPT ![r] = "stopped"]
+    /\ UNCHANGED <<obsStatus, obsPause, fatal, draining, groupVars, holderVars, requestVars, restarts>>
 
 -----------------------------------------------------------------------------
 (* Holders, stray releases, restarts.                                      *)
@@ -164,7 +190,7 @@ UpstreamObserve(r) ==
     /\ obsStatus' = [obsStatus EXCEPT ![r] = localStatus[r]]
     /\ obsPause' = [obsPause EXCEPT ![r] = IF count[r] > 0 THEN KEEP ELSE 0]
     /\ req' = IF r = Driver
-              THEN [i \in Requests |-> IF req[i] = "queued" THEN "active" ELSE req[i]]
+              THEN [i \in Requests |-> IF req[i] = "queued" THEN "drained" ELSE req[i]]
               ELSE req
     /\ UNCHANGED <<localStatus, fatal, draining, groupVars, holderVars, out, restarts>>
 
@@ -201,7 +227,7 @@ UpstreamLoopAction(r) ==
 
 UpstreamSystemNext ==
     \/ \E r \in Ranks : UpstreamLoopAction(r)
-    \/ AllReduce \/ Barrier
+    \/ AllReduce \/ Barrier \/ Broadcast
     \/ \E h \in Holders : UpstreamRequestPause(h) \/ UpstreamHolderWakes(h) \/ UpstreamLeavePause(h)
     \/ \E i \in Requests : UpstreamAdmit(i) \/ UpstreamEnqueue(i) \/ Deliver(i)
     \/ Terminated
@@ -220,6 +246,7 @@ UpstreamFairness ==
     /\ \A r \in Ranks : WF_vars(UpstreamLoopAction(r))
     /\ WF_vars(AllReduce)
     /\ WF_vars(Barrier)
+    /\ WF_vars(Broadcast)
     /\ \A h \in Holders : WF_vars(UpstreamHolderWakes(h))
     /\ \A i \in Requests : WF_vars(Deliver(i))
     /\ \A i \in Requests : WF_vars(UpstreamEnqueue(i))

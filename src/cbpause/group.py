@@ -36,7 +36,8 @@ from .transitions import (
 # A dead holder (TLA+ "dead") is kept as "dead:waiting" or "dead:inside": the rank counts it where it was, and
 # its release (ReleaseDeadHolder) takes it from there; tla_holder_state() gives TLA+'s value.
 HOLDER_STATES = ("idle", "waiting", "inside", "dead:waiting", "dead:inside")
-REQUEST_STATES = ("new", "queued", "active", "done", "delivered", "rejected")
+REQUEST_STATES = ("new", "queued", "drained", "waiting", "active", "done", "delivered", "rejected")
+HELD = ("queued", "drained", "waiting", "active")  # TLA+ ``Held``: the driver's queue, its hand and its scheduler
 FAULTS = frozenset({"interrupt", "timeout", "error", "crash", "stop", "death"})
 DRIVER = 0  # the TP driver, TLA+'s Driver: the smallest rank
 
@@ -123,8 +124,28 @@ def deliver(g: GroupState, i: int) -> GroupState:
 
 
 def has_work(g: GroupState) -> bool:
-    """TLA+ ``HasWork``."""
+    """TLA+ ``HasWork``: the scheduler has requests (waiting or active)."""
+    return "waiting" in g.req or "active" in g.req
+
+
+def in_flight(g: GroupState) -> bool:
+    """TLA+ ``InFlight``: a request has been stepped and has not ended (what a drain waits for)."""
     return "active" in g.req
+
+
+def in_hand(g: GroupState) -> bool:
+    """TLA+ ``InHand``: the driver drained requests that the payload broadcast has not carried yet."""
+    return "drained" in g.req
+
+
+def broadcast(g: GroupState) -> GroupState:
+    """P-BROADCAST (``Broadcast``): every rank at ``body`` takes part in the payload broadcast, which admits what the
+    driver drained to every rank's scheduler.
+
+    pre: in_hand(g) and all(s.phase == "body" for s in g.ranks)
+    post: not in_hand(__return__) and __return__.ranks == g.ranks
+    """
+    return replace(g, req=tuple("waiting" if q == "drained" else q for q in g.req))
 
 
 def _finish(g: GroupState, r: int, held: tuple[str, ...]) -> GroupState:
@@ -138,7 +159,7 @@ def _finish(g: GroupState, r: int, held: tuple[str, ...]) -> GroupState:
 
 def _fail_remaining(g: GroupState, r: int) -> GroupState:
     """TLA+ ``FailRemaining(r)``."""
-    return _finish(g, r, ("queued", "active"))
+    return _finish(g, r, HELD)
 
 
 
@@ -151,7 +172,7 @@ def _loop_steps(g: GroupState, r: int, s: RankState) -> Iterator[tuple[str, Grou
     if s.phase == "read":
         succ = _set_rank(g, r, t.observe(s))
         if r == DRIVER and not s.draining:
-            succ = replace(succ, req=tuple("active" if q == "queued" else q for q in g.req))
+            succ = replace(succ, req=tuple("drained" if q == "queued" else q for q in g.req))
         yield "Observe" + tag, succ
     if t.pause_decided(s):
         if s.draining:
@@ -166,19 +187,23 @@ def _loop_steps(g: GroupState, r: int, s: RankState) -> Iterator[tuple[str, Grou
         yield "JoinPeerPause" + tag, _set_rank(g, r, t.join_peer_pause(s))
     if s.phase == "peer" and t.pending(s) == 0:
         yield "PeerParkTimeout" + tag, _fail_remaining(_set_rank(g, r, t.peer_park_timeout(s)), r)
-    if s.phase in ("reduce", "barrier") and any(q.phase != s.phase for q in g.ranks):
+    collective = s.phase in ("reduce", "barrier") or (s.phase == "body" and in_hand(g))
+    if collective and any(q.phase != s.phase for q in g.ranks):
         yield "CollectiveTimeout" + tag, _fail_remaining(_set_rank(g, r, t.collective_timeout(s)), r)
     if s.phase == "window" and not s.paused:
         yield "CloseWindow" + tag, _set_rank(g, r, t.close_window(s))
     if s.phase == "decided" and s.tp_status < HARD_STOP and not s.tp_pause:
         yield "NoPause" + tag, _set_rank(g, r, t.no_pause(s))
-    if s.phase == "body" and has_work(g):
+    if s.phase == "body" and has_work(g) and not in_hand(g):
         yield "StartStep" + tag, _set_rank(g, r, t.start_step(s))
     if s.phase == "step":
-        yield "EndStep" + tag, _finish(_set_rank(g, r, t.end_step(s)), r, ("active",))
-    if s.phase == "body" and not has_work(g) and s.tp_status == DONT_STOP:
+        stepped = _finish(_set_rank(g, r, t.end_step(s)), r, ("active",))
+        if r == DRIVER:  # a request's first step puts it in flight
+            stepped = replace(stepped, req=tuple("active" if q == "waiting" else q for q in stepped.req))
+        yield "EndStep" + tag, stepped
+    if s.phase == "body" and not has_work(g) and not in_hand(g) and s.tp_status == DONT_STOP:
         yield "Idle" + tag, _set_rank(g, r, t.idle(s))
-    if t.may_exit(s) and not (s.phase == "body" and has_work(g)):
+    if t.may_exit(s) and not (s.phase == "body" and (has_work(g) or in_hand(g))):
         yield "ExitLoop" + tag, _fail_remaining(_set_rank(g, r, t.exit_loop(s)), r)
 
 
@@ -209,13 +234,15 @@ def _system_steps(g: GroupState, modes: frozenset[int]) -> Iterator[tuple[str, G
     if all(s.phase == "reduce" for s in g.ranks):
         tp_status = max(s.obs_status for s in g.ranks)
         tp_pause = max(s.obs_pause for s in g.ranks)
-        busy = has_work(g)  # each rank's batch, a copy of the driver's
+        busy = in_flight(g)  # each rank's batch, a copy of the driver's
         succ = replace(g, ranks=tuple(t.all_reduce(s, tp_status, tp_pause, busy) for s in g.ranks))
         if tp_pause == ABORT and tp_status < HARD_STOP:  # every request the driver holds ends, before any window
             succ = _fail_remaining(succ, DRIVER)
         yield "AllReduce", succ
     if all(s.phase == "barrier" for s in g.ranks):
         yield "Barrier", replace(g, ranks=tuple(t.barrier(s) for s in g.ranks))
+    if in_hand(g) and all(s.phase == "body" for s in g.ranks):
+        yield "Broadcast", broadcast(g)
     for h, state in enumerate(g.hs):
         s = g.ranks[g.rank_of[h]]
         if s.phase != "dead":
@@ -340,7 +367,7 @@ def mode_inv(g: GroupState) -> bool:
     tp_pause = g.ranks[DRIVER].tp_pause
     if any(x == "inside" and not 1 <= g.hmode[h] <= tp_pause for h, x in enumerate(g.hs)):
         return False
-    return not (tp_pause in (DRAIN, ABORT) and any_inside(g) and has_work(g))
+    return not (tp_pause in (DRAIN, ABORT) and any_inside(g) and in_flight(g))
 
 
 def nothing_lost_inv(g: GroupState) -> bool:
@@ -352,9 +379,9 @@ def nothing_lost_inv(g: GroupState) -> bool:
             return False
         if q in ("done", "delivered") and o != 1:
             return False
-        if q in ("new", "queued", "active", "rejected") and o != 0:
+        if (q in ("new", "rejected") or q in HELD) and o != 0:
             return False
-        if driver_stopped and q in ("queued", "active"):
+        if driver_stopped and q in HELD:
             return False
     return True
 
@@ -391,8 +418,9 @@ GROUP_INVARIANTS = {
 }
 
 __all__ = [
-    "DRIVER", "FAULTS", "GROUP_INVARIANTS", "HOLDER_STATES", "REQUEST_STATES", "Bounds", "GroupState",
-    "action_name", "any_inside", "counts_inv", "deliver", "exclusion_inv", "has_work", "initial_group",
+    "DRIVER", "FAULTS", "GROUP_INVARIANTS", "HELD", "HOLDER_STATES", "REQUEST_STATES", "Bounds", "GroupState",
+    "action_name", "any_inside", "broadcast", "counts_inv", "deliver", "exclusion_inv", "has_work", "in_flight",
+    "in_hand", "initial_group",
     "holder_dies", "mode_inv", "monotone_stop_inv", "next_steps", "nothing_lost_inv", "same_window_inv", "submit",
     "terminated", "tla_holder_state", "tla_number", "type_ok",
 ]  # fmt: skip

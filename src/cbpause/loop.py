@@ -465,10 +465,11 @@ class LoopSteps:
             self._apply(t.fail_loop)
 
     def collective_timeout(self, error: BaseException) -> None:
-        """P-COLLECTIVE-TIMEOUT (``CollectiveTimeout``): a peer never joined; record ``error`` and stop."""
+        """P-COLLECTIVE-TIMEOUT (``CollectiveTimeout``): a peer never joined the all-reduce, the barrier or (at
+        ``body``, which the caller knows has a payload in hand) the payload broadcast; record ``error`` and stop."""
         with self._lock:
             s = self._state
-            if s.phase not in ("reduce", "barrier"):
+            if s.phase not in ("reduce", "barrier", "body"):
                 raise RuntimeError(not_enabled("collective_timeout", s))
             if self.fatal_error is None:
                 self.fatal_error = error

@@ -294,10 +294,11 @@ def peer_park_timeout(s: RankState) -> RankState:
 
 
 def collective_timeout(s: RankState) -> RankState:
-    """P-COLLECTIVE-TIMEOUT (``CollectiveTimeout``): a peer never joined the all-reduce or barrier.
+    """P-COLLECTIVE-TIMEOUT (``CollectiveTimeout``): a peer never joined the all-reduce, the barrier or the payload
+    broadcast (at ``body``, while the group has a payload in hand: :func:`cbpause.group.in_hand` is the group's guard).
 
     pre: rank_invariant(s)
-    pre: s.phase in ("reduce", "barrier")
+    pre: s.phase in ("reduce", "barrier", "body")
     post: __return__.fatal and __return__.phase == "stopped"
     post: rank_invariant(__return__)
     """

@@ -20,7 +20,7 @@ __all__ = ["Coverage", "spec_transitions", "trace_transitions"]
 Transition = tuple[str, str, str]
 GROUP_STEPS = {"AllReduce": ("reduce", "decided"), "Barrier": ("barrier", "body"), "Restart": ("stopped", "read")}
 # Requests are not the protocol object's: the traces have none, and these actions are checked by TLC alone.
-REQUEST_ACTIONS = frozenset({"Submit", "Deliver"})
+REQUEST_ACTIONS = frozenset({"Submit", "Broadcast", "Deliver"})
 
 
 def _label_rank(g: gr.GroupState, label: str) -> int:

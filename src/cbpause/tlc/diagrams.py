@@ -73,7 +73,7 @@ _ACTORS = {
     "holder": {"RequestPause", "EnterPause", "LeavePause", "PauseFails", "UpstreamRequestPause",
                "UpstreamLeavePause", "UpstreamPauseFails", "Update"},
     "request": {"Submit", "Retry", "UpstreamAdmit", "UpstreamEnqueue"},
-    "group": {"AllReduce", "Barrier"},
+    "group": {"AllReduce", "Barrier", "Broadcast"},
 }  # fmt: skip
 
 # Whose state an arrow points at first, by the kind of thread that takes the step.
@@ -426,6 +426,8 @@ DEFECT_MODELS = {
     "D5": "Upstream_D5",
     "D7": "Upstream_D7",
     "D8": "Upstream_D8",
+    "D9": "Upstream_D9",
+    "D10": "Upstream_D10",
     "D6": "RequestVersions_upstream_D6",
 }
 # The models whose state graphs the phase diagram projects: one rank with every fault a single rank has

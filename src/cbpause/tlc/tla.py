@@ -13,7 +13,7 @@ __all__ = ["checked_definitions", "definitions", "next_actions"]
 # Operators of Next that group actions rather than being one.
 _GROUPS = {"LoopAction", "HolderWakes", "SystemNext", "SystemNextWithoutRecovery", "EnvironmentNext"}
 # Actions of Next that take no argument.
-_NULLARY = {"AllReduce", "Barrier", "Restart", "Terminated"}
+_NULLARY = {"AllReduce", "Barrier", "Broadcast", "Restart", "Terminated"}
 
 
 def definitions(text: str) -> set[str]:
