@@ -20,11 +20,16 @@
 (*    and RequestStop, the two holder-side steps that read the loop's      *)
 (*    variables, are evaluated on it (the spec's own CanRequestPause and   *)
 (*    CanRequestStop, never a copy of them).                               *)
-(*  - StartStep: requests are not visible to PauseProtocol (the loop owns  *)
-(*    them), so the trace runs with Requests = {} and TraceStartStep is    *)
-(*    StartStep without its HasWork guard.                                 *)
-(*  - HolderDies is not seen by the code: the ReleaseDeadHolder record     *)
-(*    stands for the death and the release (TraceReleaseDeadHolder).       *)
+(*  - StartStep and DrainFirst: requests are not visible to PauseProtocol  *)
+(*    (the loop owns them), so the trace runs with Requests = {};          *)
+(*    TraceStartStep is StartStep without its HasWork guard, and           *)
+(*    TraceDrainFirst is DrainFirst on a drain decision (tpPause = DRAIN)  *)
+(*    without the draining flag, which AllReduce derives from requests in  *)
+(*    flight.  Both go once traces carry requests (issue 24, point 3).     *)
+(*  - HolderDies is not seen by the code when it happens: it is recorded   *)
+(*    where the protocol learns it, just before its ReleaseDeadHolder (the *)
+(*    dead thread did nothing in between, so the order is one the spec     *)
+(*    allows).                                                             *)
 (*  - Crash is not recorded by the rank that died: the harness that killed *)
 (*    its process adds the record, which says only that the rank is dead.  *)
 (***************************************************************************)
@@ -49,6 +54,11 @@ TraceInit == Init /\ i = 0 /\ lagging = {} /\ prev = [r \in Ranks |-> View(r)]
 TraceStartStep(r) ==
     /\ phase[r] = "body"
     /\ Move(r, "step")
+
+TraceDrainFirst(r) ==
+    /\ PauseDecided(r)
+    /\ tpPause = DRAIN
+    /\ Move(r, "body")
 
 \* A group step taken by the first rank to record it; the later ranks' records
 \* stutter, each catching its rank up.
@@ -81,20 +91,13 @@ TraceRequestStop(r, s) ==
        /\ CanRequestStop(Seen(r).phase, Seen(r).localStatus, s)
        /\ IF localStatus[r] < s THEN RequestStop(r, s) ELSE UNCHANGED vars
 
-\* ReleaseDeadHolder: the code does not see a holder's thread die (HolderDies),
-\* only the release that follows; its record stands for both steps.
-TraceReleaseDeadHolder(h) ==
-    /\ HolderMayDie(h)
-    /\ DeadHolderReleasable(h)
-    /\ Drop(h)
-
 Step(e) ==
     LET r == e.r
         h == e.h
     IN CASE e.a = "Observe"           -> Observe(r)
          [] e.a = "AllReduce"         -> GroupStep(AllReduce, r, "reduce")
          [] e.a = "OpenWindow"        -> OpenWindow(r)
-         [] e.a = "DrainFirst"        -> DrainFirst(r)
+         [] e.a = "DrainFirst"        -> TraceDrainFirst(r)
          [] e.a = "SkipWindow"        -> SkipWindow(r)
          [] e.a = "ParkForPeer"       -> ParkForPeer(r)
          [] e.a = "JoinPeerPause"     -> JoinPeerPause(r)
@@ -113,7 +116,8 @@ Step(e) ==
          [] e.a = "PauseFails"        -> PauseFails(h)
          [] e.a = "Interrupt"         -> Interrupt(h)
          [] e.a = "PauseTimeout"      -> PauseTimeout(h)
-         [] e.a = "ReleaseDeadHolder" -> TraceReleaseDeadHolder(h)
+         [] e.a = "HolderDies"        -> HolderDies(h)
+         [] e.a = "ReleaseDeadHolder" -> ReleaseDeadHolder(h)
          [] e.a = "RequestStop"       -> TraceRequestStop(r, e.s)
          [] e.a = "RecordFatalError"  -> RecordFatalError(r)
          [] e.a = "FailLoop"          -> FailLoop(r)

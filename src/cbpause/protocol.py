@@ -324,6 +324,9 @@ class PauseProtocol(LoopSteps, DropInLoop):
                 "a pause held by thread %r (%s) was released: the thread ended while it %s, without leaving",
                 hold.thread.name, hold.state, "waited for the pause" if hold.state == "waiting" else "was inside",
             )  # fmt: skip
+            if self._trace is not None:  # P-HOLDER-DIES, recorded where the protocol learns it (it changes no state)
+                s = self._state
+                self._trace.record(self.trace_rank, "holder_dies", (), s, s, hold.holder, "dead")
             self._apply(t.release_dead_holder, hold.state == "inside", hold.mode, hold=hold)
         return len(dead)
 

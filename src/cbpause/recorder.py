@@ -23,8 +23,9 @@ from .transitions import RankState
 __all__ = ["HOLDER_ACTIONS", "TraceEvent", "TraceRecorder", "action_of"]
 
 HOLDER_ACTIONS = frozenset(
-    {"RequestPause", "EnterPause", "LeavePause", "PauseFails", "Interrupt", "PauseTimeout", "ReleaseDeadHolder"}
-)
+    {"RequestPause", "EnterPause", "LeavePause", "PauseFails", "Interrupt", "PauseTimeout", "HolderDies",
+     "ReleaseDeadHolder"}
+)  # fmt: skip
 
 
 def action_of(function_name: str) -> str:

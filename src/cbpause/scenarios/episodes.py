@@ -336,6 +336,47 @@ def stopped_holder(rank: RealRank, phase: str | None) -> None:
     rank.restart()
 
 
+def mode_pause(rank: RealRank, mode: str) -> None:
+    """A pause in ``mode`` asked while the loop is held in a forward step, so that requests are in flight at its
+    decision: a drain steps them first (DrainFirst), an abort ends them, a retract frees their KV (R-MODES)."""
+    reached, release = rank.probe.hold_next()
+    rank._reached(reached, "step")
+    rank.manager._wake_up_loop.clear()
+    pause = rank.manager.pause(timeout=rank.bound, mode=mode)
+    thread, box = run_thread(lambda: enter_and_leave(pause), name=f"episode-{mode}")
+    asked = rank.manager._wake_up_loop.wait(rank.bound)
+    release.set()
+    thread.join(rank.bound)
+    if not asked:
+        raise TimeoutError(f"the {mode} pause did not ask within {rank.bound} s")
+    if "error" in box:
+        raise box["error"]
+
+
+def holder_dies(rank: RealRank, where: str) -> None:
+    """A holder's thread ends without leaving (P-HOLDER-DIES): ``inside`` its pause, or ``waiting`` for it (the loop
+    releases it from its window, P-RELEASE-DEAD-HOLDER), or waiting on a loop that then stops (``stopped``: the
+    restart's clear() releases it).  Both records come where the protocol learns of the death."""
+    status, wake = rank.status, rank.manager._wake_up_loop
+    release = rank.hold_at("step") if where == "stopped" else None
+
+    def die() -> None:
+        hold = status.request_pause(wake)
+        if where == "inside":
+            status.enter_pause(hold, timeout=rank.bound)
+        # the thread returns holding: its pause is never left
+
+    thread, box = run_thread(die, name=f"episode-dies-{where}")
+    thread.join(rank.bound)
+    if "error" in box:
+        raise box["error"]
+    if where == "stopped":
+        status.request_stop(status.HARD_STOP)
+        release()
+        rank.join()
+        rank.restart()
+
+
 HELD_PHASES = ("read", "reduce", "decided", "body", "step", "barrier")
 
 # name -> (episode, phases it is played at (None: none), the transitions of one rank it is there to take)
@@ -355,4 +396,9 @@ EPISODES: dict[str, tuple[Callable[[RealRank, Any], None], tuple, Callable[[Any]
     "fail_at": (fail_at, HELD_PHASES, lambda p: {(p, "FailLoop", "stopped")}),
     "stopped_holder": (stopped_holder, (None,), lambda p: {("stopped", "Interrupt", "stopped"),
                                                            ("stopped", "PauseFails", "stopped")}),
+    "mode_pause": (mode_pause, ("retract", "drain", "abort"), lambda p: {("decided", "DrainFirst", "body")}
+                   if p == "drain" else {("decided", "OpenWindow", "window")}),
+    "holder_dies": (holder_dies, ("inside", "waiting", "stopped"), lambda p: {
+        ("stopped" if p == "stopped" else "window", a, "stopped" if p == "stopped" else "window")
+        for a in ("HolderDies", "ReleaseDeadHolder")}),
 }  # fmt: skip

@@ -35,6 +35,17 @@ __all__ = ["main"]
 
 COVERAGE_TARGET = 0.9
 
+# The covering subset that CI runs (tests/test_real_traces.py, `--covering`): plans chosen, not drawn, so that
+# together they take every action of the spec, at TP=2 and on one rank, with a kill plan whose dead peer meets
+# the driver's payload in transit (kill_payload).
+COVERING_TP = ("pauses", "peer_never", "kill_payload")
+COVERING_SINGLE = (
+    (("holders", None), ("mode_pause", "drain"), ("stop_at", "window")),
+    (("skip_window", None), ("fatal_at", "body"), ("holder_dies", "inside")),
+    (("interrupt_at", "read"), ("timeout_at", "decided"), ("fail_at", "decided")),
+    (("holder_dies", "stopped"), ("request_at", "step"), ("mode_pause", "abort")),
+)
+
 
 def choose_plan(rng: random.Random, coverage: Coverage, size: int) -> list[tuple[str, Any]]:
     """``size`` episodes (with their phase), each drawn with a weight that grows with the transitions it is there
@@ -145,6 +156,31 @@ def repeat_plans(args: argparse.Namespace, rng: random.Random, began: float) -> 
     if any("HANG" in problem or "still running" in problem for problem in campaign.problems):
         os._exit(1)
     return 1 if campaign.rejected or campaign.problems else 0
+
+
+def covering(tla_dir: Path, workdir: Path, seed: int) -> Campaign:
+    """The covering subset: :data:`COVERING_TP` at TP=2 and :data:`COVERING_SINGLE` on one rank, every trace
+    validated; the campaign's figures (``coverage``, ``problems``, ``rejected``) say how it went."""
+    from ..testing import ForwardProbe, tiny_llama
+
+    quiet_logs()
+    rng = random.Random(seed)
+    campaign = Campaign(tla_dir, workdir)
+    model = tiny_llama("cpu", seed % 1000)
+    checkpoint = str(workdir / "ckpt")
+    model.save_pretrained(checkpoint)
+    for plan in COVERING_TP:
+        trace, info = run_tp(plan, checkpoint, rng.randrange(2**31), workdir)
+        campaign.tp2 += 1
+        campaign.real += 1
+        campaign.check(trace, info, f"tp2 {plan}", 2)
+    probe = ForwardProbe()
+    probe.attach(model)
+    for n, plan in enumerate(COVERING_SINGLE):
+        trace, info = run_single(model, probe, list(plan), rng.randrange(2**31))
+        campaign.real += 1
+        campaign.check(trace, info, f"single {n}", 1)
+    return campaign
 
 
 def main(args: argparse.Namespace) -> int:

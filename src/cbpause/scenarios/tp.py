@@ -29,7 +29,7 @@ KILL_PHASES = ("read", "reduce", "decided", "body", "step", "window", "peer", "b
 # kill_payload: rank 1 dies after the group all-reduce that agreed a non-empty payload, before the broadcast that
 # would carry it: rank 0 holds the requests it drained (in transit) when the broadcast meets the death (issue 24).
 KILL_PLANS = (*(f"kill_{phase}" for phase in KILL_PHASES), "kill_payload")
-TP_PLANS = ("pauses", "peer_never", "stop", "fatal", *KILL_PLANS)
+TP_PLANS = ("pauses", "two_holders", "peer_never", "stop", "fatal", *KILL_PLANS)
 
 
 def _write(outdir: str, rank: int, recorder: Any, **extra: Any) -> None:
@@ -74,6 +74,13 @@ def _play(real: RealRank, rank: int, plan: str, die: Any) -> None:
         if rank == 1:
             wait_for_phase(status, "peer", bound)
         real.pause_in_thread().release()
+    elif plan == "two_holders":  # two holders per rank whose pauses overlap: the second enters the open window
+        first = real.pause_in_thread()
+        first.wait_inside()
+        second = real.pause_in_thread()
+        second.wait_inside()
+        first.release()
+        second.release()
     elif plan == "peer_never":  # rank 1 never pauses: it gives up on the peer's pause, rank 0 at the barrier
         if rank == 0:
             real.pause_in_thread().release()
