@@ -20,6 +20,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--plans", default=None, help="--real: run only the TP=2 plans matching this shell pattern")
     parser.add_argument("--repeat", type=int, default=1, help="--real --plans: how many times each plan runs")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--record", type=Path, default=None,
+                        help="--real: write the run's command, commit, date, coverage and closing line to this file "
+                             "(docs/measured/real-campaign.txt is what docs/verification.md shows)")  # fmt: skip
     parser.add_argument("--tla-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.count is None:
@@ -28,8 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--count must be >= 1")
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
-    if (args.plans is not None or args.repeat > 1) and not args.real:
-        parser.error("--plans and --repeat go with --real")
+    if (args.plans is not None or args.repeat > 1 or args.record is not None) and not args.real:
+        parser.error("--plans, --repeat and --record go with --real")
     return args
 
 

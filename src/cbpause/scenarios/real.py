@@ -119,6 +119,28 @@ class Campaign:
                 f"steps={self.steps}")  # fmt: skip
 
 
+def record(path: Path, options: str, campaign: Campaign, closing: str) -> None:
+    """Write what a run measured, with the commit it ran and when, for the docs to include (so that the figures
+    there come from a run, not from a hand)."""
+    import datetime
+    import subprocess
+
+    def git(*argv: str) -> str:
+        try:
+            return subprocess.run(["git", *argv], capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += " with uncommitted changes"
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"python -m cbpause.scenarios {options}", f"commit {commit}, {when}, {os.cpu_count()} cores",
+             *campaign.problems, campaign.coverage.report(), closing]  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
 def repeat_plans(args: argparse.Namespace, rng: random.Random, began: float) -> int:
     """``--plans P --repeat N``: the TP=2 plans matching ``P``, each ``N`` times, every trace validated; one line per
     plan.  Exits 1 on any lost or duplicated request, rejected trace, hang or scenario error."""
@@ -214,8 +236,11 @@ def main(args: argparse.Namespace) -> int:
                 print(f"  {campaign.line()} ({time.monotonic() - began:.0f} s)", flush=True)
     for problem in campaign.problems:
         print(problem)
+    closing = f"{campaign.line()} seconds={time.monotonic() - began:.0f}"
     print(campaign.coverage.report())
-    print(f"{campaign.line()} seconds={time.monotonic() - began:.0f}")
+    print(closing)
+    if args.record is not None:
+        record(args.record, f"--real --seed {master} --count {args.count}", campaign, closing)
     _, unseen = campaign.coverage.actions()
     covered = not unseen and campaign.coverage.fraction() >= COVERAGE_TARGET
     code = 1 if campaign.rejected or campaign.problems or not covered else 0
