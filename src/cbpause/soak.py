@@ -1,9 +1,11 @@
 """``python -m cbpause.soak``: a bounded soak of the protocol on transformers' real loop, with faults.
 
 For ``--minutes`` (or ``--seconds``), with a printed seed that reproduces the choice of actions, the main
-thread picks at random among: 1 to 8 holder threads pausing (some updating the weights inside), a real
+thread picks at random among: 1 to 8 holder threads pausing, each in a mode (keep, retract, drain, abort; some
+updating the weights inside and declaring a new weight version), a real
 SIGINT delivered to the main thread while it waits for a pause, pause timeouts, flush and hard stops
-followed by restarts, fatal errors injected into the forward pass (some while a pause is pending), holder
+followed by restarts, fatal errors injected into the forward pass (some while a pause is pending), a failed
+payload broadcast (with the requests it was to carry in hand), holder
 threads that die inside a pause or while waiting (the loop must release them and resume), pauses whose
 context manager the garbage collector closes on another thread, pauses entered on one thread and left on
 another, stops whose wait times out while a holder is inside or that do not block (no request may fail
@@ -20,8 +22,9 @@ A watchdog fails the run when a pause, a stop or a request makes no progress wit
 after dumping every thread's stack (``faulthandler``).  At the end every submitted request must have had
 exactly one terminal output and every ``pause()`` call must have entered or raised.  The last line::
 
-    soak: seconds=… pauses=… interrupts=… timeouts=… stops=… errors_injected=… misuse=… requests=…
-          lost=0 duplicated=0 hangs=0 [traced=K rejected=0]        (on one line)
+    soak: seconds=… pauses=… modes=keep/retract/drain/abort versions=… interrupts=… timeouts=… stops=…
+          errors_injected=… collective_faults=… misuse=… requests=… lost=0 duplicated=0 hangs=0
+          [traced=K rejected=0]        (on one line)
 
 and the exit status is 1 when lost, duplicated, hangs or rejected is not 0 (or a misuse did not raise as it
 must, or fewer than K traces could be validated).
@@ -143,8 +146,9 @@ class Soak:
 
     ACTIONS = {
         "holders": 6, "interrupt": 2, "timeout": 2, "stop": 1, "fatal": 1, "misuse": 3, "death": 2, "collected": 1,
-        "handover": 1, "stop_timeout": 1,
+        "handover": 1, "stop_timeout": 1, "collective": 1,
     }  # fmt: skip
+    MODES = ("keep", "keep", "retract", "drain", "abort")  # keep is what most trainers ask
     MAX_NEW, IN_FLIGHT = 16, 8
 
     def __init__(self, args: argparse.Namespace):
@@ -181,6 +185,7 @@ class Soak:
             join_timeout=args.bound,
         )  # fmt: skip
         self.wd = Watchdog(args.bound, self.traffic.ledger)
+        self._version, self._version_lock = 0, threading.Lock()  # the weight version the last update declared
         self.resume_after_death = 0.0  # the longest time from a holder's death to the release of its hold
 
     # ------------------------------------------------------------------------------------- helpers
@@ -195,16 +200,23 @@ class Soak:
         self.tally.add("restarts")
         self.wd.requests_expected.set()
 
-    def pause_once(self, timeout: float | None = None, update: bool = False) -> str:
-        """One pause() call: 'entered' or the exception's type name."""
+    def pause_once(self, timeout: float | None = None, update: bool = False, mode: str = "keep") -> str:
+        """One pause() call in ``mode``: 'entered' or the exception's type name.  An update writes every weight and
+        declares the next weight version (R-VERSIONS)."""
         self.tally.add("pause_calls")
         try:
-            with self.wd.op("pause"), self.manager.pause(timeout=timeout if timeout is not None else self.args.bound):
+            pause = self.manager.pause(timeout=timeout if timeout is not None else self.args.bound, mode=mode)
+            with self.wd.op("pause"), pause:
                 self.tally.add("pauses")
+                self.tally.add(f"pauses_{mode}")
                 if update:
                     with self.torch.no_grad():
                         for p in self.model.parameters():
                             p.mul_(1.0)  # an in-place write of every weight; keeps generation meaningful
+                    with self._version_lock:
+                        self._version += 1
+                        self.manager.set_weight_version(self._version)
+                    self.tally.add("versions_set")
             return "entered"
         except (RuntimeError, TimeoutError) as error:
             self.tally.add("pause_raised")
@@ -227,10 +239,12 @@ class Soak:
     # ------------------------------------------------------------------------------------- actions
 
     def holders(self) -> None:
-        """1 to 8 threads pause at once, half of them writing every weight inside: every one must enter."""
-        updates = [self.rng.random() < 0.5 for _ in range(self.rng.randint(1, 8))]  # drawn here: the seed replays
+        """1 to 8 threads pause at once, each in a mode (keep, retract, drain, abort), half of them writing every weight
+        inside and declaring a new weight version: every one must enter."""
+        plans = [(self.rng.random() < 0.5, self.rng.choice(self.MODES)) for _ in range(self.rng.randint(1, 8))]
         results: list[str] = []
-        threads = [threading.Thread(target=lambda u=u: results.append(self.pause_once(update=u))) for u in updates]
+        threads = [threading.Thread(target=lambda u=u, m=m: results.append(self.pause_once(update=u, mode=m)))
+                   for u, m in plans]  # fmt: skip
         for t in threads:
             t.start()
         for t in threads:
@@ -311,6 +325,33 @@ class Soak:
             pending.join(self.args.bound)
             if outcome != ["RuntimeError"]:
                 self.tally.wrong(f"a pause pending at a fatal error gave {outcome}")
+        self.restart()
+
+    def collective(self) -> None:
+        """The payload broadcast fails (as gloo's does when a peer died) with the requests it was to carry in hand: the
+        loop stops with every request answered (the ledger says so at the end); then a restart.  The broadcast and
+        not the all-reduce: on one rank a failed all-reduce would be a collective timeout with no peer to wait for,
+        which no behaviour of the spec has (tests/test_collective_faults.py fails every site, untraced)."""
+        helper = self.manager.distributed_helper
+        original, fired = helper.tp_broadcast_object_from_rank_0, threading.Event()
+
+        def failing(payload):
+            if not fired.is_set():
+                fired.set()
+                raise RuntimeError("injected fault in the payload broadcast (soak)")
+            return original(payload)
+
+        helper.tp_broadcast_object_from_rank_0 = failing
+        try:
+            thread = self.manager._generation_thread
+            if thread is not None:
+                thread.join(min(self.args.bound, 5.0))  # an iteration with no request drained fires nothing
+        finally:
+            helper.tp_broadcast_object_from_rank_0 = original
+        if fired.is_set():
+            self.tally.add("collective_faults")
+            if self.manager.is_running():
+                self.wd.hang("the loop still runs after its payload broadcast failed")
         self.restart()
 
     def death(self) -> None:
@@ -536,7 +577,9 @@ class Soak:
             "lost": lost, "duplicated": duplicated, "hangs": len(wd.hangs), "cancelled": self.traffic.ledger.cancelled,
             "restarts": c["restarts"], "unexpected": list(tally.unexpected), "deaths": c["deaths"],
             "collected": c["collected"], "handovers": c["handovers"], "stops_with_timeout": c["stops_with_timeout"],
-            "resume_after_death_s": round(self.resume_after_death, 3),
+            "resume_after_death_s": round(self.resume_after_death, 3), "collective_faults": c["collective_faults"],
+            "versions": c["versions_set"],
+            "modes": "/".join(str(c[f"pauses_{m}"]) for m in ("keep", "retract", "drain", "abort")),
         }  # fmt: skip
 
 
@@ -580,9 +623,9 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def summary_line(r: dict) -> str:
-    keys = ("seconds", "pauses", "interrupts", "timeouts", "stops", "errors_injected", "misuse", "deaths", "collected",
-            "handovers", "stops_with_timeout", "resume_after_death_s", "requests", "lost", "duplicated",
-            "hangs")  # fmt: skip
+    keys = ("seconds", "pauses", "modes", "versions", "interrupts", "timeouts", "stops", "errors_injected",
+            "collective_faults", "misuse", "deaths", "collected", "handovers", "stops_with_timeout",
+            "resume_after_death_s", "requests", "lost", "duplicated", "hangs")  # fmt: skip
     keys += ("traced", "rejected") if "traced" in r else ()
     return "soak: " + " ".join(f"{k}={r[k]}" for k in keys)
 
