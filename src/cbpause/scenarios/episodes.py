@@ -36,6 +36,7 @@ def quiet_logs() -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)  # injected faults are expected
+    logging.getLogger("cbpause").setLevel(logging.CRITICAL)  # and so are the holders an episode lets die
     default_hook = threading.excepthook
     threading.excepthook = lambda a: None if issubclass(a.exc_type, Killed) else default_hook(a)
 

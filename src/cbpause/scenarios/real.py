@@ -119,9 +119,8 @@ class Campaign:
                 f"steps={self.steps}")  # fmt: skip
 
 
-def record(path: Path, options: str, campaign: Campaign, closing: str) -> None:
-    """Write what a run measured, with the commit it ran and when, for the docs to include (so that the figures
-    there come from a run, not from a hand)."""
+def checkout() -> str:
+    """The commit of the code about to run (``with uncommitted changes`` if tracked files differ), and when."""
     import datetime
     import subprocess
 
@@ -134,8 +133,13 @@ def record(path: Path, options: str, campaign: Campaign, closing: str) -> None:
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     if git("status", "--porcelain", "--untracked-files=no"):
         commit += " with uncommitted changes"
-    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"python -m cbpause.scenarios {options}", f"commit {commit}, {when}, {os.cpu_count()} cores",
+    return f"commit {commit}, {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}"
+
+
+def record(path: Path, options: str, started: str, campaign: Campaign, closing: str) -> None:
+    """Write what a run measured, with the commit it ran (``started``, :func:`checkout` at its start), for the docs
+    to include: the figures there come from a run, not from a hand."""
+    lines = [f"python -m cbpause.scenarios {options}", f"{started}, {os.cpu_count()} cores",
              *campaign.problems, campaign.coverage.report(), closing]  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
@@ -213,6 +217,7 @@ def main(args: argparse.Namespace) -> int:
     master = args.seed if args.seed is not None else random.randrange(2**32)
     rng = random.Random(master)
     print(f"traces: real loop, seed={master} (--seed {master} reproduces the plans)", flush=True)
+    started = checkout() if args.record is not None else ""
     if args.plans is not None:
         return repeat_plans(args, rng, time.monotonic())
     began = time.monotonic()
@@ -240,7 +245,7 @@ def main(args: argparse.Namespace) -> int:
     print(campaign.coverage.report())
     print(closing)
     if args.record is not None:
-        record(args.record, f"--real --seed {master} --count {args.count}", campaign, closing)
+        record(args.record, f"--real --seed {master} --count {args.count}", started, campaign, closing)
     _, unseen = campaign.coverage.actions()
     covered = not unseen and campaign.coverage.fraction() >= COVERAGE_TARGET
     code = 1 if campaign.rejected or campaign.problems or not covered else 0
