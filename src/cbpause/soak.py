@@ -1,11 +1,9 @@
 """``python -m cbpause.soak``: a bounded soak of the protocol on transformers' real loop, with faults.
 
 For ``--minutes`` (or ``--seconds``), with a printed seed that reproduces the choice of actions, the main
-thread picks at random among: 1 to 8 holder threads pausing, each in a mode (keep, retract, drain, abort; some
-updating the weights inside and declaring a new weight version), a real
+thread picks at random among: 1 to 8 holder threads pausing in any mode (some updating the weights), a real
 SIGINT delivered to the main thread while it waits for a pause, pause timeouts, flush and hard stops
-followed by restarts, fatal errors injected into the forward pass (some while a pause is pending), a failed
-payload broadcast (with the requests it was to carry in hand), holder
+followed by restarts, fatal errors in the forward pass (some with a pause pending), failed broadcasts, holder
 threads that die inside a pause or while waiting (the loop must release them and resume), pauses whose
 context manager the garbage collector closes on another thread, pauses entered on one thread and left on
 another, stops whose wait times out while a holder is inside or that do not block (no request may fail
@@ -22,9 +20,8 @@ A watchdog fails the run when a pause, a stop or a request makes no progress wit
 after dumping every thread's stack (``faulthandler``).  At the end every submitted request must have had
 exactly one terminal output and every ``pause()`` call must have entered or raised.  The last line::
 
-    soak: seconds=… pauses=… modes=keep/retract/drain/abort versions=… interrupts=… timeouts=… stops=…
-          errors_injected=… collective_faults=… misuse=… requests=… lost=0 duplicated=0 hangs=0
-          [traced=K rejected=0]        (on one line)
+    soak: seconds=… pauses=… modes=keep/retract/drain/abort versions=… … collective_faults=… requests=…
+          lost=0 duplicated=0 hangs=0 [traced=K rejected=0]        (on one line)
 
 and the exit status is 1 when lost, duplicated, hangs or rejected is not 0 (or a misuse did not raise as it
 must, or fewer than K traces could be validated).
@@ -34,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import itertools
 import logging
 import random
 import sys
@@ -185,7 +183,7 @@ class Soak:
             join_timeout=args.bound,
         )  # fmt: skip
         self.wd = Watchdog(args.bound, self.traffic.ledger)
-        self._version, self._version_lock = 0, threading.Lock()  # the weight version the last update declared
+        self._versions = itertools.count(1)  # the weight versions updates declare
         self.resume_after_death = 0.0  # the longest time from a holder's death to the release of its hold
 
     # ------------------------------------------------------------------------------------- helpers
@@ -201,8 +199,7 @@ class Soak:
         self.wd.requests_expected.set()
 
     def pause_once(self, timeout: float | None = None, update: bool = False, mode: str = "keep") -> str:
-        """One pause() call in ``mode``: 'entered' or the exception's type name.  An update writes every weight and
-        declares the next weight version (R-VERSIONS)."""
+        """One pause() call in ``mode``: 'entered' or the exception's type name; an update declares a new version."""
         self.tally.add("pause_calls")
         try:
             pause = self.manager.pause(timeout=timeout if timeout is not None else self.args.bound, mode=mode)
@@ -213,9 +210,7 @@ class Soak:
                     with self.torch.no_grad():
                         for p in self.model.parameters():
                             p.mul_(1.0)  # an in-place write of every weight; keeps generation meaningful
-                    with self._version_lock:
-                        self._version += 1
-                        self.manager.set_weight_version(self._version)
+                    self.manager.set_weight_version(next(self._versions))  # R-VERSIONS: a new version each time
                     self.tally.add("versions_set")
             return "entered"
         except (RuntimeError, TimeoutError) as error:
@@ -239,12 +234,11 @@ class Soak:
     # ------------------------------------------------------------------------------------- actions
 
     def holders(self) -> None:
-        """1 to 8 threads pause at once, each in a mode (keep, retract, drain, abort), half of them writing every weight
-        inside and declaring a new weight version: every one must enter."""
+        """1 to 8 threads pause at once, each in a mode, half updating the weights inside: every one must enter."""
         plans = [(self.rng.random() < 0.5, self.rng.choice(self.MODES)) for _ in range(self.rng.randint(1, 8))]
         results: list[str] = []
-        threads = [threading.Thread(target=lambda u=u, m=m: results.append(self.pause_once(update=u, mode=m)))
-                   for u, m in plans]  # fmt: skip
+        threads = [threading.Thread(target=lambda p=p: results.append(self.pause_once(update=p[0], mode=p[1])))
+                   for p in plans]  # fmt: skip
         for t in threads:
             t.start()
         for t in threads:
@@ -328,24 +322,21 @@ class Soak:
         self.restart()
 
     def collective(self) -> None:
-        """The payload broadcast fails (as gloo's does when a peer died) with the requests it was to carry in hand: the
-        loop stops with every request answered (the ledger says so at the end); then a restart.  The broadcast and
-        not the all-reduce: on one rank a failed all-reduce would be a collective timeout with no peer to wait for,
-        which no behaviour of the spec has (tests/test_collective_faults.py fails every site, untraced)."""
-        helper = self.manager.distributed_helper
-        original, fired = helper.tp_broadcast_object_from_rank_0, threading.Event()
+        """The payload broadcast fails (as when a peer died) with requests in hand: each still gets its output; then a
+        restart.  Not the all-reduce: on one rank that is a timeout with no peer to wait for, in no spec behaviour."""
+        helper, fired = self.manager.distributed_helper, threading.Event()
+        original = helper.tp_broadcast_object_from_rank_0
 
         def failing(payload):
-            if not fired.is_set():
-                fired.set()
-                raise RuntimeError("injected fault in the payload broadcast (soak)")
-            return original(payload)
+            if fired.is_set():
+                return original(payload)
+            fired.set()
+            raise RuntimeError("injected fault in the payload broadcast (soak)")
 
         helper.tp_broadcast_object_from_rank_0 = failing
-        try:
-            thread = self.manager._generation_thread
-            if thread is not None:
-                thread.join(min(self.args.bound, 5.0))  # an iteration with no request drained fires nothing
+        try:  # an iteration that drained no request fires nothing: the wait is bounded
+            if self.manager._generation_thread is not None:
+                self.manager._generation_thread.join(min(self.args.bound, 5.0))
         finally:
             helper.tp_broadcast_object_from_rank_0 = original
         if fired.is_set():
@@ -578,8 +569,7 @@ class Soak:
             "restarts": c["restarts"], "unexpected": list(tally.unexpected), "deaths": c["deaths"],
             "collected": c["collected"], "handovers": c["handovers"], "stops_with_timeout": c["stops_with_timeout"],
             "resume_after_death_s": round(self.resume_after_death, 3), "collective_faults": c["collective_faults"],
-            "versions": c["versions_set"],
-            "modes": "/".join(str(c[f"pauses_{m}"]) for m in ("keep", "retract", "drain", "abort")),
+            "versions": c["versions_set"], "modes": "/".join(str(c[f"pauses_{m}"]) for m in self.MODES[1:]),
         }  # fmt: skip
 
 
@@ -623,9 +613,8 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def summary_line(r: dict) -> str:
-    keys = ("seconds", "pauses", "modes", "versions", "interrupts", "timeouts", "stops", "errors_injected",
-            "collective_faults", "misuse", "deaths", "collected", "handovers", "stops_with_timeout",
-            "resume_after_death_s", "requests", "lost", "duplicated", "hangs")  # fmt: skip
+    keys = ("seconds pauses modes versions interrupts timeouts stops errors_injected collective_faults misuse deaths "
+            "collected handovers stops_with_timeout resume_after_death_s requests lost duplicated hangs").split()
     keys += ("traced", "rejected") if "traced" in r else ()
     return "soak: " + " ".join(f"{k}={r[k]}" for k in keys)
 
