@@ -59,6 +59,77 @@ def test_a_real_loop_trace_is_accepted_and_takes_the_loop_actions(real_trace, tm
     assert ("body", "StartStep", "step") in coverage.seen  # forward steps run in phase step
 
 
+def test_a_real_loop_trace_carries_its_requests_from_submit_to_delivery(real_trace):
+    """Issue 24, point 3: every accepted request of the real loop is drained, broadcast and delivered exactly once in
+    its trace, so TLC checks NothingLostInv and DeliveredAtEnd against what the loop did."""
+    events = real_trace.events
+    accepted = [e.request for e in events if e.action == "Submit" and e.status == 1]
+    delivered = [e.request for e in events if e.action == "Deliver"]
+    drained = [e.request for e in events if e.action == "Drain"]
+    assert len(accepted) >= 3
+    assert sorted(delivered) == sorted(accepted) and sorted(drained) == sorted(accepted)
+    assert any(e.action == "Broadcast" for e in events)
+    assert events[-1].action in ("ExitLoop", "Deliver")
+
+
+def test_a_real_trace_that_delivers_a_request_twice_is_rejected(real_trace, tmp_path, tlc_ready):
+    events = list(real_trace.events)
+    k = first(events, "Deliver", after=len(events) // 3)
+    events.insert(k + 1, events[k])
+    result = validate(altered(real_trace, events), TLA_DIR, tmp_path)
+    assert not result.accepted
+    assert result.matched == k + 1  # the second delivery matches no step of the spec
+
+
+def test_a_real_trace_whose_loop_ends_with_an_accepted_request_undelivered_is_rejected(real_trace, tmp_path,
+                                                                                      tlc_ready):  # fmt: skip
+    """The last request to finish never gets its output: the flush stop cannot end the loop with it in the batch."""
+    events = list(real_trace.events)
+    k = max(i for i, e in enumerate(events) if e.action == "Deliver")
+    assert any(e.request == events[k].request for e in events[:k] if e.action == "Submit")
+    del events[k]
+    result = validate(altered(real_trace, events), TLA_DIR, tmp_path)
+    assert not result.accepted
+    assert result.matched == first(events, "ExitLoop", after=k)
+
+
+@pytest.fixture(scope="module")
+def hard_stop_trace() -> Trace:
+    """A hard stop while requests are in the batch (then a restart): their failed outputs come after ExitLoop."""
+    quiet_logs()
+    model = tiny_llama("cpu", 7)
+    probe = ForwardProbe()
+    probe.attach(model)
+    trace, info = run_single(model, probe, [("stop_at", "step")], seed=7)
+    assert info["errors"] == [] and info["lost"] == 0 and info["duplicated"] == 0, info
+    return trace
+
+
+def test_a_real_trace_that_ends_with_a_failed_request_undelivered_is_rejected(hard_stop_trace, tmp_path, tlc_ready):
+    """The loop exited, failing what it held, and one of those outputs never reached its caller: every record still
+    matches (the loop's steps do not wait for a caller), and the trace ends breaking DeliveredAtEnd."""
+    events = list(hard_stop_trace.events)
+    assert validate(altered(hard_stop_trace, events), TLA_DIR, tmp_path / "as-recorded").accepted
+    exit_loop = first(events, "ExitLoop")
+    k = first(events, "Deliver", after=exit_loop)
+    del events[k]
+    result = validate(altered(hard_stop_trace, events), TLA_DIR, tmp_path / "forged")
+    assert not result.accepted
+    assert result.violated == "DeliveredAtEnd", result.output[-2000:]
+    assert result.matched == len(events)
+
+
+def test_a_real_trace_whose_broadcast_is_missing_is_rejected_at_the_next_step(real_trace, tmp_path, tlc_ready):
+    """A request drained and never carried to the scheduler (the loss of issue 24) leaves it in hand: no step of the
+    batch may start."""
+    events = list(real_trace.events)
+    k = first(events, "Broadcast")
+    del events[k]
+    result = validate(altered(real_trace, events), TLA_DIR, tmp_path)
+    assert not result.accepted
+    assert result.matched == first(events, "StartStep", after=k)
+
+
 @pytest.mark.parametrize("action", ["NoPause", "StartStep", "Barrier"])
 def test_a_real_trace_with_one_loop_action_removed_is_rejected(action, real_trace, tmp_path, tlc_ready):
     events = list(real_trace.events)

@@ -206,18 +206,24 @@ Init ==
 -----------------------------------------------------------------------------
 (* The loop of rank r.                                                     *)
 
-\* P-OBSERVE: read the local stop status and the pending pause request (its
-\* mode) for the all-reduce; the driver drains its request queue into its
-\* hand (the payload), unless a drain holds admission (R-MODES).
-Observe(r) ==
+\* Observe's step of the loop, without the drain (TracePauseProtocol takes the
+\* drain from the real loop's records of it).
+ObserveLoop(r) ==
     /\ phase[r] = "read"
     /\ phase' = [phase EXCEPT ![r] = "reduce"]
     /\ obsStatus' = [obsStatus EXCEPT ![r] = localStatus[r]]
     /\ obsPause' = [obsPause EXCEPT ![r] = Asked(r)]
+    /\ UNCHANGED <<localStatus, fatal, draining, groupVars, holderVars, restarts>>
+
+\* P-OBSERVE: read the local stop status and the pending pause request (its
+\* mode) for the all-reduce; the driver drains its request queue into its
+\* hand (the payload), unless a drain holds admission (R-MODES).
+Observe(r) ==
+    /\ ObserveLoop(r)
     /\ req' = IF r = Driver /\ ~draining[r]
               THEN [i \in Requests |-> IF req[i] = "queued" THEN "drained" ELSE req[i]]
               ELSE req
-    /\ UNCHANGED <<localStatus, fatal, draining, groupVars, holderVars, out, restarts>>
+    /\ UNCHANGED out
 
 \* P-ALL-REDUCE: the MAX all-reduce of stop status and pause request; needs
 \* every rank of the group (a dead or exited rank blocks it).  A decision to
@@ -365,20 +371,25 @@ StartStep(r) ==
     /\ HasWork
     /\ Move(r, "step")
 
+\* EndStep's step of the loop, without the requests' (TracePauseProtocol takes
+\* those from the real loop's records of its outputs).
+EndStepLoop(r) ==
+    /\ phase[r] = "step"
+    /\ GoTo(r, "read")
+    /\ UNCHANGED <<groupVars, holderVars, restarts>>
+
 \* P-END-STEP: the step ends; on the driver a request's first step puts it in
 \* flight (waiting -> active) and its second ends it (two steps per request
 \* are enough to expose every interleaving that matters: a request in flight
 \* at a decision, which a drain waits for, and one that ends).
 EndStep(r) ==
-    /\ phase[r] = "step"
-    /\ GoTo(r, "read")
+    /\ EndStepLoop(r)
     /\ IF r = Driver
        THEN /\ req' = [i \in Requests |-> CASE req[i] = "active" -> "done"
                                             [] req[i] = "waiting" -> "active"
                                             [] OTHER -> req[i]]
             /\ out' = [i \in Requests |-> IF req[i] = "active" THEN out[i] + 1 ELSE out[i]]
        ELSE UNCHANGED requestVars
-    /\ UNCHANGED <<groupVars, holderVars, restarts>>
 
 \* P-IDLE: nothing to do and no stop: wait for work (the wake-up event), go round.
 Idle(r) ==
@@ -551,7 +562,11 @@ Restart ==
     /\ restarts' = restarts + 1
     /\ UNCHANGED <<hs, hmode, count, requestVars>>
 
-Accepting == Live(Driver) /\ localStatus[Driver] = DONT_STOP /\ ~fatal[Driver]
+\* The guard of P-SUBMIT's acceptance on what the driver shows (phase ph, stop
+\* status ls, fatal f); read by TracePauseProtocol too (PauseProtocol.submit).
+CanSubmit(ph, ls, f) == LivePhase(ph) /\ ls = DONT_STOP /\ ~f
+
+Accepting == CanSubmit(phase[Driver], localStatus[Driver], fatal[Driver])
 
 \* P-SUBMIT: the check that the loop accepts requests and the enqueue are
 \* one atomic step: a request is either queued or rejected to its caller.

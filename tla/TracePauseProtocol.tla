@@ -20,12 +20,26 @@
 (*    and RequestStop, the two holder-side steps that read the loop's      *)
 (*    variables, are evaluated on it (the spec's own CanRequestPause and   *)
 (*    CanRequestStop, never a copy of them).                               *)
-(*  - StartStep and DrainFirst: requests are not visible to PauseProtocol  *)
-(*    (the loop owns them), so the trace runs with Requests = {};          *)
-(*    TraceStartStep is StartStep without its HasWork guard, and           *)
-(*    TraceDrainFirst is DrainFirst on a drain decision (tpPause = DRAIN)  *)
-(*    without the draining flag, which AllReduce derives from requests in  *)
-(*    flight.  Both go once traces carry requests (issue 24, point 3).     *)
+(*  - Requests: the real loop's records carry them (transformers'         *)
+(*    integration writes them; a trace without any, from a loop that owns  *)
+(*    no requests, runs with Requests = {}).  The loop's own records move   *)
+(*    them only where the spec's steps of the loop do it and the code does  *)
+(*    it in the same step: Submit (PauseProtocol.submit, the acceptance     *)
+(*    check under the protocol's lock), the failures of FailRemaining, and  *)
+(*    Broadcast.  Elsewhere the request's own records say what happened:    *)
+(*    Drain (one per request taken from the queue, just before the rank's   *)
+(*    Observe, which then drains nothing: TraceObserve) and Deliver (a      *)
+(*    terminal output handed to the caller; for a request the spec still    *)
+(*    holds, the output is made and delivered in one step: a request that   *)
+(*    finished, or failed alone).  The spec's two steps per request are an  *)
+(*    abstraction of the scheduler, which the trace does not record: its    *)
+(*    EndStep moves no request (TraceEndStep), so no request is "active",   *)
+(*    and whether the batch has requests in flight at a drain's decision    *)
+(*    is not known: TraceDrainFirst is DrainFirst on a drain decision       *)
+(*    without the draining flag.  With Requests = {}, TraceStartStep is     *)
+(*    StartStep without its HasWork guard.  NothingLostInv is checked on   *)
+(*    every state, and a trace that ends with every loop stopped must have  *)
+(*    delivered every accepted request (DeliveredAtEnd).                    *)
 (*  - HolderDies is not seen by the code when it happens: it is recorded   *)
 (*    where the protocol learns it, just before its ReleaseDeadHolder (the *)
 (*    dead thread did nothing in between, so the order is one the spec     *)
@@ -52,8 +66,14 @@ View(r) ==
 TraceInit == Init /\ i = 0 /\ lagging = {} /\ prev = [r \in Ranks |-> View(r)]
 
 TraceStartStep(r) ==
-    /\ phase[r] = "body"
-    /\ Move(r, "step")
+    IF Requests = {}
+    THEN /\ phase[r] = "body"
+         /\ Move(r, "step")
+    ELSE StartStep(r)
+
+TraceObserve(r) == ObserveLoop(r) /\ UNCHANGED requestVars
+
+TraceEndStep(r) == EndStepLoop(r) /\ UNCHANGED requestVars
 
 TraceDrainFirst(r) ==
     /\ PauseDecided(r)
@@ -82,6 +102,35 @@ TraceRequestPause(h, m) ==
     /\ CanRequestPause(Seen(r).phase, Seen(r).localStatus, fatal[r])
     /\ AskPause(h, m)
 
+\* Submit of request q, accepted (ok = 1) or refused, with the spec's guard
+\* (CanSubmit) on what the driver showed.
+TraceSubmit(q, ok) ==
+    /\ req[q] = "new"
+    /\ (ok = 1) = CanSubmit(Seen(Driver).phase, Seen(Driver).localStatus, fatal[Driver])
+    /\ req' = [req EXCEPT ![q] = IF ok = 1 THEN "queued" ELSE "rejected"]
+    /\ UNCHANGED <<loopVars, groupVars, holderVars, out, restarts>>
+
+\* The driver's loop takes request q from its queue, just before its Observe.
+TraceDrain(q) ==
+    /\ phase[Driver] = "read"
+    /\ req[q] = "queued"
+    /\ req' = [req EXCEPT ![q] = "drained"]
+    /\ UNCHANGED <<loopVars, groupVars, holderVars, out, restarts>>
+
+\* Every rank records the broadcast once it returned: the first record takes
+\* the group step, the later ones find nothing in hand.
+TraceBroadcast == IF InHand THEN Broadcast ELSE UNCHANGED vars
+
+\* A terminal output of request q reaches its caller: the output the spec made
+\* already (Deliver), or one made and delivered in the same step.
+TraceDeliver(q) ==
+    \/ Deliver(q)
+    \/ /\ req[q] \in Held
+       /\ phase[Driver] # "dead"
+       /\ req' = [req EXCEPT ![q] = "delivered"]
+       /\ out' = [out EXCEPT ![q] = out[q] + 1]
+       /\ UNCHANGED <<loopVars, groupVars, holderVars, restarts>>
+
 \* RequestStop on a lagging rank: the object's status grows from what it showed;
 \* the spec's may have grown past it already, and then the step changes nothing.
 TraceRequestStop(r, s) ==
@@ -94,7 +143,7 @@ TraceRequestStop(r, s) ==
 Step(e) ==
     LET r == e.r
         h == e.h
-    IN CASE e.a = "Observe"           -> Observe(r)
+    IN CASE e.a = "Observe"           -> TraceObserve(r)
          [] e.a = "AllReduce"         -> GroupStep(AllReduce, r, "reduce")
          [] e.a = "OpenWindow"        -> OpenWindow(r)
          [] e.a = "DrainFirst"        -> TraceDrainFirst(r)
@@ -107,7 +156,7 @@ Step(e) ==
          [] e.a = "Barrier"           -> GroupStep(Barrier, r, "barrier")
          [] e.a = "NoPause"           -> NoPause(r)
          [] e.a = "StartStep"         -> TraceStartStep(r)
-         [] e.a = "EndStep"           -> EndStep(r)
+         [] e.a = "EndStep"           -> TraceEndStep(r)
          [] e.a = "Idle"              -> Idle(r)
          [] e.a = "ExitLoop"          -> ExitLoop(r)
          [] e.a = "RequestPause"      -> TraceRequestPause(h, e.s)
@@ -123,6 +172,10 @@ Step(e) ==
          [] e.a = "FailLoop"          -> FailLoop(r)
          [] e.a = "Crash"             -> Crash(r)
          [] e.a = "Restart"           -> GroupStep(Restart, r, "stopped")
+         [] e.a = "Submit"            -> TraceSubmit(e.q, e.s)
+         [] e.a = "Drain"             -> TraceDrain(e.q)
+         [] e.a = "Broadcast"         -> TraceBroadcast
+         [] e.a = "Deliver"           -> TraceDeliver(e.q)
          [] OTHER                     -> FALSE
 
 GroupActions == {"AllReduce", "Barrier", "Restart"}
@@ -163,6 +216,13 @@ TraceNext ==
     /\ IF Log[i + 1].a \in GroupActions THEN TRUE ELSE KeepLag(Log[i + 1])
     /\ Matches(Log[i + 1])
     /\ i' = i + 1
+
+\* R-NOTHING-LOST-DELIVERED on a finite trace: once the whole log is matched and
+\* every loop has ended, every accepted request was delivered (unless the
+\* driver's process died with them).
+DeliveredAtEnd ==
+    (i = Len(Log) /\ \A r \in Ranks : phase[r] \in {"stopped", "dead"} /\ phase[Driver] # "dead")
+        => \A q \in Requests : req[q] \in {"new", "rejected", "delivered"}
 
 \* Violated exactly when the whole log has been matched: the trace is accepted.
 TraceNotAccepted == i < Len(Log)

@@ -223,6 +223,29 @@ class PauseProtocol(LoopSteps, DropInLoop):
             return "The background thread is stopping."
         return None
 
+    def submit(self, request_id: str) -> str | None:
+        """P-SUBMIT's acceptance check (``can_accept_new_requests``) under the lock, so that a recorder sees it in
+        order with the stops: why the loop refuses request ``request_id``, or None when it accepts it.  The caller
+        owns the request and enqueues an accepted one (transformers' integration does, under a lock its loop's last
+        drain takes too)."""
+        with self._lock:
+            denial = self.can_accept_new_requests()
+            self._record_request("Submit", request_id, int(denial is None))
+        return denial
+
+    def record_request(self, action: str, request_id: str = "") -> None:
+        """Write a step of a request that the loop took into the trace (``Drain``, ``Broadcast``, ``Deliver``: see
+        ``tla/TracePauseProtocol.tla``), with this rank's state, in order with its transitions.  Nothing without a
+        recorder: the requests are the loop's, and this object does not track them."""
+        if self._trace is not None:
+            with self._lock:
+                self._record_request(action, request_id, 0)
+
+    def _record_request(self, action: str, request_id: str, ok: int) -> None:
+        if self._trace is not None:
+            s = self._state
+            self._trace.record(self.trace_rank, action, (ok,), s, s, request=request_id)
+
     @property
     def pauses_taken(self) -> int:
         """Holders that entered a pause since construction (as ``metrics().pauses_taken``, without the snapshot: the

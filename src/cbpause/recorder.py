@@ -20,12 +20,17 @@ from collections.abc import Hashable
 
 from .transitions import RankState
 
-__all__ = ["HOLDER_ACTIONS", "TraceEvent", "TraceRecorder", "action_of"]
+__all__ = ["HOLDER_ACTIONS", "REQUEST_RECORDS", "TraceEvent", "TraceRecorder", "action_of"]
 
 HOLDER_ACTIONS = frozenset(
     {"RequestPause", "EnterPause", "LeavePause", "PauseFails", "Interrupt", "PauseTimeout", "HolderDies",
      "ReleaseDeadHolder"}
 )  # fmt: skip
+
+
+# The records of a request's steps (PauseProtocol.submit, .record_request): "Submit" carries the acceptance as its
+# status (1 accepted, 0 refused).
+REQUEST_RECORDS = frozenset({"Submit", "Drain", "Broadcast", "Deliver"})
 
 
 def action_of(function_name: str) -> str:
@@ -42,6 +47,7 @@ class TraceEvent:
     state: RankState  # the rank's state after the step
     holder_state: str = ""  # the holder's state after a holder action ("waiting", "inside", "idle")
     time_ns: int = 0  # time.monotonic_ns() under the protocol's lock: orders the records of several processes
+    request: str = ""  # the request's id, for a request's record (REQUEST_RECORDS)
 
 
 class TraceRecorder:
@@ -67,10 +73,10 @@ class TraceRecorder:
             return self.first_rank + self.n_ranks - 1
 
     def record(self, rank: int, function_name: str, args: tuple, before: RankState, after: RankState,
-               holder: Hashable = None, holder_state: str = "") -> None:  # fmt: skip
+               holder: Hashable = None, holder_state: str = "", request: str = "") -> None:  # fmt: skip
         """One transition of rank ``rank``; ``holder`` identifies the holder of a holder action, ``holder_state``
-        is its state after the step."""
-        action = action_of(function_name)
+        is its state after the step; ``request`` the request of a request's record (named by its action)."""
+        action = function_name if function_name in REQUEST_RECORDS else action_of(function_name)
         index = None
         with self._lock:
             if action in HOLDER_ACTIONS:
@@ -79,7 +85,8 @@ class TraceRecorder:
                 if index is None:
                     self.holder_rank.append(rank)
                     index = self._holders[key] = len(self.holder_rank) - 1
-            # The argument a record carries: the stop status of RequestStop, the mode of RequestPause.
-            status = int(args[0]) if action in ("RequestStop", "RequestPause") and args else 0
-            event = TraceEvent(action, rank, index, status, after, holder_state, time.monotonic_ns())
+            # The argument a record carries: the stop status of RequestStop, the mode of RequestPause, whether Submit
+            # accepted.
+            status = int(args[0]) if action in ("RequestStop", "RequestPause", "Submit") and args else 0
+            event = TraceEvent(action, rank, index, status, after, holder_state, time.monotonic_ns(), request)
             self.events.append(event)

@@ -37,6 +37,8 @@ class Admission:
     background_thread_status: Any
     output_router: Any
     while_paused: str
+    is_tp_driver: bool
+    _live_ids: set[str]
 
     def refuse_while_paused(self) -> None:
         """R-ADMISSION: with ``while_paused="reject"``, ``LoopPausedError`` while a holder of this rank (the TP
@@ -46,6 +48,27 @@ class Admission:
                 "the generation loop is paused (or a pause is asked) and this manager was built with "
                 "while_paused='reject': nothing was enqueued; retry once the pause is over"
             )
+
+    def enqueue(self, prompt: list[int], request_id: str, max_new_tokens: int | None, *args: Any, **kwargs: Any) -> Any:
+        """P-SUBMIT for a checked request, under ``add_request``'s submit lock: the protocol's acceptance check
+        (``PauseProtocol.submit``, which a trace records in order with the stops), then upstream's enqueue.  The id
+        joins ``_live_ids`` before the enqueue (the loop may deliver the output at once) and leaves it if upstream
+        refuses after all; that refusal is the caller's answer, its terminal output in the trace."""
+        if not self.is_tp_driver:  # upstream's no-op
+            return super().add_request(prompt, request_id, max_new_tokens, *args, **kwargs)  # type: ignore[misc]
+        denial = self.background_thread_status.submit(request_id)
+        if denial is not None:
+            _api.logger.warning(f"{denial}. Request {request_id!r} will be dropped.")
+            return None
+        self._live_ids.add(request_id)
+        added = None
+        try:
+            added = super().add_request(prompt, request_id, max_new_tokens, *args, **kwargs)  # type: ignore[misc]
+        finally:
+            if added is None:  # refused (a stop came since the check), or the enqueue raised
+                self._live_ids.discard(request_id)
+                self.background_thread_status.record_request("Deliver", request_id)
+        return added
 
     def get_result(self, request_id: str | None = None, timeout: float | None = None) -> Any:
         """Upstream's ``get_result``; from inside the caller's own pause, a wait without a timeout on an empty
@@ -94,13 +117,20 @@ def checked_max_new_tokens(max_new_tokens: Any) -> int | None:
 
 class TrackingRouter(_api.OutputRouter):
     """Upstream's output router, which also forgets each request id once its terminal output is delivered (the ids
-    in ``live`` are the requests in flight, which ``add_request`` refuses to reuse), and gives every output its
-    ``weight_versions`` spans (:class:`cbpause.integrations.weights.WeightVersions`)."""
+    in ``live`` are the requests in flight, which ``add_request`` refuses to reuse), records the delivery in the
+    driver's trace (``Deliver``), and gives every output its ``weight_versions`` spans
+    (:class:`cbpause.integrations.weights.WeightVersions`)."""
 
     def __init__(self, live: set[str], versions: Any) -> None:
         super().__init__()
         self.live = live
         self.versions = versions
+        self.status: Any = None  # the driver's PauseProtocol, which writes each terminal output into its trace
+
+    def _delivered(self, request_id: str) -> None:
+        self.live.discard(request_id)
+        if self.status is not None:
+            self.status.record_request("Deliver", request_id)
 
     def _label(self, output: Any) -> bool:
         finished = output.is_finished()
@@ -111,14 +141,14 @@ class TrackingRouter(_api.OutputRouter):
         finished = self._label(output)
         super().deliver(output)
         if finished:
-            self.live.discard(output.request_id)
+            self._delivered(output.request_id)
 
     def deliver_batch(self, outputs: list) -> None:
         finished = [self._label(output) for output in outputs]
         super().deliver_batch(outputs)
         for output, done in zip(outputs, finished, strict=True):
             if done:
-                self.live.discard(output.request_id)
+                self._delivered(output.request_id)
 
 
 def cache_capacity(processor: Any) -> int | None:

@@ -98,6 +98,8 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             payload = ([], [])
         # end of copy
         in_hand = payload[0]  # an abort at the decision empties it
+        for state in in_hand:  # TracePauseProtocol's Drain, just before the Observe
+            status.record_request("Drain", state.request_id)
         try:
             payload_size, hard_stopping = self._group_decision(status, len(payload[0]) + len(payload[1]), in_hand)
             if hard_stopping:
@@ -109,6 +111,8 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             new_states, cancellations = self.distributed_helper.tp_broadcast_object_from_rank_0(payload)
             # end of copy
             in_hand = list(new_states)
+            if in_hand:
+                status.record_request("Broadcast")  # P-BROADCAST, on every rank once its collective returned
             while in_hand:  # each leaves the hand once the scheduler has it, or once it failed alone (as upstream)
                 state = in_hand[0]
                 # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
@@ -263,6 +267,8 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         self._live_ids: set[str] = set()
         self.weight_versions = weights.WeightVersions()  # the version in force, and each request's spans
         self.output_router = admission.TrackingRouter(self._live_ids, self.weight_versions)
+        if self.is_tp_driver:  # the requests are the driver's; the other ranks' outputs are copies nobody reads
+            self.output_router.status = status
 
     def add_request(
         self,
@@ -303,14 +309,7 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
                         self._request_counter += 1
             elif request_id in self._live_ids:
                 raise ValueError(f"request_id {request_id!r} is already in use by a request in flight")
-            self._live_ids.add(request_id)  # before the enqueue: the loop may deliver its output at once
-            added = None
-            try:
-                added = super().add_request(prompt, request_id, max_new_tokens, *args, **kwargs)
-            finally:
-                if added is None:  # refused (the loop does not accept requests), or the enqueue raised
-                    self._live_ids.discard(request_id)
-            return added
+            return self.enqueue(prompt, request_id, max_new_tokens, *args, **kwargs)
 
     def _fail_all_remaining_requests(self, error: Exception, batch_processor: Any) -> None:
         with self._submit_lock:  # the loop's last drain (see add_request)

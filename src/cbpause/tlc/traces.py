@@ -19,6 +19,7 @@ view); ``tla/TracePauseProtocol.tla`` checks them all.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import shutil
 import tempfile
@@ -38,6 +39,7 @@ __all__ = [
     "event_from_json",
     "event_to_json",
     "merge",
+    "request_numbers",
     "validate",
     "write_trace",
 ]
@@ -130,10 +132,25 @@ def _state(s: RankState) -> str:
     return "[" + ", ".join(f"{k} |-> {_tla(v)}" for k, v in fields.items()) + "]"
 
 
-def _record(e: TraceEvent) -> str:
+def _record(e: TraceEvent, request: int) -> str:
     holder = 0 if e.holder is None else tla_number(e.holder)
     rank, action, hs = tla_number(e.rank), _tla(e.action), _tla(e.holder_state)
-    return f"[a |-> {action}, r |-> {rank}, h |-> {holder}, hs |-> {hs}, s |-> {e.status}, v |-> {_state(e.state)}]"
+    return (f"[a |-> {action}, r |-> {rank}, h |-> {holder}, hs |-> {hs}, s |-> {e.status}, q |-> {request}, "
+            f"v |-> {_state(e.state)}]")  # fmt: skip
+
+
+def request_numbers(events: Sequence[TraceEvent]) -> list[int]:
+    """The TLA+ number of each record's request (0 for a record of none): requests are numbered from 1 in the order
+    of their ``Submit``; an id submitted again (after its request was delivered) names a new request, and an id
+    never submitted gets a number of its own (its records then match no step: the trace is rejected)."""
+    numbers: list[int] = []
+    current: dict[str, int] = {}
+    counter = itertools.count(1)
+    for e in events:
+        if e.request and (e.action == "Submit" or e.request not in current):
+            current[e.request] = next(counter)
+        numbers.append(current[e.request] if e.request else 0)
+    return numbers
 
 
 def _tla_set(numbers: Sequence[int]) -> str:
@@ -152,7 +169,9 @@ def write_trace(
     events = recorder.events if events is None else events
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    log = "<<\n    " + ",\n    ".join(_record(e) for e in events) + "\n>>" if events else "<< >>"
+    requests = request_numbers(events)
+    log = "<<\n    " + ",\n    ".join(_record(e, q) for e, q in zip(events, requests, strict=True)) + "\n>>"
+    log = log if events else "<< >>"
     rank_of = "<<" + ", ".join(str(tla_number(r)) for r in recorder.holder_rank) + ">>"
     module = directory / f"{name}.tla"
     module.write_text(
@@ -171,11 +190,13 @@ def write_trace(
         f"    Ranks = {ranks}\n"
         f"    Holders = {holders}\n"
         "    RankOf <- TraceRankOf\n"
-        "    Requests = {}\n"
+        f"    Requests = {_tla_set(sorted(set(requests) - {0}))}\n"
         "    Modes = {1, 2, 3, 4}\n"
         "    Log <- TraceLog\n"
         "INIT TraceInit\n"
         "NEXT TraceNext\n"
+        "INVARIANT NothingLostInv\n"
+        "INVARIANT DeliveredAtEnd\n"
         "INVARIANT TraceNotAccepted\n"
     )
     return module, cfg
@@ -188,6 +209,7 @@ class TraceResult:
     matched: int  # events matched (all of them when accepted)
     states: int | None  # distinct states TLC explored
     output: str
+    violated: str = ""  # the spec's invariant a rejected trace broke on the way (NothingLostInv, DeliveredAtEnd)
 
 
 def validate(
@@ -206,10 +228,11 @@ def validate(
     write_trace(recorder, workdir, name, events)
     run = run_tlc(name, f"{name}.cfg", workdir, mode="trace")
     accepted = run.outcome == "invariant:TraceNotAccepted"
-    if not accepted and run.outcome != "ok":
+    violated = run.outcome.split(":", 1)[1] if run.outcome.startswith("invariant:") and not accepted else ""
+    if not accepted and not violated and run.outcome != "ok":
         raise RuntimeError(f"TLC could not check the trace ({run.outcome}):\n{run.output[-3000:]}")
     matched = len(events) if accepted else (run.depth - 1 if run.depth else 0)
-    return TraceResult(accepted, len(events), matched, run.distinct_states, run.output)
+    return TraceResult(accepted, len(events), matched, run.distinct_states, run.output, violated)
 
 
 def describe_rejection(
@@ -219,8 +242,12 @@ def describe_rejection(
     events = recorder.events if events is None else events
     k = result.matched  # index of the first unmatched event
     lines = [f"holders' ranks: {recorder.holder_rank}"]
+    if result.violated:
+        lines.append(f"the trace breaks {result.violated} after record {k}")
     for n in range(max(0, k - 6), min(len(events), k + 2)):
         e = events[n]
         mark = ">>" if n == k else "  "
-        lines.append(f"{mark} {n + 1:4} {e.action}(rank {e.rank}, holder {e.holder}, status {e.status}) -> {e.state}")
+        request = f", request {e.request!r}" if e.request else ""
+        lines.append(f"{mark} {n + 1:4} {e.action}(rank {e.rank}, holder {e.holder}, status {e.status}{request}) -> "
+                     f"{e.state}")  # fmt: skip
     return "\n".join(lines)
