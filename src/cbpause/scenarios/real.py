@@ -21,6 +21,7 @@ import os
 import random
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,20 @@ class Campaign:
             self.problems.append(f"{name}: lost={info['lost']} duplicated={info['duplicated']}")
         self.problems += [f"{name} ({info['plan']}): {e}" for e in info["errors"]]
 
+    def tp_scenario(self, plan: str, checkpoint: str, seed: int, name: str) -> dict:
+        """Run TP=2 plan ``plan`` on ``checkpoint``, validate its trace, count it; what happened."""
+        trace, info = run_tp(plan, checkpoint, seed, self.workdir)
+        self.tp2 += 1
+        self.real += 1
+        self.check(trace, info, name, 2)
+        return info
+
+    def single_scenario(self, model: Any, probe: Any, plan: Sequence[tuple[str, Any]], seed: int, name: str) -> None:
+        """Run a single-rank plan on ``model``, validate its trace, count it."""
+        trace, info = run_single(model, probe, list(plan), seed)
+        self.real += 1
+        self.check(trace, info, name, 1)
+
     def line(self) -> str:
         return (f"traces: real={self.real} tp2={self.tp2} validated={self.validated} rejected={self.rejected} "
                 f"steps={self.steps}")  # fmt: skip
@@ -145,6 +160,24 @@ def record(path: Path, options: str, started: str, campaign: Campaign, closing: 
     path.write_text("\n".join(lines) + "\n")
 
 
+def _model(workdir: Path, seed: int) -> tuple[Any, str]:
+    """The tiny random model of a campaign, and the checkpoint its TP=2 ranks load."""
+    from ..testing import tiny_llama
+
+    model = tiny_llama("cpu", seed)
+    checkpoint = str(workdir / "ckpt")
+    model.save_pretrained(checkpoint)
+    return model, checkpoint
+
+
+def _probed(model: Any) -> Any:
+    from ..testing import ForwardProbe
+
+    probe = ForwardProbe()
+    probe.attach(model)
+    return probe
+
+
 def repeat_plans(args: argparse.Namespace, rng: random.Random, began: float) -> int:
     """``--plans P --repeat N``: the TP=2 plans matching ``P``, each ``N`` times, every trace validated; one line per
     plan.  Exits 1 on any lost or duplicated request, rejected trace, hang or scenario error."""
@@ -154,18 +187,12 @@ def repeat_plans(args: argparse.Namespace, rng: random.Random, began: float) -> 
         return 2
     per_plan: dict[str, collections.Counter] = {plan: collections.Counter() for plan in plans}
     with tempfile.TemporaryDirectory(prefix="cbpause-real-traces-") as tmp:
-        from ..testing import tiny_llama
-
         campaign = Campaign(args.tla_dir or default_tla_dir(), Path(tmp))
-        checkpoint = str(Path(tmp, "ckpt"))
-        tiny_llama("cpu", rng.randrange(1000)).save_pretrained(checkpoint)
+        _, checkpoint = _model(Path(tmp), rng.randrange(1000))
         for n in range(args.repeat):
             for plan in plans:
-                trace, info = run_tp(plan, checkpoint, rng.randrange(2**31), Path(tmp))
-                campaign.tp2 += 1
-                campaign.real += 1
                 rejected, problems = campaign.rejected, len(campaign.problems)
-                campaign.check(trace, info, f"tp2 {plan} #{n + 1}", 2)
+                info = campaign.tp_scenario(plan, checkpoint, rng.randrange(2**31), f"tp2 {plan} #{n + 1}")
                 counts = per_plan[plan]
                 counts["runs"] += 1
                 counts["validated"] += campaign.rejected == rejected
@@ -187,32 +214,20 @@ def repeat_plans(args: argparse.Namespace, rng: random.Random, began: float) -> 
 def covering(tla_dir: Path, workdir: Path, seed: int) -> Campaign:
     """The covering subset: :data:`COVERING_TP` at TP=2 and :data:`COVERING_SINGLE` on one rank, every trace
     validated; the campaign's figures (``coverage``, ``problems``, ``rejected``) say how it went."""
-    from ..testing import ForwardProbe, tiny_llama
-
     quiet_logs()
     rng = random.Random(seed)
     campaign = Campaign(tla_dir, workdir)
-    model = tiny_llama("cpu", seed % 1000)
-    checkpoint = str(workdir / "ckpt")
-    model.save_pretrained(checkpoint)
+    model, checkpoint = _model(workdir, seed % 1000)
     for plan in COVERING_TP:
-        trace, info = run_tp(plan, checkpoint, rng.randrange(2**31), workdir)
-        campaign.tp2 += 1
-        campaign.real += 1
-        campaign.check(trace, info, f"tp2 {plan}", 2)
-    probe = ForwardProbe()
-    probe.attach(model)
+        campaign.tp_scenario(plan, checkpoint, rng.randrange(2**31), f"tp2 {plan}")
+    probe = _probed(model)
     for n, plan in enumerate(COVERING_SINGLE):
-        trace, info = run_single(model, probe, list(plan), rng.randrange(2**31))
-        campaign.real += 1
-        campaign.check(trace, info, f"single {n}", 1)
+        campaign.single_scenario(model, probe, plan, rng.randrange(2**31), f"single {n}")
     return campaign
 
 
 def main(args: argparse.Namespace) -> int:
     """A campaign of ``args.count`` scenarios (at least the TP=2 plans), from ``args.seed``."""
-    from ..testing import ForwardProbe, tiny_llama
-
     quiet_logs()
     master = args.seed if args.seed is not None else random.randrange(2**32)
     rng = random.Random(master)
@@ -223,20 +238,13 @@ def main(args: argparse.Namespace) -> int:
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="cbpause-real-traces-") as tmp:
         campaign = Campaign(args.tla_dir or default_tla_dir(), Path(tmp))
-        model = tiny_llama("cpu", master % 1000)
-        checkpoint = str(Path(tmp, "ckpt"))
-        model.save_pretrained(checkpoint)
+        model, checkpoint = _model(Path(tmp), master % 1000)
         for plan in TP_PLANS[: len(TP_PLANS) if args.tp is None else max(args.tp, 0)]:
-            trace, info = run_tp(plan, checkpoint, rng.randrange(2**31), Path(tmp))
-            campaign.tp2 += 1
-            campaign.real += 1
-            campaign.check(trace, info, f"tp2 {plan}", 2)
-        probe = ForwardProbe()
-        probe.attach(model)
+            campaign.tp_scenario(plan, checkpoint, rng.randrange(2**31), f"tp2 {plan}")
+        probe = _probed(model)
         for n in range(max(args.count - campaign.tp2, 0)):
-            trace, info = run_single(model, probe, choose_plan(rng, campaign.coverage, 3), rng.randrange(2**31))
-            campaign.real += 1
-            campaign.check(trace, info, f"single {n}", 1)
+            plan = choose_plan(rng, campaign.coverage, 3)
+            campaign.single_scenario(model, probe, plan, rng.randrange(2**31), f"single {n}")
             if (n + 1) % 10 == 0:
                 print(f"  {campaign.line()} ({time.monotonic() - began:.0f} s)", flush=True)
     for problem in campaign.problems:
