@@ -12,7 +12,7 @@ import functools
 from collections.abc import Iterable
 
 from .. import group as gr
-from ..recorder import HOLDER_ACTIONS, TraceEvent
+from ..recorder import HOLDER_ACTIONS, REQUEST_RECORDS, TraceEvent
 from ..tlc.conformance import FAST_MODEL_SHAPES, explore
 
 __all__ = ["Coverage", "spec_transitions", "trace_transitions"]
@@ -22,7 +22,8 @@ GROUP_STEPS = {"AllReduce": ("reduce", "decided"), "Barrier": ("barrier", "body"
 # A holder's death is recorded where the protocol learns it, before the release (the loop's window, or a clear() of
 # a stopped loop): at another phase it is the same step, unobservable until then.
 DEATH_LEARNED = ("window", "stopped")
-# Requests are not the protocol object's: the traces have none, and these actions are checked by TLC alone.
+# A request's steps move no rank's phase: not transitions of one rank.  The real loop's traces carry them (the
+# records of cbpause.recorder.REQUEST_RECORDS), and TLC checks them there.
 REQUEST_ACTIONS = frozenset({"Submit", "Broadcast", "Deliver"})
 
 
@@ -60,6 +61,8 @@ def trace_transitions(events: Iterable[TraceEvent], n_ranks: int) -> set[Transit
                     if phase[q] == before:
                         found.add((before, e.action, after))
                         phase[q] = after
+        elif e.action in REQUEST_RECORDS:
+            continue
         elif e.action in HOLDER_ACTIONS or e.action == "RequestStop":
             found.add((phase[e.rank], e.action, phase[e.rank]))
         else:
