@@ -126,15 +126,20 @@ def test_a_context_manager_collected_on_another_thread_releases_its_hold(manager
         entered.set()
         done.wait(WAIT)  # the holder stays alive: only the collector can release its hold
 
+    # transformers' continuous-batching logger does not propagate to the root logger (unless another test made it):
+    # caplog listens on it directly, so this test passes alone as in the whole suite.
+    cb_logger = cbt._api.logger
+    cb_logger.addHandler(caplog.handler)
     gc.disable()
     try:
         thread, box = run_thread(holder, name="holder-of-a-cycle")
         assert entered.wait(WAIT)
         assert manager.background_thread_status.state.inside == 1
-        with caplog.at_level(logging.ERROR, logger="transformers"):
+        with caplog.at_level(logging.ERROR, logger=cb_logger.name):
             gc.collect()
     finally:
         gc.enable()
+        cb_logger.removeHandler(caplog.handler)
         done.set()
         thread.join(JOIN_TIMEOUT)
     assert "error" not in box
