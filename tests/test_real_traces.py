@@ -27,15 +27,20 @@ from .conftest import TLA_DIR  # noqa: E402
 pytestmark = pytest.mark.tlc
 
 
-@pytest.fixture(scope="module")
-def real_trace() -> Trace:
+def recorded(plan: list) -> Trace:
+    """One single-rank scenario of ``plan`` on the real loop (seed 7), which must lose nothing: its trace."""
     quiet_logs()
     model = tiny_llama("cpu", 7)
     probe = ForwardProbe()
     probe.attach(model)
-    trace, info = run_single(model, probe, [("holders", None), ("request_at", "step")], seed=7)
+    trace, info = run_single(model, probe, plan, seed=7)
     assert info["errors"] == [] and info["lost"] == 0 and info["duplicated"] == 0, info
     return trace
+
+
+@pytest.fixture(scope="module")
+def real_trace() -> Trace:
+    return recorded([("holders", None), ("request_at", "step")])
 
 
 def altered(trace: Trace, events: list) -> Trace:
@@ -96,13 +101,7 @@ def test_a_real_trace_whose_loop_ends_with_an_accepted_request_undelivered_is_re
 @pytest.fixture(scope="module")
 def hard_stop_trace() -> Trace:
     """A hard stop while requests are in the batch (then a restart): their failed outputs come after ExitLoop."""
-    quiet_logs()
-    model = tiny_llama("cpu", 7)
-    probe = ForwardProbe()
-    probe.attach(model)
-    trace, info = run_single(model, probe, [("stop_at", "step")], seed=7)
-    assert info["errors"] == [] and info["lost"] == 0 and info["duplicated"] == 0, info
-    return trace
+    return recorded([("stop_at", "step")])
 
 
 def test_a_real_trace_that_ends_with_a_failed_request_undelivered_is_rejected(hard_stop_trace, tmp_path, tlc_ready):
