@@ -119,3 +119,10 @@ def test_trace_validation_follows_a_guard_changed_in_the_spec(tla_copy, tmp_path
     trace = pause_after_stop_trace(FLUSH_AND_STOP)
     assert validate(trace, tla_copy, tmp_path / "loose").accepted
     assert not validate(trace, TLA_DIR, tmp_path / "strict").accepted
+
+
+def test_a_request_record_keeps_its_action_name():
+    """PauseProtocol records a request's step under its TLA+ action name, which action_of leaves as it is."""
+    from cbpause.recorder import REQUEST_RECORDS, action_of
+
+    assert all(action_of(a) == a for a in REQUEST_RECORDS)

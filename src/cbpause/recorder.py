@@ -76,7 +76,7 @@ class TraceRecorder:
                holder: Hashable = None, holder_state: str = "", request: str = "") -> None:  # fmt: skip
         """One transition of rank ``rank``; ``holder`` identifies the holder of a holder action, ``holder_state``
         is its state after the step; ``request`` the request of a request's record (named by its action)."""
-        action = function_name if function_name in REQUEST_RECORDS else action_of(function_name)
+        action = action_of(function_name)  # a request's record is named by its action already: unchanged
         index = None
         with self._lock:
             if action in HOLDER_ACTIONS:
