@@ -20,7 +20,7 @@ import pytest
 from .conftest import ROOT
 
 SRC = ROOT / "src" / "cbpause"
-CORE = {"__init__", "dropin", "errors", "group", "loop", "protocol", "recorder", "transitions"}
+CORE = {"__init__", "arguments", "dropin", "errors", "group", "loop", "protocol", "recorder", "transitions"}
 APPLICATIONS = {"bench", "soak", "demo", "scenarios"}
 
 

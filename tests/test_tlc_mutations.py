@@ -74,3 +74,44 @@ def test_removing_the_window_guard_breaks_exclusion(tla_copy, tlc_ready):
     )
     assert result.outcome == "invariant:ExclusionInv", result.run.output[-2000:]
     assert "EnterPause" in format_trace(result.run.trace)
+
+
+def test_removing_the_window_closes_guard_brings_d11_back(tla_copy, tlc_ready):
+    """Without `~closing[r]` in RequestPause two holders that take turns keep the window open for ever, and the
+    request in flight is never delivered, though each holder leaves every time (D11, R-WINDOW-CLOSES)."""
+    remove_guard(tla_copy, "window-closes")
+    body = ONE_RANK_ONE_HOLDER.replace("Holders = {1}", "Holders = {1, 2}").replace(
+        "RankOf <- OneHolderOnRankOne", "RankOf <- OneRankTwoHolders").replace("Requests = {}", "Requests = {1}")
+    cfg = write_cfg(tla_copy, "wc.cfg", body.replace('Faults = {"interrupt", "stop"}', "Faults = {}")
+                    + "PROPERTY NothingLostProp\n")  # fmt: skip
+    model = Model("wc", "MCPauseProtocol", cfg, "fast", "property:NothingLostProp")
+    result = run_model(model, tla_copy, workers=1)
+    assert result.outcome == "property:NothingLostProp", result.run.output[-2000:]
+    assert "LeavePause" in format_trace(result.run.trace)
+
+
+def remove_conjunct(tla_dir: Path, module: str, definition: str, conjunct: str) -> None:
+    """Drop the line ``/\\ conjunct`` from ``definition`` in ``module``."""
+    path = tla_dir / f"{module}.tla"
+    text = path.read_text()
+    head, _, rest = text.partition(f"\n{definition} ==\n")
+    body, sep, tail = rest.partition("\n\n")
+    line = f"    /\\ {conjunct}\n"
+    assert (body + "\n").count(line) == 1, f"{definition} has no conjunct {conjunct}"
+    path.write_text(head + f"\n{definition} ==\n" + (body + "\n").replace(line, "").rstrip("\n") + sep + tail)
+
+
+def test_ind_inv_is_inductive_and_fails_without_its_mode_conjunct(tla_copy, tlc_ready):
+    """IndInv is inductive with every mode and the death fault (one step from every state of its bounds); without
+    ModeWindowInv it is not: a keep holder enters a DRAIN window with a request in flight (issue 25)."""
+    model = Model("ind", "MCPauseProtocolInd", "MCPauseProtocolInd_1r1h.cfg", "fast", "ok")
+    result = run_model(model, tla_copy, workers=1)
+    assert result.outcome == "ok", result.run.output[-2000:]
+    for definition in ("IndInv", "IndInit"):  # IndInit is IndTypeOK /\ IndInv, written out
+        remove_conjunct(tla_copy, "MCPauseProtocolInd", definition, "ModeWindowInv")
+    cfg = (tla_copy / "MCPauseProtocolInd_1r1h.cfg").read_text()
+    write_cfg(tla_copy, "ind-.cfg", cfg[: cfg.index("INVARIANTS")] + "INVARIANT ModeInv\n")
+    broken = Model("ind-", "MCPauseProtocolInd", "ind-.cfg", "fast", "invariant:ModeInv")
+    result = run_model(broken, tla_copy, workers=1)
+    assert result.outcome == "invariant:ModeInv", result.run.output[-2000:]
+    assert "EnterPause" in format_trace(result.run.trace)

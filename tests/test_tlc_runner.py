@@ -255,3 +255,27 @@ def test_the_models_table_of_the_docs_states_the_manifest_counts():
         assert stated == (model.distinct_states, model.total_states), (cells[0], stated)
         checked += 1
     assert checked >= 15, f"only {checked} rows of docs/tlc.md's table read: has its layout changed?"
+
+
+def test_the_sizes_table_of_the_docs_is_generated():
+    """docs/tlc.md's table of the largest sizes checked per property is what cbpause.tlc.sizes prints from the
+    manifest and the cfgs (regenerate: ``python -m cbpause.tlc.sizes``)."""
+    from cbpause.tlc.sizes import sizes_table
+
+    from .conftest import ROOT, TLA_DIR
+
+    doc = (ROOT / "docs" / "tlc.md").read_text()
+    stated = doc[doc.index("<!-- sizes:begin -->\n") + len("<!-- sizes:begin -->\n") : doc.index("<!-- sizes:end -->")]
+    assert stated == sizes_table(TLA_DIR)
+
+
+def test_every_counted_model_has_a_row_in_the_docs():
+    """A model whose counts the manifest records is in docs/tlc.md's table of models (the counts test reads it)."""
+    from cbpause.tlc.manifest import load_manifest
+
+    from .conftest import ROOT, TLA_DIR
+
+    doc = (ROOT / "docs" / "tlc.md").read_text()
+    rows = {line.strip().strip("|").split("|")[0].strip() for line in doc.splitlines() if line.startswith("| ")}
+    missing = [m.name for m in load_manifest(TLA_DIR) if m.distinct_states is not None and m.name not in rows]
+    assert missing == []

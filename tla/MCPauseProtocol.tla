@@ -71,6 +71,9 @@ OneHolderOnRankOne == [h \in {1} |-> 1]
 OneRankTwoHolders == [h \in {1, 2} |-> 1]
 TwoRanksOneHolderEach == [h \in {1, 2} |-> h]
 ThreeRanksOneHolderEach == [h \in {1, 2, 3} |-> h]
+OneRankThreeHolders == [h \in {1, 2, 3} |-> 1]
+\* Two ranks, one holder on rank 1 and two on rank 2.
+TwoRanksOneAndTwoHolders == [h \in {1, 2, 3} |-> IF h = 1 THEN 1 ELSE 2]
 
 -----------------------------------------------------------------------------
 (* Witnesses: properties that must FAIL, to show the models are not       *)
@@ -105,4 +108,27 @@ NeverAbortsWitness ==
 \* would clear an error).
 NeverDeliveredWitness ==
     \A i \in Requests : ~(req[i] = "delivered" /\ restarts = 0 /\ \A r \in Ranks : ~fatal[r])
+
+\* Holders of every rank are inside one window at once (two ranks: both; three
+\* ranks: the third too).
+NeverAllRanksInsideWitness ==
+    ~\A r \in Ranks : \E h \in HoldersOf(r) : hs[h] = "inside" /\ phase[r] = "window"
+
+\* A window does close to newcomers: a holder left it while another remained
+\* (R-WINDOW-CLOSES).
+NeverClosingWitness == \A r \in Ranks : ~closing[r]
+
+\* A stronger mode is granted with a weaker holder in the same window: the
+\* keep holder came to the window the stronger one got (it did not keep it).
+NeverStrongerGrantedWitness ==
+    ~\E h, k \in Holders :
+        /\ hs[h] = "inside" /\ hmode[h] > KEEP
+        /\ hs[k] = "inside" /\ hmode[k] = KEEP
+
+\* A request is delivered while holders keep pausing (one waits or is inside),
+\* with no fatal error and no restart.
+NeverDeliveredWhilePausingWitness ==
+    ~\E i \in Requests :
+        /\ req[i] = "delivered" /\ restarts = 0 /\ \A r \in Ranks : ~fatal[r]
+        /\ \E h \in Holders : hs[h] \in {"waiting", "inside"}
 =============================================================================

@@ -7,22 +7,34 @@
 (* EntryNext is MCSpec's next-state relation with the counter's update     *)
 (* conjoined, so the behaviours are MCSpec's.  Safety only: no fairness.   *)
 (*                                                                         *)
-(* The bound: the holder's own rank starts at most one forward step (the   *)
-(* one of the iteration whose observation came before the request; the     *)
-(* next observation sees the request, and the group pauses).  A peer rank  *)
-(* may start two: the all-reduce lets a peer lag one iteration behind, so  *)
-(* it may still have its step of the previous iteration to run.  The      *)
-(* counter saturates at 3, which is past both bounds.                      *)
+(* The bound, per mode (R-BOUNDED-ENTRY): the holder's own rank starts at  *)
+(* most one forward step (the one of the iteration whose observation came  *)
+(* before the request; the next observation sees the request, and the      *)
+(* group pauses: in KEEP, in RETRACT (the KV freed at the decision) and in *)
+(* ABORT (the batch ended at the decision), without a step), plus, if the  *)
+(* group agreed a DRAIN while the holder waited (its own, or a stronger   *)
+(* holder's that it waits for), the steps the batch needs to finish: the   *)
+(* drain admits nothing and opens its window once the batch is empty;      *)
+(* that is two in the model (a request ends at its second step).  A peer   *)
+(* rank may start one step more: the all-reduce lets a peer lag one        *)
+(* iteration behind, so it may still have its step of the previous         *)
+(* iteration to run.  sawDrain[h] records whether a drain was agreed       *)
+(* during h's wait.  The counter saturates at 5, past every bound.         *)
 (***************************************************************************)
 EXTENDS MCPauseProtocol
 
-VARIABLE entrySteps   \* [Holders -> [Ranks -> 0..3]]; all 0 while a holder does not wait
+VARIABLES
+    entrySteps,   \* [Holders -> [Ranks -> 0..5]]; all 0 while a holder does not wait
+    sawDrain      \* [Holders -> BOOLEAN]: a drain was agreed while the holder waited
 
-entryVars == <<vars, entrySteps>>
+entryVars == <<vars, entrySteps, sawDrain>>
 
 NoEntrySteps == [r \in Ranks |-> 0]
 
-EntryInit == Init /\ entrySteps = [h \in Holders |-> NoEntrySteps]
+EntryInit ==
+    /\ Init
+    /\ entrySteps = [h \in Holders |-> NoEntrySteps]
+    /\ sawDrain = [h \in Holders |-> FALSE]
 
 \* A rank that starts a forward step counts it for every holder still
 \* waiting after the step; a holder that does not wait has no count.
@@ -32,22 +44,35 @@ EntryGhost ==
             IF hs'[h] # "waiting" THEN NoEntrySteps
             ELSE [q \in Ranks |->
                     IF phase[q] = "body" /\ phase'[q] = "step"
-                    THEN IF entrySteps[h][q] < 3 THEN entrySteps[h][q] + 1 ELSE 3
+                    THEN IF entrySteps[h][q] < 5 THEN entrySteps[h][q] + 1 ELSE 5
                     ELSE entrySteps[h][q]]]
 
-EntryNext == (SystemNext \/ MCEnvironmentNext) /\ EntryGhost
+DrainGhost ==
+    sawDrain' = [h \in Holders |-> hs'[h] = "waiting" /\ (sawDrain[h] \/ \E q \in Ranks : draining'[q])]
+
+EntryNext == (SystemNext \/ MCEnvironmentNext) /\ EntryGhost /\ DrainGhost
 
 EntrySpec == EntryInit /\ [][EntryNext]_entryVars
 
-EntryTypeOK == entrySteps \in [Holders -> [Ranks -> 0..3]]
+EntryTypeOK == entrySteps \in [Holders -> [Ranks -> 0..5]] /\ sawDrain \in [Holders -> BOOLEAN]
 
-\* R-BOUNDED-ENTRY.
+\* The forward steps a batch needs to finish, at most: two per request in
+\* the model (P-END-STEP), run together in one batch.
+BatchSteps == 2
+
+\* R-BOUNDED-ENTRY, per mode: what the holder's own rank may start while h waits.
+OwnEntrySteps(h) == 1 + (IF sawDrain[h] THEN BatchSteps ELSE 0)
+
 BoundedEntryInv ==
     \A h \in Holders : \A q \in Ranks :
-        entrySteps[h][q] <= (IF q = RankOf[h] THEN 1 ELSE 2)
+        entrySteps[h][q] <= OwnEntrySteps(h) + (IF q = RankOf[h] THEN 0 ELSE 1)
 
 \* Witnesses (must fail): a rank does step while a holder waits, and a peer
 \* rank does step twice (the exception is needed).
 NeverStepsWhileWaitingWitness == \A h \in Holders : entrySteps[h] = NoEntrySteps
 NeverTwoPeerStepsWitness == \A h \in Holders : \A q \in Ranks : entrySteps[h][q] <= 1
+\* A drain does take its whole bound: its rank steps the batch to its end.
+NeverDrainsTheBatchWitness ==
+    \A h \in Holders : sawDrain[h] => entrySteps[h][RankOf[h]] < 1 + BatchSteps
+
 =============================================================================

@@ -8,6 +8,12 @@
 (* holds in every state of those bounds that satisfies IndInv, not only in *)
 (* the states TLC reaches from Init; and Init satisfies IndInv.            *)
 (*                                                                         *)
+(* The check is one step (IndStep, a CONSTRAINT: TLC expands the initial  *)
+(* states only, and checks the invariants on every successor): IndInv and  *)
+(* the properties hold after every step from every state of the bounds     *)
+(* that satisfies IndInv, which is what inductive means; exploring the     *)
+(* reachable closure adds nothing.                                         *)
+(*                                                                         *)
 (* IndInit is IndTypeOK /\ IndInv with the conjuncts interleaved, each    *)
 (* variable followed at once by the conjuncts that constrain it, so that   *)
 (* TLC prunes while it enumerates (count is written as CountsInv's         *)
@@ -23,9 +29,9 @@
 (* decided, and Observe or RecordFatalError write it before a rank gets    *)
 (* from any other phase to decided (Restart resets it), and no invariant   *)
 (* mentions it; so its value there does not change what can happen.        *)
-(* draining starts FALSE and the modes are those of Modes: the IndInv      *)
-(* models ask KEEP only, where no action sets draining.                    *)
-(* TLC still explores the states with the other values, as successors.    *)
+(* Every mode, the drain flag, the closing flag and dead holders start in  *)
+(* every value IndInv allows (issue 25: IndInv was inductive for KEEP      *)
+(* only).                                                                  *)
 (* docs/tlc.md gives the argument why these bounds suffice.               *)
 (***************************************************************************)
 EXTENDS MCPauseProtocol
@@ -41,6 +47,7 @@ IndTypeOK ==
     /\ hmode \in [Holders -> 0..ABORT]
     /\ count \in [Ranks -> 0..Cardinality(Holders)]
     /\ paused \in [Ranks -> BOOLEAN]
+    /\ closing \in [Ranks -> BOOLEAN]
     /\ req \in [Requests -> RequestStates]
     /\ out \in [Requests -> 0..1]
     /\ restarts \in 0..MaxRestarts
@@ -53,10 +60,25 @@ LoopInv(r) ==
     /\ (fatal[r] /\ phase[r] = "reduce") => obsStatus[r] = HARD_STOP
     /\ (fatal[r] /\ phase[r] = "decided") => tpStatus = HARD_STOP
 
-\* The group decided a pause that has not passed its barrier: a pause phase.
+\* The group decided a pause that has not passed its barrier: a pause phase
+\* (a drain that found work steps its batch first: not a pause phase yet).
 InPause(r) ==
     \/ phase[r] \in {"window", "peer", "barrier"}
-    \/ phase[r] = "decided" /\ tpPause > 0 /\ tpStatus < HARD_STOP
+    \/ phase[r] = "decided" /\ tpPause > 0 /\ tpStatus < HARD_STOP /\ ~draining[r]
+
+\* A drain that found work: every rank agreed it at the same all-reduce (the
+\* batches are copies), and until the next one no rank is in a pause phase.
+DrainInv ==
+    /\ \A r, q \in Ranks : draining[r] = draining[q]
+    /\ \A r \in Ranks : draining[r] =>
+          /\ tpPause = DRAIN
+          /\ \A q \in Ranks : phase[q] \in {"read", "reduce", "decided", "body", "step"} \cup Ended
+
+\* In a DRAIN or ABORT pause no request is in flight from the decision to the
+\* barrier (R-MODES): the drain decided on an empty batch, or the abort ended
+\* every request the driver held; no step runs until the barrier.
+ModeWindowInv ==
+    (tpPause \in {DRAIN, ABORT} /\ \E r \in Ranks : InPause(r)) => ~InFlight
 
 \* The group's decision, and the lock-step it imposes: until the barrier, no
 \* rank of a pausing group has gone past its pause phases; after a hard stop
@@ -77,9 +99,11 @@ WindowInv ==
 IndInv ==
     /\ \A r \in Ranks : LoopInv(r)
     /\ GroupInv
+    /\ DrainInv
     /\ CountsInv
     /\ WindowInv
     /\ ModeInv
+    /\ ModeWindowInv
     /\ NothingLostInv
 
 IndInit ==
@@ -88,25 +112,31 @@ IndInit ==
     /\ \A r \in Ranks : (localStatus[r] = STOPPED) <=> (phase[r] = "stopped")
     /\ tpStatus \in StopStatuses
     /\ tpPause \in {0} \cup Modes
+    /\ draining \in [Ranks -> BOOLEAN]
     /\ GroupInv
+    /\ DrainInv
     /\ obsStatus \in [Ranks -> StopStatuses]
     /\ fatal \in [Ranks -> BOOLEAN]
     /\ \A r \in Ranks : LoopInv(r)
     /\ obsPause \in [Ranks -> {0} \cup Modes]
     /\ \A r \in Ranks : obsPause[r] > 0 => phase[r] \in {"reduce", "decided"}
-    /\ draining = [r \in Ranks |-> FALSE]
     /\ hs \in [Holders -> HolderStates]
     /\ hmode \in [Holders -> {0} \cup Modes]
     /\ \A h \in Holders : (hmode[h] = 0) <=> (hs[h] = "idle")
     /\ count = [r \in Ranks |-> Cardinality({h \in HoldersOf(r) : hs[h] # "idle"})]
     /\ paused \in [Ranks -> BOOLEAN]
+    /\ closing \in [Ranks -> BOOLEAN]
     /\ WindowInv
     /\ CountsInv
-    /\ ModeInv
     /\ req \in [Requests -> RequestStates]
     /\ out \in [Requests -> 0..1]
+    /\ ModeInv
+    /\ ModeWindowInv
     /\ NothingLostInv
     /\ restarts = 0
 
 IndNext == SystemNext \/ MCEnvironmentNext
+
+\* One step from the initial states: the check of induction.
+IndStep == TLCGet("level") < 2
 =============================================================================

@@ -91,6 +91,9 @@ VARIABLES
     hmode,        \* [Holders -> 0..ABORT]: the mode a holder asked (0 while idle)
     count,        \* [Ranks -> Int]: holders of the rank waiting or inside
     paused,       \* [Ranks -> BOOLEAN]: the pause window is open to holders
+    closing,      \* [Ranks -> BOOLEAN]: the open window admits no newcomer: a holder
+                  \* has left it or given up on it (R-WINDOW-CLOSES); it closes
+                  \* once those it admitted are out
     \* The requests.
     req,          \* [Requests -> RequestStates]
     out,          \* [Requests -> Nat]: terminal outputs produced per request
@@ -99,7 +102,7 @@ VARIABLES
 
 loopVars == <<phase, localStatus, obsStatus, obsPause, fatal, draining>>
 groupVars == <<tpStatus, tpPause>>
-holderVars == <<hs, hmode, count, paused>>
+holderVars == <<hs, hmode, count, paused, closing>>
 requestVars == <<req, out>>
 vars == <<loopVars, groupVars, holderVars, requestVars, restarts>>
 
@@ -121,6 +124,7 @@ HolderTypeOK ==
     /\ \A h \in Holders : (hmode[h] = 0) <=> (hs[h] = "idle")
     /\ count \in [Ranks -> Int]
     /\ paused \in [Ranks -> BOOLEAN]
+    /\ closing \in [Ranks -> BOOLEAN]
 
 RequestTypeOK ==
     /\ req \in [Requests -> RequestStates]
@@ -177,13 +181,20 @@ FailRemaining(r) ==
     ELSE UNCHANGED requestVars
 
 \* A holder stops waiting or holding: the count drops, and the last one out
-\* closes the window (transformers' _drop_pause_request).
+\* closes the window (transformers' _drop_pause_request).  A window that stays
+\* open is closing from then on: it admits no newcomer (R-WINDOW-CLOSES),
+\* whether the holder left it, gave up waiting (a holder that asks and gives up
+\* again and again could otherwise hold it open as well as one inside), or died.
+\* A closed window is not closing.
 Drop(h) ==
-    LET r == RankOf[h] IN
+    LET r == RankOf[h]
+        open == Pending(r) \ {h} # {} /\ paused[r]
+    IN
     /\ hs' = [hs EXCEPT ![h] = "idle"]
     /\ hmode' = [hmode EXCEPT ![h] = 0]
     /\ count' = [count EXCEPT ![r] = count[r] - 1]
-    /\ paused' = IF Pending(r) \ {h} = {} THEN [paused EXCEPT ![r] = FALSE] ELSE paused
+    /\ paused' = [paused EXCEPT ![r] = open]
+    /\ closing' = [closing EXCEPT ![r] = open]
     /\ UNCHANGED <<loopVars, groupVars, requestVars, restarts>>
 
 Init ==
@@ -199,6 +210,7 @@ Init ==
     /\ hmode = [h \in Holders |-> 0]
     /\ count = [r \in Ranks |-> 0]
     /\ paused = [r \in Ranks |-> FALSE]
+    /\ closing = [r \in Ranks |-> FALSE]
     /\ req = [i \in Requests |-> "new"]
     /\ out = [i \in Requests |-> 0]
     /\ restarts = 0
@@ -254,7 +266,7 @@ PauseDecided(r) == phase[r] = "decided" /\ tpStatus < HARD_STOP /\ tpPause > 0
 Park(r) ==
     /\ GoTo(r, "window")
     /\ paused' = [paused EXCEPT ![r] = TRUE]
-    /\ UNCHANGED <<groupVars, hs, hmode, count, requestVars, restarts>>
+    /\ UNCHANGED <<groupVars, hs, hmode, count, closing, requestVars, restarts>>
 
 \* P-OPEN-WINDOW: the group decided to pause and a local holder is pending: open
 \* the window and park until the last holder leaves.
@@ -433,12 +445,15 @@ AskPause(h, m) ==
     /\ hs' = [hs EXCEPT ![h] = "waiting"]
     /\ hmode' = [hmode EXCEPT ![h] = m]
     /\ count' = [count EXCEPT ![r] = count[r] + 1]
-    /\ UNCHANGED <<loopVars, groupVars, paused, requestVars, restarts>>
+    /\ UNCHANGED <<loopVars, groupVars, paused, closing, requestVars, restarts>>
 
-\* P-REQUEST-PAUSE: ask for a pause, in one of the Modes.
+\* P-REQUEST-PAUSE: ask for a pause, in one of the Modes.  A holder that
+\* arrives while its rank's window is closing waits for it to close before it
+\* asks (R-WINDOW-CLOSES): it is not counted, and cannot keep the window open.
 RequestPause(h) ==
     LET r == RankOf[h] IN
     /\ CanRequestPause(phase[r], localStatus[r], fatal[r])
+    /\ ~closing[r]                               \* guard:window-closes
     /\ \E m \in Modes : AskPause(h, m)
 
 \* P-ENTER-PAUSE: the window of the holder's rank is open, in a mode at least
@@ -451,7 +466,7 @@ EnterPause(h) ==
     /\ hmode[h] <= tpPause
     /\ phase[RankOf[h]] # "dead"
     /\ hs' = [hs EXCEPT ![h] = "inside"]
-    /\ UNCHANGED <<loopVars, groupVars, hmode, count, paused, requestVars, restarts>>
+    /\ UNCHANGED <<loopVars, groupVars, hmode, count, paused, closing, requestVars, restarts>>
 
 \* P-LEAVE-PAUSE: release_pause by a holder that is inside.
 LeavePause(h) ==
@@ -496,7 +511,7 @@ DeadHolderReleasable(h) == phase[RankOf[h]] \in {"window", "stopped"}
 HolderDies(h) ==
     /\ HolderMayDie(h)
     /\ hs' = [hs EXCEPT ![h] = "dead"]
-    /\ UNCHANGED <<loopVars, groupVars, hmode, count, paused, requestVars, restarts>>
+    /\ UNCHANGED <<loopVars, groupVars, hmode, count, paused, closing, requestVars, restarts>>
 
 \* P-RELEASE-DEAD-HOLDER: the recovery.  The loop, parked in its window, checks
 \* its holders' threads at a short interval and releases the hold of one that
@@ -559,6 +574,7 @@ Restart ==
     /\ tpStatus' = DONT_STOP
     /\ tpPause' = 0
     /\ paused' = [r \in Ranks |-> FALSE]
+    /\ closing' = [r \in Ranks |-> FALSE]
     /\ restarts' = restarts + 1
     /\ UNCHANGED <<hs, hmode, count, requestVars>>
 
@@ -669,6 +685,7 @@ CountsInv ==
         /\ count[r] >= 0
         /\ count[r] = Cardinality({h \in HoldersOf(r) : hs[h] # "idle"})
         /\ paused[r] => Pending(r) # {}
+        /\ closing[r] => paused[r]
 
 \* R-NOTHING-LOST-ONCE: at most one terminal output per request, a request
 \* counted as done or delivered has exactly one, and a driver whose loop has
@@ -705,11 +722,16 @@ MonotoneStopInv ==
 \* once a stop is asked (RequestPause), so they cannot keep a stop waiting.
 HoldersLeave == \A h \in Holders : WF_vars(LeavePause(h))
 
-\* Holders do not keep a window open for ever between them: every rank is out
-\* of its window infinitely often.  Holders whose pauses overlap share one
-\* window (R-SAME-WINDOW), so without this, or a stop, the loop may never step
-\* again.
+\* R-WINDOW-CLOSES: holders do not keep a window open for ever between them:
+\* every rank is out of its window infinitely often, when each holder leaves
+\* (HoldersLeave) and whatever the others do.  Holders whose pauses overlap
+\* share one window (R-SAME-WINDOW); once one of them has left (or given up),
+\* the window admits no newcomer (closing: RequestPause waits for it to close), so the
+\* holders it admitted are finitely many and it closes when they are out.
+\* (Before issue 25 this was a premise of NothingLostProp; upstream has no
+\* such rule, and two holders taking turns hold its window for ever: D11.)
 WindowsClose == \A r \in Ranks : []<>(phase[r] # "window")
+WindowsCloseProp == HoldersLeave => WindowsClose
 
 \* R-PAUSE-RETURNS: every pause() call in KEEP, the weakest mode, enters or
 \* raises; it never hangs (D1, D3).  Holders of a dead rank died with it.
@@ -755,7 +777,7 @@ FatalStopsGroupProp ==
 \* R-NOTHING-LOST-DELIVERED: every accepted request is delivered,
 \* unless the driver process itself died (and its callers with it).
 NothingLostProp ==
-    HoldersLeave /\ WindowsClose =>
+    HoldersLeave =>
     \A i \in Requests :
         (req[i] \in Held \cup {"done"})
             ~> (req[i] = "delivered" \/ phase[Driver] = "dead")

@@ -97,11 +97,12 @@ GroupStep(A, r, before) ==
 \* taken the group step yet.
 Seen(r) == IF r \in lagging THEN prev[r] ELSE View(r)
 
-\* RequestPause in the mode m the record gives, with the spec's guard
-\* (CanRequestPause) on what the holder's rank showed.
+\* RequestPause in the mode m the record gives, with the spec's guards
+\* (CanRequestPause on what the holder's rank showed; a window not closing).
 TraceRequestPause(h, m) ==
     LET r == RankOf[h] IN
     /\ CanRequestPause(Seen(r).phase, Seen(r).localStatus, fatal[r])
+    /\ ~closing[r]
     /\ AskPause(h, m)
 
 \* Submit of request q, accepted (ok = 1) or refused, with the spec's guard
@@ -203,6 +204,7 @@ Matches(e) ==
     IN IF e.a = "Crash" THEN phase'[r] = "dead" ELSE  \* all the harness knows of a killed rank
        /\ fatal'[r] = v.fatal
        /\ paused'[r] = v.paused
+       /\ closing'[r] = v.closing
        /\ count'[r] = v.count
        /\ shown.phase = v.phase
        /\ shown.localStatus = v.localStatus

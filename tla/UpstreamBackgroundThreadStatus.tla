@@ -160,7 +160,7 @@ UpstreamRequestPause(h) ==
     /\ hs' = [hs EXCEPT ![h] = "waiting"]
     /\ hmode' = [hmode EXCEPT ![h] = KEEP]
     /\ count' = [count EXCEPT ![r] = count[r] + 1]
-    /\ UNCHANGED <<loopVars, groupVars, paused, requestVars, restarts>>
+    /\ UNCHANGED <<loopVars, groupVars, paused, closing, requestVars, restarts>>
 
 \* _drop_pause_request(): the count drops, and the window closes when it
 \* reaches 0, whoever is still waiting or inside.
@@ -170,7 +170,7 @@ UpstreamDrop(h) ==
     /\ hmode' = [hmode EXCEPT ![h] = 0]
     /\ count' = [count EXCEPT ![r] = count[r] - 1]
     /\ paused' = IF count[r] - 1 = 0 THEN [paused EXCEPT ![r] = FALSE] ELSE paused
-    /\ UNCHANGED <<loopVars, groupVars, requestVars, restarts>>
+    /\ UNCHANGED <<loopVars, groupVars, closing, requestVars, restarts>>
 
 UpstreamLeavePause(h) == hs[h] = "inside" /\ phase[RankOf[h]] # "dead" /\ UpstreamDrop(h)
 UpstreamInterrupt(h) == hs[h] = "waiting" /\ phase[RankOf[h]] # "dead" /\ UpstreamDrop(h)
@@ -199,7 +199,7 @@ UpstreamObserve(r) ==
 StrayRelease(r) ==
     /\ count' = [count EXCEPT ![r] = count[r] - 1]
     /\ paused' = IF count[r] - 1 = 0 THEN [paused EXCEPT ![r] = FALSE] ELSE paused
-    /\ UNCHANGED <<loopVars, groupVars, hs, hmode, requestVars, restarts>>
+    /\ UNCHANGED <<loopVars, groupVars, hs, hmode, closing, requestVars, restarts>>
 
 \* start() calls clear() whenever the thread is not running: the counts and
 \* the window are reset even while holders wait or are inside.
@@ -216,7 +216,7 @@ UpstreamRestart ==
     /\ count' = [r \in Ranks |-> 0]
     /\ paused' = [r \in Ranks |-> FALSE]
     /\ restarts' = restarts + 1
-    /\ UNCHANGED <<hs, hmode, requestVars>>
+    /\ UNCHANGED <<hs, hmode, closing, requestVars>>
 
 -----------------------------------------------------------------------------
 

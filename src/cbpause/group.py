@@ -213,7 +213,7 @@ def _holder_steps(
     """The system's steps of holder ``h`` (TLA+'s ``RequestPause``, ``HolderWakes``, ``LeavePause``)."""
     r, mode = g.rank_of[h], g.hmode[h]
     tag = f"({tla_number(h)})"
-    if state == "idle" and t.can_request_pause(s):
+    if state == "idle" and t.can_request_pause(s) and not s.closing:
         for m in sorted(modes):
             yield "RequestPause" + tag, _set_holder(_set_rank(g, r, t.request_pause(s, m)), h, "waiting", m)
     if state == "waiting" and s.paused and mode <= s.tp_pause:

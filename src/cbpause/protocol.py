@@ -25,12 +25,9 @@ fairness the spec assumes for ``HolderWakes`` (``EnterPause`` or ``PauseFails``;
 
 from __future__ import annotations
 
-import decimal
 import functools
 import itertools
 import logging
-import math
-import numbers
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -38,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import transitions as t
+from .arguments import check_mode, check_timeout
 from .dropin import DropInLoop, Plan
 from .loop import HOLDER_CHECK_S, LoopSteps
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankState
@@ -69,7 +67,6 @@ _HOLD_AFTER = {
 @dataclass(frozen=True)
 class PauseMetrics:
     """A read-only snapshot of :meth:`PauseProtocol.metrics`."""
-
     pauses_taken: int
     """Holders that entered a pause since construction."""
     holders_inside: int
@@ -81,6 +78,13 @@ class PauseMetrics:
     """How long the last closed window was open."""
     last_entry_latency_s: float | None
     """From the request to the entry of the last holder that entered."""
+    open_window_s: float | None = None
+    """How long the window now open has been open (None while none is): a window that does not close shows here,
+    where ``total_paused_s`` counts closed windows only."""
+    open_window_entries: int = 0
+    """How many holders entered the window now open (0 while none is)."""
+    window_closing: bool = False
+    """The open window admits no newcomer: a holder has left it (R-WINDOW-CLOSES)."""
 
 
 class PauseHold:
@@ -105,46 +109,6 @@ class PauseHold:
 
     def __repr__(self) -> str:
         return f"<PauseHold {self.state} ({t.MODE_NAMES[self.mode]}) of thread {self.thread.name!r}>"
-
-
-_MODE_NUMBERS = {name: number for number, name in t.MODE_NAMES.items()}
-
-
-def check_mode(mode: str | int) -> int:
-    """A pause mode as the protocol's number: ``"keep"``, ``"retract"``, ``"drain"`` or ``"abort"`` (or the number,
-    ``transitions.KEEP`` ... ``ABORT``); ``ValueError`` for anything else."""
-    if isinstance(mode, str):
-        number = _MODE_NUMBERS.get(mode)
-        if number is not None:
-            return number
-    elif isinstance(mode, int) and not isinstance(mode, bool) and mode in t.MODES:
-        return mode
-    raise ValueError(f"mode must be one of {', '.join(map(repr, t.MODE_NAMES.values()))}, not {mode!r}")
-
-
-def _check_timeout(timeout: float | None, name: str = "timeout") -> float | None:
-    """A timeout in seconds as a float, or ``None`` for none.
-
-    Any real number is accepted (``int``, ``float``, numpy scalars, ``Fraction``, ``Decimal``); infinity and
-    anything above ``threading.TIMEOUT_MAX`` mean no timeout (a ``Condition.wait`` would raise
-    ``OverflowError`` on them).  ``bool``, NaN, negative numbers and non-numbers raise ``ValueError``.
-    """
-    if timeout is None:
-        return None
-    # The common case first, without the checks below (the holder's fast path): NaN fails both comparisons.
-    if (type(timeout) is float or type(timeout) is int) and 0 <= timeout <= threading.TIMEOUT_MAX:
-        return float(timeout)
-    if isinstance(timeout, bool) or not isinstance(timeout, (numbers.Real, decimal.Decimal)):
-        raise ValueError(f"{name} must be a number of seconds or None, not {timeout!r}")
-    try:
-        seconds = float(timeout)
-    except (TypeError, ValueError, OverflowError):  # a Decimal NaN that signals, an exotic Real
-        raise ValueError(f"{name} must be a number of seconds or None, not {timeout!r}") from None
-    if math.isnan(seconds) or seconds < 0:
-        raise ValueError(f"{name} must be >= 0 seconds or None, not {timeout!r}")
-    if seconds > threading.TIMEOUT_MAX:
-        return None
-    return seconds
 
 
 class PauseProtocol(LoopSteps, DropInLoop):
@@ -175,7 +139,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         clock: Callable[[], float] = time.monotonic,
         trace: TraceRecorder | None = None,
     ):
-        self._peer_park_timeout = _check_timeout(peer_park_timeout, "peer_park_timeout")
+        self._peer_park_timeout = check_timeout(peer_park_timeout, "peer_park_timeout")
         # Opt-in trace recording (cbpause.recorder); None costs one attribute test per transition.
         self._trace = trace
         self.trace_rank = trace.attach() if trace is not None else 0
@@ -199,6 +163,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         self._pauses_taken = 0
         self._windows_opened = 0
         self._window_opened_at: float | None = None
+        self._window_entries = 0
         self._total_paused = 0.0
         self._last_paused: float | None = None
         self._last_entry_latency: float | None = None
@@ -256,6 +221,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         """A consistent snapshot of the pause metrics."""
         with self._lock:
             s = self._state
+            opened = self._window_opened_at
             return PauseMetrics(
                 pauses_taken=self._pauses_taken,
                 holders_inside=s.inside,
@@ -264,6 +230,9 @@ class PauseProtocol(LoopSteps, DropInLoop):
                 total_paused_s=self._total_paused,
                 last_paused_s=self._last_paused,
                 last_entry_latency_s=self._last_entry_latency,
+                open_window_s=None if opened is None else self._clock() - opened,
+                open_window_entries=0 if opened is None else self._window_entries,
+                window_closing=s.closing,
             )
 
     # ------------------------------------------------------------------------------------------- internals
@@ -301,6 +270,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         if opened:
             self._window_opened_at = now
             self._windows_opened += 1
+            self._window_entries = 0
         elif self._window_opened_at is not None:
             self._last_paused = now - self._window_opened_at
             self._total_paused += self._last_paused
@@ -395,17 +365,24 @@ class PauseProtocol(LoopSteps, DropInLoop):
 
     # ------------------------------------------------------------------------------------------- holders
 
-    def request_pause(self, wake_up_loop: threading.Event | None = None, mode: str | int = "keep") -> PauseHold:
-        """P-REQUEST-PAUSE (``RequestPause``): ask for a pause in ``mode`` without waiting; the hold is ``"waiting"``.
+    def request_pause(
+        self, wake_up_loop: threading.Event | None = None, mode: str | int = "keep", *, timeout: float | None = None
+    ) -> PauseHold:
+        """P-REQUEST-PAUSE (``RequestPause``): ask for a pause in ``mode``; the hold is ``"waiting"``.
 
-        Follow with :meth:`enter_pause` (which waits), or withdraw with :meth:`interrupt`.  Raises
-        ``RuntimeError`` and changes nothing from the loop's own thread (D4), or when the loop is not running,
-        is stopping (a flush or hard stop was asked) or has failed (chaining the fatal error); ``ValueError`` for
-        an unknown ``mode``.  The hold enters only a window whose mode is at least its own (R-MODES).
+        Follow with :meth:`enter_pause` (which waits), or withdraw with :meth:`interrupt`.  Does not wait, except
+        while the rank's window is closing (a holder has left it): a newcomer waits for that window to close, at
+        most ``timeout`` seconds (``TimeoutError``, nothing changed), and asks for the next one (R-WINDOW-CLOSES).
+        Raises ``RuntimeError`` and changes nothing from the loop's own thread (D4), or when the loop is not
+        running, is stopping (a flush or hard stop was asked) or has failed (chaining the fatal error);
+        ``ValueError`` for an unknown ``mode``.  The hold enters only a window whose mode is at least its own
+        (R-MODES).
         """
         number = check_mode(mode)
+        timeout = check_timeout(timeout)
         self._refuse_loop_thread()
         with self._lock:
+            self._wait_while_closing(timeout)
             hold = self._new_hold(None, number)
             try:
                 self._apply(t.request_pause, number, hold=hold)
@@ -416,6 +393,31 @@ class PauseProtocol(LoopSteps, DropInLoop):
                     self._apply(t.interrupt, hold.mode, hold=hold)
                 raise
             return hold
+
+    def _wait_while_closing(self, timeout: float | None) -> float | None:
+        """R-WINDOW-CLOSES (the caller holds the lock): while the rank's window is closing, a newcomer waits for it
+        to close before it asks (RequestPause's guard ``~closing``), so that holders who take turns cannot keep one
+        window open for ever.  Returns what is left of ``timeout``; raises ``TimeoutError``, with nothing changed,
+        when it runs out first.
+
+        A thread with a hold inside the window is no newcomer: its pause nests in the one it holds and asks at once
+        (else it would wait for itself); the spec's holders hold one pause at a time, so that is outside the model.
+        """
+        if not self._state.closing or not t.can_request_pause(self._state):
+            return timeout  # a refused request raises at once (in _new_hold), closing or not
+        me = threading.current_thread()
+        if any(h.state == "inside" and h.thread is me for h in self._holds):
+            return timeout
+        deadline = None if timeout is None else self._clock() + timeout
+        on_main = me is threading.main_thread()
+        while self._state.closing and t.can_request_pause(self._state):
+            remaining = None if deadline is None else deadline - self._clock()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"the generation loop did not pause within {timeout} s (its window was closing)")
+            if on_main:
+                remaining = MAIN_THREAD_WAKE_S if remaining is None else min(remaining, MAIN_THREAD_WAKE_S)
+            self._condition.wait(remaining)
+        return None if deadline is None else max(0.0, deadline - self._clock())
 
     def _new_hold(self, holder: Hashable, mode: int) -> PauseHold:
         """A hold ready to request (the caller holds the lock); RuntimeError if RequestPause is disabled."""
@@ -448,7 +450,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         propagates (CountsInv); an asynchronous exception (``KeyboardInterrupt``) that lands just after the entry
         leaves the pause again before it propagates.
         """
-        timeout = _check_timeout(timeout)
+        timeout = check_timeout(timeout)
         with self._lock:
             self._own(hold, "waiting", "enter_pause")
             try:
@@ -499,6 +501,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         """P-ENTER-PAUSE for a waiting ``hold`` whose mode the open window covers (the caller holds the lock)."""
         self._apply(t.enter_pause, hold=hold)
         self._pauses_taken += 1
+        self._window_entries += 1
         self._last_entry_latency = self._clock() - hold.requested_at
 
     def interrupt(self, hold: PauseHold) -> None:
@@ -538,18 +541,21 @@ class PauseProtocol(LoopSteps, DropInLoop):
         pause is held.
 
         A window already open in a mode that covers ``mode`` is entered at once, under the same acquisition,
-        without setting ``wake_up_loop`` (the loop is parked in its window).  ``into``, a list, gets the hold
-        appended the moment it is requested, for a caller that must find it even
+        without setting ``wake_up_loop`` (the loop is parked in its window), unless a holder has left it already:
+        that window is closing, and this call waits for it to close and asks for the next (R-WINDOW-CLOSES; the
+        wait counts against ``timeout``).  A thread already inside pauses again at once (its pauses nest).
+        ``into``, a list, gets the hold appended the moment it is requested, for a caller that must find it even
         when an asynchronous exception lands after this returns and before the caller stored the result.  ``mode``
         is the pause mode (R-MODES; as :meth:`request_pause`).
         """
-        timeout = _check_timeout(timeout)
+        timeout = check_timeout(timeout)
         number = check_mode(mode)
         self._refuse_loop_thread()
         holds = self._thread_holds()
         if holds:
             holds[:] = [h for h in holds if h.state != "idle"]  # left from another thread (leave_pause)
         with self._lock:
+            timeout = self._wait_while_closing(timeout)
             hold = self._new_hold(threading.get_ident(), number)
             try:
                 self._apply(t.request_pause, number, hold=hold)

@@ -45,7 +45,8 @@ class RankState(NamedTuple):
     ``waiting`` and ``inside`` count the holders of this rank in each state (TLA+ derives them from
     ``hs``); ``count`` is their sum, upstream's ``_pauses_requested``; ``n_keep`` ... ``n_abort`` count those
     that asked for each mode (TLA+ derives them from ``hmode``; ``modes`` gives the four).  ``obs_pause`` and
-    ``tp_pause`` are modes (0: no pause).  :func:`rank_invariant` states what always holds.
+    ``tp_pause`` are modes (0: no pause).  ``closing``: the open window admits no newcomer, a holder has left it
+    or given up on it (R-WINDOW-CLOSES).  :func:`rank_invariant` states what always holds.
     """
 
     phase: str = "read"
@@ -64,6 +65,7 @@ class RankState(NamedTuple):
     n_drain: int = 0
     n_abort: int = 0
     draining: bool = False
+    closing: bool = False
 
     @property
     def modes(self) -> tuple[int, int, int, int]:
@@ -114,6 +116,7 @@ def rank_invariant(s: RankState) -> bool:
         and s.inside <= pending(s)
         and (not s.draining or s.tp_pause == DRAIN)
         and (not s.paused or pending(s) > 0)
+        and (not s.closing or s.paused)
         and (not s.paused or s.phase in ("window", "dead"))
         and (s.inside == 0 or s.phase == "dead" or (s.paused and s.phase == "window"))
     )
@@ -139,9 +142,15 @@ def _count_of(s: RankState, mode: int) -> int:
     return s.n_drain if mode == DRAIN else s.n_abort
 
 
+def _drop(after: RankState, s: RankState) -> RankState:
+    """TLA+ ``Drop(h)``: ``after`` (``s`` less one holder) with the window still open while a holder it is for
+    remains, and then closing: it admits no newcomer (R-WINDOW-CLOSES).  A closed window is not closing."""
+    still_open = s.paused and pending(after) > 0
+    return after._replace(paused=still_open, closing=still_open)
+
+
 def _drop_waiting(s: RankState, mode: int) -> RankState:
-    after = _plus(s, mode, -1, waiting=s.waiting - 1, count=s.count - 1)
-    return after._replace(paused=s.paused and pending(after) > 0)
+    return _drop(_plus(s, mode, -1, waiting=s.waiting - 1, count=s.count - 1), s)
 
 
 def can_drop_waiting(s: RankState, mode: int) -> bool:
@@ -396,15 +405,16 @@ def exit_loop(s: RankState) -> RankState:
 def can_request_pause(s: RankState) -> bool:
     """The guard of P-REQUEST-PAUSE; ``pause()`` raises at once when it is false.  No new pause once a stop is
     asked on this rank or agreed by the group: holders that keep pausing could keep a flush stop from ever
-    completing (R-STOP-RETURNS)."""
+    completing (R-STOP-RETURNS).  (The other guard, ``not s.closing``, is a wait: a holder arriving at a closing
+    window waits for it to close before it asks, R-WINDOW-CLOSES.)"""
     return live(s) and s.local_status == DONT_STOP and not s.fatal
 
 
 def request_pause(s: RankState, mode: int = KEEP) -> RankState:
-    """P-REQUEST-PAUSE (``RequestPause``), in ``mode``.  Keeps CountsInv.
+    """P-REQUEST-PAUSE (``RequestPause``), in ``mode``, on a window that is not closing.  Keeps CountsInv.
 
     pre: rank_invariant(s)
-    pre: can_request_pause(s) and KEEP <= mode <= ABORT
+    pre: can_request_pause(s) and not s.closing and KEEP <= mode <= ABORT
     post: __return__.count == s.count + 1 and __return__.waiting == s.waiting + 1
     post: _count_of(__return__, mode) == _count_of(s, mode) + 1
     post: rank_invariant(__return__)
@@ -431,16 +441,16 @@ def can_leave(s: RankState, mode: int) -> bool:
 
 def leave_pause(s: RankState, mode: int = KEEP) -> RankState:
     """P-LEAVE-PAUSE (``LeavePause``) of a holder of ``mode``: the last one out of those the window is for closes
-    it.  Keeps CountsInv.
+    it; while others remain it is closing (R-WINDOW-CLOSES).  Keeps CountsInv.
 
     pre: rank_invariant(s)
     pre: can_leave(s, mode)
     post: __return__.count == s.count - 1
     post: __return__.paused == (s.paused and pending(__return__) > 0)
+    post: __return__.closing == __return__.paused
     post: rank_invariant(__return__)
     """
-    after = _plus(s, mode, -1, inside=s.inside - 1, count=s.count - 1)
-    return after._replace(paused=s.paused and pending(after) > 0)
+    return _drop(_plus(s, mode, -1, inside=s.inside - 1, count=s.count - 1), s)
 
 
 def pause_fails(s: RankState, mode: int = KEEP) -> RankState:
@@ -479,13 +489,15 @@ def pause_timeout(s: RankState, mode: int = KEEP) -> RankState:
 def release_dead_holder(s: RankState, inside: bool, mode: int = KEEP) -> RankState:
     """P-RELEASE-DEAD-HOLDER (``ReleaseDeadHolder``): the thread of a holder (of ``mode``) that was waiting
     (``inside`` false) or inside died without leaving (P-HOLDER-DIES, which changes nothing here: the rank does not
-    know yet); the loop parked in its window, or ``clear()`` on a stopped loop, releases its hold.  Keeps CountsInv.
+    know yet); the loop parked in its window, or ``clear()`` on a stopped loop, releases its hold, and the window is
+    closing, as after any holder's drop (R-WINDOW-CLOSES).  Keeps CountsInv.
 
     pre: rank_invariant(s)
     pre: s.phase in ("window", "stopped")
     pre: can_leave(s, mode) if inside else can_drop_waiting(s, mode)
     post: __return__.count == s.count - 1
     post: __return__.paused == (s.paused and pending(__return__) > 0)
+    post: __return__.closing == __return__.paused
     post: rank_invariant(__return__)
     """
     return leave_pause(s, mode) if inside else _drop_waiting(s, mode)

@@ -103,6 +103,7 @@ def encode(g: gr.GroupState) -> Encoded:
                 "hmode": g.hmode,
                 "count": tuple(s.count for s in r),
                 "paused": tuple(s.paused for s in r),
+                "closing": tuple(s.closing for s in r),
                 "req": g.req,
                 "out": g.out,
                 "restarts": g.restarts,

@@ -53,7 +53,7 @@ OWNERS = {
     # PauseProtocol and upstream's model
     "hs": "holder", "hmode": "holder",
     "phase": "loop", "localStatus": "loop", "obsStatus": "loop", "obsPause": "loop", "fatal": "loop",
-    "draining": "loop", "count": "loop", "paused": "loop",
+    "draining": "loop", "count": "loop", "paused": "loop", "closing": "loop",
     "tpStatus": "group", "tpPause": "group",
     "req": "request", "out": "request",
     "restarts": "environment",
@@ -428,6 +428,7 @@ DEFECT_MODELS = {
     "D8": "Upstream_D8",
     "D9": "Upstream_D9",
     "D10": "Upstream_D10",
+    "D11": "Upstream_D11",
     "D6": "RequestVersions_upstream_D6",
 }
 # The models whose state graphs the phase diagram projects: one rank with every fault a single rank has

@@ -128,6 +128,7 @@ def _state(s: RankState) -> str:
     fields = {
         "phase": s.phase, "localStatus": s.local_status, "tpStatus": s.tp_status, "tpPause": s.tp_pause,
         "obsStatus": s.obs_status, "obsPause": s.obs_pause, "fatal": s.fatal, "paused": s.paused, "count": s.count,
+        "closing": s.closing,
     }  # fmt: skip
     return "[" + ", ".join(f"{k} |-> {_tla(v)}" for k, v in fields.items()) + "]"
 

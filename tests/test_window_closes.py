@@ -1,0 +1,181 @@
+"""R-WINDOW-CLOSES (spec section 5, issue 25): once a holder has left an open window, or given up on it, the window
+admits no newcomer, so holders that take turns cannot keep the loop paused for ever.
+
+Protocol-level tests run the drop-in API on a :class:`~cbpause.testing.FakeLoop`; the real-loop tests run
+transformers' loop on a tiny random Llama: two threads that chain keep pauses on one rank do not stop generation,
+and a retract holder gets in while keep holders keep arriving.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from cbpause import PauseProtocol
+from cbpause.testing import JOIN_TIMEOUT, FakeLoop, run_thread
+
+WAIT = 10.0
+
+
+def started() -> FakeLoop:
+    loop = FakeLoop(PauseProtocol(peer_park_timeout=5.0)).start()
+    assert loop.stepped.wait(WAIT), "the loop never stepped"
+    return loop
+
+
+def closing_window(loop: FakeLoop):
+    """Holder A (this thread) pauses; B arrives on the open window and enters directly (it is not closing yet); A
+    leaves, which makes the window closing.  Returns B's thread and box and the event that lets B leave."""
+    status = loop.status
+    b_in, b_leave = threading.Event(), threading.Event()
+
+    def b():
+        status.acquire_pause(loop.wake, timeout=WAIT)
+        b_in.set()
+        b_leave.wait(WAIT)
+        status.release_pause()
+
+    status.acquire_pause(loop.wake, timeout=WAIT)
+    assert not status.state.closing and status.metrics().open_window_entries == 1
+    thread, box = run_thread(b, "holder-b")
+    assert b_in.wait(WAIT), "a holder arriving at an open window that is not closing enters directly"
+    status.release_pause()
+    s = status.state
+    assert s.paused and s.closing and s.inside == 1, s
+    metrics = status.metrics()
+    assert metrics.window_closing and metrics.open_window_entries == 2 and metrics.open_window_s is not None
+    return thread, box, b_leave
+
+
+def test_a_newcomer_waits_for_a_closing_window_to_close_and_the_loop_steps_in_between():
+    loop = started()
+    status = loop.status
+    thread, box, b_leave = closing_window(loop)
+    with pytest.raises(TimeoutError, match="closing"):  # it would wait; with no time left it raises, nothing held
+        status.acquire_pause(loop.wake, timeout=0)
+    assert status.state.count == 1
+    entered_at: dict = {}
+
+    def c():
+        status.acquire_pause(loop.wake, timeout=WAIT)
+        entered_at["steps"] = loop.steps
+        status.release_pause()
+
+    c_thread, c_box = run_thread(c, "holder-c")
+    steps_while_closing = loop.steps  # the loop is parked: this does not change until B leaves
+    assert status.state.inside == 1  # C did not enter the closing window
+    b_leave.set()
+    thread.join(JOIN_TIMEOUT)
+    c_thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive() and not c_thread.is_alive()
+    assert "error" not in box and "error" not in c_box, (box, c_box)
+    # C entered the next window, after at least one forward step (before issue 25 it entered B's window at once).
+    assert entered_at["steps"] > steps_while_closing
+    assert status.state.count == 0 and not status.state.closing
+    assert loop.stop() and loop.violations == []
+
+
+def test_a_thread_inside_a_closing_window_pauses_again_at_once():
+    """Nested pauses of one thread: the inner one is no newcomer (it would otherwise wait for itself)."""
+    loop = started()
+    status = loop.status
+    b_in, b_left, leave_b = threading.Event(), threading.Event(), threading.Event()
+
+    def b():
+        status.acquire_pause(loop.wake, timeout=WAIT)
+        b_in.set()
+        leave_b.wait(WAIT)
+        status.release_pause()
+        b_left.set()
+
+    status.acquire_pause(loop.wake, timeout=WAIT)  # A, this thread
+    thread, box = run_thread(b, "holder-b")
+    assert b_in.wait(WAIT)
+    leave_b.set()
+    assert b_left.wait(WAIT)
+    assert status.state.closing  # B left: closing, and A still inside
+    status.acquire_pause(loop.wake, timeout=1.0)  # nested: enters at once, without a TimeoutError
+    assert status.state.inside == 2
+    status.release_pause()
+    status.release_pause()
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive() and "error" not in box
+    assert status.state.count == 0
+    assert loop.stop() and loop.violations == []
+
+
+def test_a_holder_that_gives_up_on_an_open_window_closes_it_to_newcomers():
+    """An interrupt or timeout of a waiting holder is a drop too: a holder that asks and gives up again and again
+    would otherwise hold the window open as well as one inside (TLC found it, issue 25)."""
+    loop = started()
+    status = loop.status
+    a = status.acquire_pause(loop.wake, timeout=WAIT)
+    hold = status.request_pause()  # a window is open: it could enter, but withdraws instead
+    status.interrupt(hold)
+    assert status.state.closing and status.state.paused
+    status.leave_pause(a)
+    assert not status.state.closing and not status.state.paused
+    assert loop.stop() and loop.violations == []
+
+
+def test_request_pause_waits_for_a_closing_window_with_a_timeout():
+    loop = started()
+    status = loop.status
+    thread, box, b_leave = closing_window(loop)
+    with pytest.raises(TimeoutError):
+        status.request_pause(timeout=0.01)
+    assert status.state.count == 1
+    b_leave.set()
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive() and "error" not in box
+    hold = status.request_pause(loop.wake, timeout=WAIT)  # the window closed: asks at once
+    status.enter_pause(hold, timeout=WAIT)
+    status.leave_pause(hold)
+    assert loop.stop() and loop.violations == []
+
+
+# ------------------------------------------------------------------------------------------------ the real loop
+
+
+def _chain(manager, stop: threading.Event, entries: list[int], me: int, hold_s: float) -> None:
+    """Keep pausing in keep, each pause held ``hold_s`` (a workload, not a synchronisation), until ``stop``."""
+    while not stop.is_set():
+        with manager.pause(timeout=WAIT):
+            entries[me] += 1
+            stop.wait(hold_s)
+
+
+@pytest.mark.slow
+def test_two_threads_chaining_keep_pauses_do_not_stop_generation_and_a_retract_holder_gets_in(cpu_model):
+    """Two threads pause the real loop in turn, each re-asking the moment it leaves, so that their pauses overlap
+    (before issue 25 the window they shared never closed and no request made progress).  Requests submitted meanwhile
+    complete while the chain goes on, and a retract holder enters while the keep holders keep arriving."""
+    from cbpause.integrations import transformers as cbt
+    from cbpause.testing import batching_config, greedy_config
+
+    from .conftest import MAX_NEW, results, submit
+
+    manager = cbt.init_continuous_batching(cpu_model, greedy_config(MAX_NEW), batching_config())
+    manager.start()
+    stop = threading.Event()
+    entries = [0, 0]
+    chain = [run_thread(lambda i=i: _chain(manager, stop, entries, i, 0.01), f"chain-{i}") for i in range(2)]
+    try:
+        status = manager.background_thread_status
+        windows_before = status.metrics().windows_opened
+        ids = submit(manager, 3)
+        outs = results(manager, ids)  # bounded: fails if the chain keeps the loop paused
+        assert all(len(o.generated_tokens) == MAX_NEW for o in outs)
+        with manager.pause(mode="retract", timeout=WAIT):  # while keep holders keep arriving
+            retract_entered = True
+        assert not stop.is_set() and all(t.is_alive() for t, _ in chain), "the chain must still be running"
+        assert min(entries) > 0 and status.metrics().windows_opened > windows_before
+    finally:
+        stop.set()
+        for thread, _ in chain:
+            thread.join(JOIN_TIMEOUT)
+        manager.stop(block=True, timeout=WAIT)
+    assert retract_entered
+    assert all(not t.is_alive() and "error" not in box for t, box in chain), [box for _, box in chain]
+    assert manager._live_ids == set()
