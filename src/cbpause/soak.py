@@ -1,15 +1,15 @@
 """``python -m cbpause.soak``: a bounded soak of the protocol on transformers' real loop, with faults.
 
 For ``--minutes`` (or ``--seconds``), with a printed seed that reproduces the choice of actions, the main
-thread picks at random among: 1 to 8 holder threads pausing in any mode (some updating the weights), a real
-SIGINT delivered to the main thread while it waits for a pause, pause timeouts, flush and hard stops
-followed by restarts, fatal errors in the forward pass (some with a pause pending), failed broadcasts, holder
-threads that die inside a pause or while waiting (the loop must release them and resume), pauses whose
-context manager the garbage collector closes on another thread, pauses entered on one thread and left on
-another, stops whose wait times out while a holder is inside or that do not block (no request may fail
-with "batch processor was not initialized"), and misuse that must raise (stray and double releases,
-``stop()`` inside a pause, ``pause()`` from the loop thread, bad arguments, ``clear()`` while running).  A
-feeder keeps requests coming and cancels some.
+thread picks at random among: 1 to 8 holder threads pausing in any mode (some updating the weights), 2 or 3
+threads chaining keep pauses (each window must close, R-WINDOW-CLOSES), a real SIGINT delivered to the main
+thread while it waits for a pause, pause timeouts, flush and hard stops followed by restarts, fatal errors
+in the forward pass (some with a pause pending), failed broadcasts, holder threads that die inside a pause
+or while waiting (the loop must release them and resume), pauses whose context manager the garbage collector
+closes on another thread, pauses entered on one thread and left on another, stops whose wait times out while
+a holder is inside or that do not block (no request may fail with "batch processor was not initialized"),
+and misuse that must raise (stray and double releases, ``stop()`` inside a pause, ``pause()`` from the loop
+thread, bad arguments, ``clear()`` while running).  A feeder keeps requests coming and cancels some.
 
 With ``--trace-sample K`` the run is recorded (a :class:`~cbpause.TraceRecorder`), cut at its restarts into
 traces that each start from ``Init`` (:func:`~cbpause.tlc.traces.cut_at_restarts`; the soak stops and
@@ -83,8 +83,7 @@ class Watchdog:
     @contextmanager
     def op(self, name: str):
         with self.lock:
-            key = self._next
-            self._next += 1
+            key, self._next = self._next, self._next + 1
             self.ops[key] = (name, time.monotonic() + self.bound)
         try:
             yield
@@ -128,12 +127,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.trace_sample < 0:
         p.error("--trace-sample must be >= 0")
-    seconds = args.seconds if args.seconds is not None else 60 * (args.minutes if args.minutes is not None else 10)
-    if not seconds > 0 or not args.bound > 0:
+    args.duration = args.seconds if args.seconds is not None else 60 * (10 if args.minutes is None else args.minutes)
+    if not args.duration > 0 or not args.bound > 0:
         p.error("the duration and --bound must be > 0")
-    args.duration = seconds
-    if args.seed is None:
-        args.seed = random.randrange(2**32)
+    args.seed = random.randrange(2**32) if args.seed is None else args.seed
     return args
 
 
@@ -144,7 +141,7 @@ class Soak:
 
     ACTIONS = {
         "holders": 6, "interrupt": 2, "timeout": 2, "stop": 1, "fatal": 1, "misuse": 3, "death": 2, "collected": 1,
-        "handover": 1, "stop_timeout": 1, "collective": 1,
+        "handover": 1, "stop_timeout": 1, "collective": 1, "chain": 2,
     }  # fmt: skip
     MODES = ("keep", "keep", "retract", "drain", "abort")  # keep is what most trainers ask
     MAX_NEW, IN_FLIGHT = 16, 8
@@ -237,17 +234,38 @@ class Soak:
         """1 to 8 threads pause at once, each in a mode, half updating the weights inside: every one must enter."""
         plans = [(self.rng.random() < 0.5, self.rng.choice(self.MODES)) for _ in range(self.rng.randint(1, 8))]
         results: list[str] = []
-        threads = [threading.Thread(target=lambda p=p: results.append(self.pause_once(update=p[0], mode=p[1])))
-                   for p in plans]  # fmt: skip
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(self.args.bound)
-        if any(t.is_alive() for t in threads):
-            self.wd.hang("a holder thread did not end")
+        self._run_all([lambda p=p: results.append(self.pause_once(update=p[0], mode=p[1])) for p in plans],
+                      self.args.bound, "a holder thread did not end")  # fmt: skip
         for r in results:
             if r != "entered":
                 self.tally.wrong(f"a holder on a running loop raised {r}")
+
+    def _run_all(self, targets: list, bound: float, hang: str) -> None:
+        """Run each of ``targets`` on a thread of its own and join them, each within ``bound`` seconds."""
+        threads = [threading.Thread(target=target) for target in targets]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(bound)
+        if any(t.is_alive() for t in threads):
+            self.wd.hang(hang)
+
+    def chain(self) -> None:
+        """2 or 3 threads pause in keep, each asking again the moment it leaves, so that their pauses overlap
+        (R-WINDOW-CLOSES): every pause enters, and one thread's pauses take as many windows as it has pauses (a
+        window admits no newcomer once a holder has left it; the chain never holds one window open)."""
+        per_thread, results = 4, []
+        before = self.manager.background_thread_status.metrics().windows_opened
+
+        def run() -> None:
+            results.extend(self.pause_once(mode="keep") for _ in range(per_thread))
+
+        self._run_all([run] * self.rng.randint(2, 3), self.args.bound * per_thread, "a chaining holder did not end")
+        if any(r != "entered" for r in results):
+            self.tally.wrong(f"a chaining holder on a running loop raised {sorted(set(results) - {'entered'})}")
+        elif self.manager.background_thread_status.metrics().windows_opened - before < per_thread:
+            self.tally.wrong("a chain of pauses held one window open (R-WINDOW-CLOSES)")
+        self.tally.add("chains")
 
     def interrupt(self) -> None:
         """The main thread waits for a pause on a loop held in a forward step and gets a real SIGINT."""
@@ -569,42 +587,24 @@ class Soak:
             "restarts": c["restarts"], "unexpected": list(tally.unexpected), "deaths": c["deaths"],
             "collected": c["collected"], "handovers": c["handovers"], "stops_with_timeout": c["stops_with_timeout"],
             "resume_after_death_s": round(self.resume_after_death, 3), "collective_faults": c["collective_faults"],
-            "versions": c["versions_set"], "modes": "/".join(str(c[f"pauses_{m}"]) for m in self.MODES[1:]),
+            "versions": c["versions_set"], "chains": c["chains"],
+            "modes": "/".join(str(c[f"pauses_{m}"]) for m in self.MODES[1:]),
         }  # fmt: skip
-
 
     def validate_sample(self) -> dict:
         """TLC validates ``--trace-sample`` of the run's traces (cut at its restarts), drawn with the seed."""
-        import tempfile
-
         from .tlc import default_tla_dir
-        from .tlc.traces import cut_at_restarts, describe_rejection, validate
+        from .tlc.traces import validate_sample
 
-        pieces = cut_at_restarts(self.recorder)
-        k = self.args.trace_sample
-        if len(pieces) < k:
-            self.tally.wrong(f"only {len(pieces)} traces to validate, not {k}")
-        # The K traces that add the most actions not yet taken, ties broken by the seed: the faults get checked.
-        order = list(range(len(pieces)))
-        random.Random(self.args.seed + 2).shuffle(order)
-        actions = [{e.action for e in p.events} for p in pieces]
-        chosen: list[int] = []
-        seen: set[str] = set()
-        for _ in range(min(k, len(pieces))):
-            best = max((n for n in order if n not in chosen), key=lambda n: len(actions[n] - seen))
-            chosen.append(best)
-            seen |= actions[best]
-        traced = rejected = steps = 0
-        tla_dir = self.args.tla_dir or default_tla_dir()
-        with tempfile.TemporaryDirectory(prefix="cbpause-soak-traces-") as tmp:
-            for n in chosen:
-                result = validate(pieces[n], tla_dir, Path(tmp, f"t{n}"))
-                traced, steps = traced + 1, steps + result.steps
-                if not result.accepted:
-                    rejected += 1
-                    print(f"soak: REJECTED trace {n} of {len(pieces)}\n" + describe_rejection(pieces[n], result))
-        return {"traced": traced, "rejected": rejected, "trace_steps": steps, "traces": len(pieces),
-                "trace_actions": sorted(seen)}  # fmt: skip
+        figures, problems = validate_sample(
+            self.recorder, self.args.trace_sample, self.args.seed + 2, self.args.tla_dir or default_tla_dir()
+        )
+        for problem in problems:
+            if problem.startswith("REJECTED"):
+                print("soak: " + problem)
+            else:
+                self.tally.wrong(problem)
+        return figures
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -613,8 +613,8 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def summary_line(r: dict) -> str:
-    keys = ("seconds pauses modes versions interrupts timeouts stops errors_injected collective_faults misuse deaths "
-            "collected handovers stops_with_timeout resume_after_death_s requests lost duplicated hangs").split()
+    keys = ("seconds pauses modes versions chains interrupts timeouts stops errors_injected collective_faults misuse "
+            "deaths collected handovers stops_with_timeout resume_after_death_s requests lost duplicated hangs").split()
     keys += ("traced", "rejected") if "traced" in r else ()
     return "soak: " + " ".join(f"{k}={r[k]}" for k in keys)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import random
 import re
 import shutil
 import tempfile
@@ -41,6 +42,7 @@ __all__ = [
     "merge",
     "request_numbers",
     "validate",
+    "validate_sample",
     "write_trace",
 ]
 
@@ -252,3 +254,31 @@ def describe_rejection(
         lines.append(f"{mark} {n + 1:4} {e.action}(rank {e.rank}, holder {e.holder}, status {e.status}{request}) -> "
                      f"{e.state}")  # fmt: skip
     return "\n".join(lines)
+
+
+def validate_sample(recorder: TraceRecorder, k: int, seed: int, tla_dir: Path) -> tuple[dict, list[str]]:
+    """TLC validates ``k`` of the traces of ``recorder`` (cut at its restarts): the ``k`` that add the most actions
+    not yet taken, ties broken by ``seed``, so that the faults get checked.  Returns the figures (traced, rejected,
+    trace_steps, traces, trace_actions) and what went wrong (each rejection described; too few traces)."""
+    pieces = cut_at_restarts(recorder)
+    problems = [] if len(pieces) >= k else [f"only {len(pieces)} traces to validate, not {k}"]
+    order = list(range(len(pieces)))
+    random.Random(seed).shuffle(order)
+    actions = [{e.action for e in p.events} for p in pieces]
+    chosen: list[int] = []
+    seen: set[str] = set()
+    for _ in range(min(k, len(pieces))):
+        best = max((n for n in order if n not in chosen), key=lambda n: len(actions[n] - seen))
+        chosen.append(best)
+        seen |= actions[best]
+    traced = rejected = steps = 0
+    with tempfile.TemporaryDirectory(prefix="cbpause-sample-traces-") as tmp:
+        for n in chosen:
+            result = validate(pieces[n], tla_dir, Path(tmp, f"t{n}"))
+            traced, steps = traced + 1, steps + result.steps
+            if not result.accepted:
+                rejected += 1
+                problems.append(f"REJECTED trace {n} of {len(pieces)}\n" + describe_rejection(pieces[n], result))
+    figures = {"traced": traced, "rejected": rejected, "trace_steps": steps, "traces": len(pieces),
+               "trace_actions": sorted(seen)}  # fmt: skip
+    return figures, problems
