@@ -188,6 +188,19 @@ def holders(rank: RealRank, phase: str | None) -> None:
             raise box["error"]
 
 
+def chain(rank: RealRank, phase: str | None) -> None:
+    """Holders that take turns (R-WINDOW-CLOSES): A is inside, B enters the open window directly, A leaves (the
+    window is now closing), C asks and waits: it enters the next window, once B has left and the loop stepped."""
+    first = rank.pause_in_thread()
+    first.wait_inside()
+    second = rank.pause_in_thread()
+    second.wait_inside()
+    first.release()
+    third = rank.pause_in_thread()  # asks while the window is closing (or, if it is slow to ask, after it closed)
+    second.release()
+    third.release()
+
+
 def request_at(rank: RealRank, phase: str) -> None:
     """A pause asked while the loop is held in ``phase`` (RequestPause there), entered once it opens."""
     release = rank.hold_at(phase)
@@ -384,6 +397,7 @@ HELD_PHASES = ("read", "reduce", "decided", "body", "step", "barrier")
 EPISODES: dict[str, tuple[Callable[[RealRank, Any], None], tuple, Callable[[Any], set]]] = {
     "holders": (holders, (None,), lambda p: {("decided", "OpenWindow", "window"), ("window", "EnterPause", "window"),
                                              ("window", "LeavePause", "window"), ("window", "CloseWindow", "barrier")}),
+    "chain": (chain, (None,), lambda p: {("window", "EnterPause", "window"), ("window", "LeavePause", "window")}),
     "request_at": (request_at, HELD_PHASES, lambda p: {(p, "RequestPause", p)}),
     "interrupt_at": (interrupt_at, (*HELD_PHASES, "window"), lambda p: {(p, "Interrupt", p)}),
     "timeout_at": (timeout_at, HELD_PHASES, lambda p: {(p, "PauseTimeout", p)}),

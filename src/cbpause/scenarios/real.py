@@ -41,7 +41,7 @@ COVERAGE_TARGET = 0.9
 # the driver's payload in transit (kill_payload).
 COVERING_TP = ("pauses", "peer_never", "kill_payload")
 COVERING_SINGLE = (
-    (("holders", None), ("mode_pause", "drain"), ("stop_at", "window")),
+    (("holders", None), ("chain", None), ("mode_pause", "drain"), ("stop_at", "window")),
     (("skip_window", None), ("fatal_at", "body"), ("holder_dies", "inside")),
     (("interrupt_at", "read"), ("timeout_at", "decided"), ("fail_at", "decided")),
     (("holder_dies", "stopped"), ("request_at", "step"), ("mode_pause", "abort")),
