@@ -84,7 +84,7 @@ class PauseMetrics:
     open_window_entries: int = 0
     """How many holders entered the window now open (0 while none is)."""
     window_closing: bool = False
-    """The open window admits no newcomer: a holder has left it (R-WINDOW-CLOSES)."""
+    """The open window admits no newcomer: a holder has left it or given up on it (R-WINDOW-CLOSES)."""
 
 
 class PauseHold:

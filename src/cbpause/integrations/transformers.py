@@ -325,7 +325,8 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         window opens; ``timeout`` bounds that too) or ``"abort"`` (every request queued or in flight ends with a
         terminal output, status FAILED, error ``modes.ABORTED_BY_PAUSE``).  Holders asking at once get the
         strongest mode (keep < retract < drain < abort), agreed by every rank; a holder asking for more than the
-        open window's mode waits for the next window.  Nothing is lost (R-NOTHING-LOST-DELIVERED).
+        open window's mode waits for the next window, and so does one arriving after a holder left the window
+        (R-WINDOW-CLOSES: threads taking turns cannot keep it open).  Nothing is lost (R-NOTHING-LOST-DELIVERED).
         ``weights_changed=False`` says the holder leaves the weights alone: the KV blocks kept for prefix sharing
         survive a window whose every holder said so and in which the weight version did not change (D6).
         While any holder is inside, no forward step runs on any rank (R-EXCLUSION, R-SAME-WINDOW).  Under TP
