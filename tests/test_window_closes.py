@@ -179,3 +179,24 @@ def test_two_threads_chaining_keep_pauses_do_not_stop_generation_and_a_retract_h
     assert retract_entered
     assert all(not t.is_alive() and "error" not in box for t, box in chain), [box for _, box in chain]
     assert manager._live_ids == set()
+
+
+def test_a_sigint_while_waiting_for_a_closing_window_leaves_nothing_held():
+    """Ctrl-C on a main thread that waits for a closing window to close (it has asked for nothing yet): the
+    KeyboardInterrupt propagates, and the rank's counts are those of the holder inside."""
+    from cbpause.testing import call_interrupted
+
+    loop = started()
+    status = loop.status
+    thread, box, b_leave = closing_window(loop)
+    ready = threading.Event()
+    ready.set()  # the SIGINT may land before the wait or in it: either way nothing is asked
+    interrupted = call_interrupted(lambda: status.acquire_pause(loop.wake, timeout=WAIT), ready, WAIT)
+    assert interrupted
+    s = status.state
+    assert s.count == 1 and s.inside == 1 and s.closing, s
+    b_leave.set()
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive() and "error" not in box
+    assert status.state.count == 0
+    assert loop.stop() and loop.violations == []
