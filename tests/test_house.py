@@ -20,7 +20,10 @@ import pytest
 from .conftest import ROOT
 
 SRC = ROOT / "src" / "cbpause"
-CORE = {"__init__", "arguments", "dropin", "errors", "group", "loop", "protocol", "recorder", "transitions"}
+CORE = {
+    "__init__", "arguments", "condition", "dropin", "errors", "group", "loop", "metrics", "protocol", "recorder",
+    "transitions",
+}  # fmt: skip
 APPLICATIONS = {"bench", "soak", "demo", "scenarios"}
 
 

@@ -147,10 +147,11 @@ def _chain(manager, stop: threading.Event, entries: list[int], me: int, hold_s: 
 
 
 @pytest.mark.slow
-def test_two_threads_chaining_keep_pauses_do_not_stop_generation_and_a_retract_holder_gets_in(cpu_model):
+def test_two_threads_chaining_keep_pauses_do_not_stop_generation_and_stronger_holders_get_in(cpu_model):
     """Two threads pause the real loop in turn, each re-asking the moment it leaves, so that their pauses overlap
     (before issue 25 the window they shared never closed and no request made progress).  Requests submitted meanwhile
-    complete while the chain goes on, and a retract holder enters while the keep holders keep arriving."""
+    complete while the chain goes on, and a retract, a drain and an abort holder each enter while the keep holders
+    keep arriving (issue 26, point 2: a stronger mode no longer waits behind weaker holders)."""
     from cbpause.integrations import transformers as cbt
     from cbpause.testing import batching_config, greedy_config
 
@@ -167,8 +168,12 @@ def test_two_threads_chaining_keep_pauses_do_not_stop_generation_and_a_retract_h
         ids = submit(manager, 3)
         outs = results(manager, ids)  # bounded: fails if the chain keeps the loop paused
         assert all(len(o.generated_tokens) == MAX_NEW for o in outs)
-        with manager.pause(mode="retract", timeout=WAIT):  # while keep holders keep arriving
-            retract_entered = True
+        entered = []
+        for mode in ("retract", "drain", "abort"):  # each stronger than the chain's keep (issue 26, point 2)
+            ids = submit(manager, 2)
+            with manager.pause(mode=mode, timeout=WAIT):  # while keep holders keep arriving
+                entered.append(mode)
+            results(manager, ids)
         assert not stop.is_set() and all(t.is_alive() for t, _ in chain), "the chain must still be running"
         assert min(entries) > 0 and status.metrics().windows_opened > windows_before
     finally:
@@ -176,7 +181,7 @@ def test_two_threads_chaining_keep_pauses_do_not_stop_generation_and_a_retract_h
         for thread, _ in chain:
             thread.join(JOIN_TIMEOUT)
         manager.stop(block=True, timeout=WAIT)
-    assert retract_entered
+    assert entered == ["retract", "drain", "abort"]
     assert all(not t.is_alive() and "error" not in box for t, box in chain), [box for _, box in chain]
     assert manager._live_ids == set()
 
@@ -198,5 +203,28 @@ def test_a_sigint_while_waiting_for_a_closing_window_leaves_nothing_held():
     b_leave.set()
     thread.join(JOIN_TIMEOUT)
     assert not thread.is_alive() and "error" not in box
+    assert status.state.count == 0
+    assert loop.stop() and loop.violations == []
+
+
+def test_a_stronger_pause_from_a_thread_inside_raises_at_once():
+    """R-NO-SELF-WAIT: inside a keep pause, the same thread asks for abort: it could only enter the next window,
+    which its own pause keeps closed, so it raises at once and holds nothing (it used to wait for ever).  The same
+    check covers a second asyncio task on the thread: the thread, not the task, holds the pause."""
+    loop = started()
+    status = loop.status
+    status.acquire_pause(loop.wake, timeout=WAIT)  # keep: the drop-in loop agrees every window in keep
+    for mode in ("retract", "drain", "abort"):
+        with pytest.raises(RuntimeError, match="would wait for the next window"):
+            status.acquire_pause(loop.wake, mode=mode)  # no timeout: before the fix, for ever
+    hold = status.request_pause(mode="abort")  # the explicit API: any thread may end a hold, so its wait waits
+    with pytest.raises(TimeoutError):
+        status.enter_pause(hold, timeout=0.05)
+    assert hold.state == "idle"
+    s = status.state
+    assert s.count == 1 and s.inside == 1, s
+    status.acquire_pause(loop.wake, mode="keep", timeout=1.0)  # a covered mode nests at once
+    status.release_pause()
+    status.release_pause()
     assert status.state.count == 0
     assert loop.stop() and loop.violations == []

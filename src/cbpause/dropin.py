@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import transitions as t
+from .condition import SafeCondition
 from .loop import dropin_decision, not_enabled
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankState
 
@@ -135,8 +136,8 @@ class DropInLoop:
 
     if TYPE_CHECKING:  # provided by PauseProtocol
         fatal_error: BaseException | None
-        _lock: threading.Lock
-        _condition: threading.Condition
+        _lock: threading.RLock  # SafeCondition's lock
+        _condition: SafeCondition
         _state: RankState
         _pending: int | None
         _loop_thread: int | None

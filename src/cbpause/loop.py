@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import transitions as t
+from .condition import SafeCondition
 from .errors import PeerParkTimeout
 from .transitions import DONT_STOP, HARD_STOP, STOPPED, RankState
 
@@ -118,8 +119,8 @@ class LoopSteps:
 
     if TYPE_CHECKING:  # provided by PauseProtocol
         fatal_error: BaseException | None
-        _lock: threading.Lock
-        _condition: threading.Condition
+        _lock: threading.RLock  # SafeCondition's lock
+        _condition: SafeCondition
         _state: RankState
         _loop_thread: int | None
         _peer_park_timeout: float | None
@@ -354,6 +355,8 @@ class LoopSteps:
                 self._release_dead_holders()
                 if not self._state.paused:
                     break
+                if self._state.waiting:  # a notification an interrupt cut short (SafeCondition.notify_all) is renewed
+                    self._condition.notify_all()
                 self._condition.wait(HOLDER_CHECK_S)
             self._apply(t.close_window)
 

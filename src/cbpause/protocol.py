@@ -1,7 +1,7 @@
 """``PauseProtocol``: one rank's side of the protocol, thread-safe, standard library only.
 
 Every state change is a pure function of :mod:`cbpause.transitions` (one per TLA+ action of
-``tla/PauseProtocol.tla``) applied under ``self._condition``; this module adds what pure functions cannot:
+``tla/PauseProtocol.tla``) applied under ``self._lock``; this module adds what pure functions cannot:
 waiting, threads, errors and clocks.  Invariants kept by every method, under the lock (the per-rank parts
 of the TLA+ invariants, :func:`cbpause.transitions.rank_invariant`):
 
@@ -31,13 +31,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import transitions as t
 from .arguments import check_mode, check_timeout
+from .condition import SafeCondition, thread_alive
 from .dropin import DropInLoop, Plan
 from .loop import HOLDER_CHECK_S, LoopSteps
+from .metrics import PauseMetrics
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankState
 
 if TYPE_CHECKING:
@@ -62,29 +63,6 @@ _HOLD_AFTER = {
     "pause_timeout": "idle",
     "release_dead_holder": "idle",
 }
-
-
-@dataclass(frozen=True)
-class PauseMetrics:
-    """A read-only snapshot of :meth:`PauseProtocol.metrics`."""
-    pauses_taken: int
-    """Holders that entered a pause since construction."""
-    holders_inside: int
-    holders_waiting: int
-    windows_opened: int
-    total_paused_s: float
-    """Time the window was open, summed over closed windows."""
-    last_paused_s: float | None
-    """How long the last closed window was open."""
-    last_entry_latency_s: float | None
-    """From the request to the entry of the last holder that entered."""
-    open_window_s: float | None = None
-    """How long the window now open has been open (None while none is): a window that does not close shows here,
-    where ``total_paused_s`` counts closed windows only."""
-    open_window_entries: int = 0
-    """How many holders entered the window now open (0 while none is)."""
-    window_closing: bool = False
-    """The open window admits no newcomer: a holder has left it or given up on it (R-WINDOW-CLOSES)."""
 
 
 class PauseHold:
@@ -145,12 +123,11 @@ class PauseProtocol(LoopSteps, DropInLoop):
         self.trace_rank = trace.attach() if trace is not None else 0
         self.fatal_error: BaseException | None = None
         self._clock = clock
-        # A plain (non-reentrant) lock: no method re-enters it.  Every method takes it with `with self._lock`, never
-        # `with self._condition`: the lock's __enter__/__exit__ are C, with no point where CPython delivers a signal
-        # between acquiring (releasing) the lock and returning, where Condition's are Python functions, at whose
-        # start a KeyboardInterrupt can land and leave the lock held.  The Condition shares the lock, for waiting.
-        self._lock = threading.Lock()
-        self._condition = threading.Condition(self._lock)
+        # No method re-enters the lock.  Every method takes it with `with self._lock`: the lock's __enter__/__exit__
+        # are C, with no point where CPython delivers a signal between acquiring (releasing) the lock and returning.
+        # Waits go through SafeCondition, whose lock ownership survives an interrupt anywhere (issue 26, point 1).
+        self._condition = SafeCondition()
+        self._lock = self._condition.lock
         self._state = RankState()  # TLA+'s Init: a loop about to start
         self._pending: int | None = None  # a drop-in loop's agreed status, its AllReduce not applied yet
         self._local = threading.local()
@@ -311,7 +288,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
     def _release_dead_holders(self) -> int:
         """P-RELEASE-DEAD-HOLDER for every hold whose thread died without leaving (the caller holds the lock; the
         loop is parked in its window, or stopped); returns how many.  Logs an error that names the thread."""
-        dead = [h for h in self._holds if h.state != "idle" and not h.thread.is_alive()]
+        dead = [h for h in self._holds if h.state != "idle" and not thread_alive(h.thread)]
         for hold in dead:
             logger.error(
                 "a pause held by thread %r (%s) was released: the thread ended while it %s, without leaving",
@@ -393,6 +370,18 @@ class PauseProtocol(LoopSteps, DropInLoop):
                     self._apply(t.interrupt, hold.mode, hold=hold)
                 raise
             return hold
+
+    def _refuse_self_wait(self, mode: int, holds: list[PauseHold]) -> None:
+        """R-NO-SELF-WAIT (the caller holds the lock): a thread inside the open window through ``acquire_pause`` (its
+        ``holds``) that asks for a stronger mode than the window's would wait for the next window, which its own pause
+        keeps from opening (nothing else ends a drop-in hold but this thread, short of an explicit ``leave_pause``).
+        The explicit API's holds may be ended by any thread, so ``enter_pause`` waits (with its timeout)."""
+        s = self._state
+        if s.paused and mode > s.tp_pause and any(h.state == "inside" for h in holds):
+            raise RuntimeError(
+                f"pause(mode={t.MODE_NAMES[mode]!r}) from a thread inside a {t.MODE_NAMES[s.tp_pause]!r} pause: it "
+                "would wait for the next window, which this thread's own pause keeps closed; nothing was changed"
+            )
 
     def _wait_while_closing(self, timeout: float | None) -> float | None:
         """R-WINDOW-CLOSES (the caller holds the lock): while the rank's window is closing, a newcomer waits for it
@@ -555,6 +544,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         if holds:
             holds[:] = [h for h in holds if h.state != "idle"]  # left from another thread (leave_pause)
         with self._lock:
+            self._refuse_self_wait(number, holds)
             timeout = self._wait_while_closing(timeout)
             hold = self._new_hold(threading.get_ident(), number)
             try:

@@ -14,6 +14,7 @@ from typing import Any
 
 from transformers.generation.continuous_batching import continuous_api as _api
 
+from ..condition import thread_alive
 from ..errors import LoopPausedError
 
 __all__ = [
@@ -39,6 +40,13 @@ class Admission:
     while_paused: str
     is_tp_driver: bool
     _live_ids: set[str]
+    _generation_thread: Any
+
+    def is_running(self) -> bool:
+        """Upstream's, through :func:`cbpause.condition.thread_alive`: a Ctrl-C inside ``Thread.is_alive()`` can mark
+        the live loop's thread stopped for good on CPython 3.11."""
+        thread = self._generation_thread
+        return thread is not None and thread_alive(thread)
 
     def refuse_while_paused(self) -> None:
         """R-ADMISSION: with ``while_paused="reject"``, ``LoopPausedError`` while a holder of this rank (the TP

@@ -35,6 +35,7 @@ from datetime import timedelta
 from typing import Any
 
 from .. import transitions as t
+from ..condition import SafeEvent
 from ..protocol import PauseHold, PauseProtocol
 
 SUPPORTED = "5.23"
@@ -252,7 +253,7 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         status = PauseProtocol(peer_park_timeout=peer_park_timeout, trace=trace)  # validates the timeout first
         self.while_paused = admission.checked_while_paused(while_paused)
         super().__init__(model, generation_config, continuous_batching_config, workload_hints)
-        self.background_thread_status = status
+        self.background_thread_status, self._wake_up_loop = status, SafeEvent()  # SafeEvent: issue 26, point 1
         # P-SUBMIT: the acceptance check and the enqueue happen under this lock, and so does the loop's last
         # drain of the queue; a request is then either drained (and gets its output) or refused.
         self._submit_lock = threading.Lock()
@@ -367,8 +368,7 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
                                       "released when its context manager was garbage-collected")  # fmt: skip
                 raise
             finally:
-                # acquire_pause leaves nothing held when it raises; an exception after it returned leaves the hold
-                # inside.
+                # acquire_pause leaves nothing held when it raises; an exception after it returned leaves it inside.
                 if holds and (entered or holds[0].state == "inside"):
                     _leave(status, holds[0])
         except BaseException:

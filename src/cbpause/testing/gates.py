@@ -68,5 +68,5 @@ def wait_for_phase(protocol: Any, phases: str | tuple[str, ...], timeout: float)
     for a peer, a stop): the steady loop's steps wake nobody; hold it with a :class:`StepGate` instead.
     """
     phases = (phases,) if isinstance(phases, str) else phases
-    with protocol._condition:
+    with protocol._lock:
         return protocol._condition.wait_for(lambda: protocol.state.phase in phases, timeout)
