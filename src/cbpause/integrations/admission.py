@@ -10,6 +10,8 @@ terminal output.
 from __future__ import annotations
 
 import numbers
+import queue
+from collections.abc import Iterator
 from typing import Any
 
 from transformers.generation.continuous_batching import continuous_api as _api
@@ -41,6 +43,7 @@ class Admission:
     is_tp_driver: bool
     _live_ids: set[str]
     _generation_thread: Any
+    input_queue: queue.Queue
 
     def is_running(self) -> bool:
         """Upstream's, through :func:`cbpause.condition.thread_alive`: a Ctrl-C inside ``Thread.is_alive()`` can mark
@@ -64,6 +67,11 @@ class Admission:
         refuses after all; that refusal is the caller's answer, its terminal output in the trace."""
         if not self.is_tp_driver:  # upstream's no-op
             return super().add_request(prompt, request_id, max_new_tokens, *args, **kwargs)  # type: ignore[misc]
+        if self.input_queue.full() and self.background_thread_status.is_pause_requested(local=True):
+            raise queue.Full(  # upstream's put would wait 10 s under the submit lock, then raise an empty Full
+                f"the input queue is full (max_queue_size={self.input_queue.maxsize}) and this thread is inside a "
+                "pause: the loop takes no request until it leaves; nothing was enqueued"
+            )
         denial = self.background_thread_status.submit(request_id)
         if denial is not None:
             _api.logger.warning(f"{denial}. Request {request_id!r} will be dropped.")
@@ -89,6 +97,36 @@ class Admission:
                 "paused until this thread leaves the pause. Leave it first, or pass a timeout."
             )
         return super().get_result(request_id=request_id, timeout=timeout)  # type: ignore[misc]
+
+    def __iter__(self) -> Iterator[Any]:
+        """Upstream's: the outputs as they come, while the loop runs.  Inside the caller's own pause it yields what is
+        already there, then raises ``RuntimeError`` instead of waiting for ever (issue 26, point 5)."""
+        return self._outputs(None)
+
+    def request_id_iter(self, request_id: str) -> Iterator[Any]:
+        """Upstream's: the outputs of ``request_id`` until its last, while the loop runs; inside the caller's own
+        pause, as ``__iter__``."""
+        return self._outputs(request_id)
+
+    def _outputs(self, request_id: str | None) -> Iterator[Any]:
+        status = self.background_thread_status
+        get = super().get_result  # type: ignore[misc]
+        while self.is_running():
+            if not status.is_pause_requested(local=True):
+                result = get(request_id=request_id, timeout=0.1)
+            else:  # look once at each output queued (another request's goes back to the end), without waiting
+                for _ in range(max(1, self.output_router.output_queue.qsize())):
+                    if (result := get(request_id=request_id, timeout=0)) is not None:
+                        break
+                if result is None:
+                    raise RuntimeError(
+                        "waiting for outputs from inside a pause would wait for ever: the generation loop is paused "
+                        "until this thread leaves the pause. Leave it first."
+                    )
+            if result is not None:
+                yield result
+                if request_id is not None and result.is_finished():
+                    return
 
 
 def checked_prompt(input_ids: Any, vocab_size: int) -> list[int]:
@@ -183,7 +221,7 @@ def refuse_what_cannot_fit(scheduler: Any, processor: Any) -> None:
     add = scheduler.add_waiting_request
 
     def add_waiting_request(state: Any) -> None:
-        check_fits(len(state.initial_tokens) + state.max_new_tokens, cache_capacity(processor))
+        check_fits(len(state.initial_tokens) + (state.max_new_tokens or 0), cache_capacity(processor))
         add(state)
 
     scheduler.add_waiting_request = add_waiting_request

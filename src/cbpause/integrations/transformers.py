@@ -337,15 +337,15 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         Raises ``RuntimeError`` (the fatal error as ``__cause__``) when the loop is not running, is
         hard-stopping, has failed or stops before pausing; ``RuntimeError`` at once from the loop's own thread
         (D4); ``TimeoutError`` when the loop has not paused within ``timeout`` seconds; ``ValueError`` for a
-        negative or non-numeric ``timeout`` or an unknown ``mode``.  In every case, and on ``KeyboardInterrupt``
-        while waiting, the request is withdrawn first (P-INTERRUPT, P-PAUSE-TIMEOUT).
+        negative or non-numeric ``timeout`` or an unknown ``mode``; ``TypeError`` for a ``weights_changed`` that
+        is not a bool.  In every case, and on ``KeyboardInterrupt`` while waiting, the request is withdrawn first.
 
         The hold belongs to the pause, not to the thread: the ``with`` block may end on another thread (an
         asyncio executor's ``__exit__``), and a context manager that is garbage-collected without having been
         exited releases its hold (logging an error that names the thread that entered).
         """
-        # A loop that died says why: its fatal error is the cause, as when it dies during the wait.
-        status = self.background_thread_status
+        weights.check_weights_changed(weights_changed)
+        status = self.background_thread_status  # a loop that died says why: its fatal error is the cause
         cause = status.fatal_error
         if not self.is_running():
             raise RuntimeError("Cannot pause generation while no generation loop is running.") from cause

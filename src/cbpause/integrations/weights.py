@@ -59,8 +59,14 @@ class WeightVersions:
         self._records: dict[str, list] = {}  # request id -> [spans, tokens seen]
 
     def set(self, version: Hashable) -> None:
-        hash(version)  # TypeError for an unhashable version
-        if version != self.current:
+        """``TypeError``, with nothing changed, for a version that is unhashable or whose equality is not a total,
+        plain-bool one (a tensor, whose ``!=`` the loop could not evaluate; NaN, which differs from itself)."""
+        hash(version)
+        same = _equal(version, version)
+        if same is not True:
+            raise TypeError(f"a weight version must equal itself with a plain bool (an int, a str, a tuple of "
+                            f"them...): {version!r} does not")  # fmt: skip
+        if not _equal(version, self.current):
             self.current, self.changed = version, True
 
     def note(self, state: Any) -> None:
@@ -70,7 +76,7 @@ class WeightVersions:
             record = self._records[state.request_id] = [[], 0]
         if n > record[1]:
             spans = record[0]
-            if not spans or spans[-1][1] != self.current:
+            if not spans or spans[-1][1] is not self.current:  # current is replaced only by an unequal version
                 spans.append((record[1], self.current))
             record[1] = n
 
@@ -78,6 +84,22 @@ class WeightVersions:
         """The spans of ``request_id`` so far (forgotten once its terminal output is out)."""
         record = self._records.pop(request_id, None) if finished else self._records.get(request_id)
         return [] if record is None else list(record[0])
+
+
+def check_weights_changed(weights_changed: object) -> None:
+    """``pause(weights_changed=...)`` takes a bool only: None or 0 read as "unchanged" would serve KV computed with
+    the old weights after a real change (issue 26, point 8)."""
+    if not isinstance(weights_changed, bool):
+        raise TypeError(f"weights_changed must be True or False, not {weights_changed!r}: nothing was paused")
+
+
+def _equal(a: object, b: object) -> bool | None:
+    """``a == b`` when that is a plain bool, else None (a comparison that raises or answers otherwise)."""
+    try:
+        same = a == b
+    except Exception:
+        return None
+    return same if isinstance(same, bool) else None
 
 
 class VersionedManager:
@@ -94,7 +116,8 @@ class VersionedManager:
     def set_weight_version(self, version: Hashable) -> None:
         """Inside a pause: declare the weights the loop resumes with (any hashable).  Every token generated from the
         resume on is labelled with it (each output's ``weight_versions``: ``(first_token_index, version)`` spans).
-        ``RuntimeError`` outside a pause (no holder inside), ``TypeError`` for an unhashable version."""
+        ``RuntimeError`` outside a pause (no holder inside), ``TypeError`` for an unhashable version or one whose
+        equality is not a plain bool, total on it (a tensor, NaN); nothing changes on either."""
         s = self.background_thread_status.state
         if not (s.paused and s.inside):
             raise RuntimeError("set_weight_version() outside a pause: call it inside `with manager.pause():`")
