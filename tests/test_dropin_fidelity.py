@@ -114,9 +114,9 @@ class PlainLoop:
             status.mark_as_stopped()
 
 
-def minimal_manager(status) -> ContinuousBatchingManager:
-    """transformers' real manager with only what ``pause()``, ``stop()`` and ``is_running()`` read."""
-    manager = ContinuousBatchingManager.__new__(ContinuousBatchingManager)
+def minimal_manager(status, cls: type = ContinuousBatchingManager) -> ContinuousBatchingManager:
+    """transformers' real manager (or ``cls``) with only what ``pause()``, ``stop()`` and ``is_running()`` read."""
+    manager = cls.__new__(cls)
     manager.background_thread_status = status
     manager._generation_thread = None
     manager._wake_up_loop = threading.Event()
@@ -349,3 +349,47 @@ def test_a_plain_loops_trace_is_a_behaviour_of_the_spec(scenario, tmp_path, tlc_
     assert {"Observe", "AllReduce", "NoPause"} <= actions
     result = validate(recorder, TLA_DIR, tmp_path)
     assert result.accepted, describe_rejection(recorder, result)
+
+
+def test_local_status_reads_stopped_only_once_the_loop_says_so(impl):
+    """Issue 26, point 14: a loop that asked a hard stop and recorded a fatal error still runs (its exit path) until
+    it calls mark_as_stopped(); transformers' object shows HARD_STOP until then, and so does cbpause's."""
+    status = new_status(impl)
+    status.request_stop(HARD_STOP, 0)
+    status.record_fatal_error(RuntimeError("boom"))
+    assert status.local_status == HARD_STOP
+    status.mark_as_stopped()
+    assert status.local_status == STOPPED
+
+
+def test_local_status_after_a_fatal_error_without_a_stop(impl):
+    status = new_status(impl)
+    status.record_fatal_error(RuntimeError("boom"))
+    shown = status.local_status
+    status.request_stop(FLUSH_AND_STOP, 0)  # the exit path asks (transformers' _handle_critical_error does not)
+    assert status.local_status == max(shown, FLUSH_AND_STOP) < STOPPED
+    status.mark_as_stopped()
+    assert status.local_status == STOPPED
+
+
+def test_cbpause_manager_built_as_transformers_tests_build_one_stops_from_another_thread_while_paused():
+    """Issue 26, point 15: transformers' pause tests build the manager with ``__new__`` and set only what upstream's
+    ``pause()`` and ``stop()`` read; cbpause's manager built so (its ``__init__`` never run) must stop from another
+    thread while a holder is inside, once the holder leaves (its stop state has class defaults)."""
+    from cbpause.integrations.transformers import PausableContinuousBatchingManager
+
+    status = PauseProtocol()
+    manager = minimal_manager(status, PausableContinuousBatchingManager)
+    loop = start_loop(manager)
+    try:
+        with manager.pause(timeout=JOIN_TIMEOUT):
+            stopper, box = run_thread(lambda: manager.stop(block=True, timeout=JOIN_TIMEOUT), name="stopper")
+            stopper.join(0.2)
+            assert stopper.is_alive(), "stop(block=True) returned while a holder was inside the pause"
+        stopper.join(JOIN_TIMEOUT)
+        assert not stopper.is_alive() and "error" not in box, box.get("error")
+        assert not loop.thread.is_alive() and not manager.is_running()
+        assert status.local_status == STOPPED and manager.batch_processor is None
+    finally:
+        status.request_stop(HARD_STOP, 0)
+        loop.thread.join(JOIN_TIMEOUT)

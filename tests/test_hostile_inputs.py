@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import queue
+import threading
+import time
 
 import pytest
 
@@ -149,3 +151,147 @@ def test_a_full_input_queue_inside_ones_own_pause_is_refused_at_once(cpu_model):
     finally:
         manager.stop(block=True, timeout=WAIT)
     assert manager._live_ids == set()
+
+
+# ------------------------------------------------------------------------------------------ point 4
+
+
+def final(manager, request_id: str):
+    """The last output of ``request_id``, reading past another request's stream."""
+    for _ in range(10_000):
+        out = manager.get_result(timeout=WAIT)
+        assert out is not None, f"no output within {WAIT} s"
+        if out.request_id == request_id and out.is_finished():
+            return out
+    pytest.fail(f"no final output for {request_id}")
+
+
+@pytest.mark.parametrize("while_paused", ["queue", "reject"])
+def test_a_holder_that_dies_waiting_for_a_drain_is_released_during_the_drain(cpu_model, caplog, while_paused):
+    """A thread asks for a drain and ends while a long request is in flight.  A drain never parks the loop, which
+    used to look for dead holders only when parked: admission stayed closed until the long request ended.  Now the
+    first drain step releases the hold, and a short request is served while the long one still runs."""
+    import logging
+
+    config = batching_config(num_blocks=256)
+    manager = cbt.init_continuous_batching(cpu_model, greedy_config(MAX_NEW), config, while_paused=while_paused)
+    manager.start()
+    status = manager.background_thread_status
+    try:
+        long_id = manager.add_request([1, 2, 3], max_new_tokens=600, streaming=True)
+        first = manager.get_result(long_id, timeout=WAIT)  # it is in flight: a drain has something to wait for
+        assert first is not None and not first.is_finished()
+        with caplog.at_level(logging.ERROR, logger="cbpause"):
+            thread, box = run_thread(lambda: status.request_pause(manager._wake_up_loop, mode="drain"), "dies")
+            thread.join(WAIT)
+            assert not thread.is_alive() and "error" not in box
+            with status._lock:
+                released = status._condition.wait_for(lambda: status.state.count == 0, WAIT)
+        assert released, "the dead holder was not released during the drain"
+        assert any("dies" in r.getMessage() and "without leaving" in r.getMessage() for r in caplog.records)
+        short = final(manager, manager.add_request([4, 5, 6]))  # admission is open again (reject: no raise)
+        assert short.status == RequestStatus.FINISHED
+        assert long_id in manager._live_ids, "the long request ended first: this run shows nothing"
+    finally:
+        manager.stop(block=True, timeout=WAIT, hard_stop=True)
+
+
+# ------------------------------------------------------------------------------------------ point 6
+
+
+def reject_manager(cpu_model):
+    manager = cbt.init_continuous_batching(
+        cpu_model, greedy_config(4), batching_config(num_blocks=512), while_paused="reject"
+    )
+    manager.start()
+    return manager
+
+
+def test_add_requests_is_all_or_nothing_when_a_pause_comes_while_it_enqueues(cpu_model):
+    """A pause asked after the 100th of 400 enqueues: the batch, admitted as one, goes in whole (it used to raise
+    after a prefix, with no ids), and every request gets its output."""
+    from cbpause import LoopPausedError
+
+    manager = reject_manager(cpu_model)
+    status = manager.background_thread_status
+    enqueue, holds = manager.enqueue, []
+
+    def enqueue_then_pause(*args, **kwargs):
+        if len(manager._live_ids) == 100 and not holds:
+            holds.append(status.request_pause(manager._wake_up_loop))  # a pause asked mid-batch
+        return enqueue(*args, **kwargs)
+
+    try:
+        manager.enqueue = enqueue_then_pause
+        prompts = [[1 + i % 7, 2, 3] for i in range(400)]
+        ids = manager.add_requests(prompts)
+        assert len(ids) == 400 == len(set(ids)) and holds
+        with pytest.raises(LoopPausedError):  # the next batch meets the pause at the door: nothing goes in
+            manager.add_requests([[1, 2]] * 5)
+        assert len(manager._live_ids) <= 400
+        status.interrupt(holds[0])
+        outs = results(manager, ids)
+        assert all(o.status == RequestStatus.FINISHED for o in outs)
+        assert manager._live_ids == set()
+    finally:
+        del manager.enqueue
+        manager.stop(block=True, timeout=WAIT)
+
+
+def test_add_requests_with_a_bad_request_enqueues_nothing(cpu_model):
+    manager = reject_manager(cpu_model)
+    try:
+        with pytest.raises(ValueError):
+            manager.add_requests([[1, 2], [3, 4], [10**9]])
+        assert manager._live_ids == set() and manager.input_queue.qsize() == 0
+        serves_ids = manager.add_requests([[1, 2], [3, 4]])
+        assert all(o.status == RequestStatus.FINISHED for o in results(manager, serves_ids))
+    finally:
+        manager.stop(block=True, timeout=WAIT)
+
+
+def test_add_requests_skips_a_caller_chosen_id_in_flight(manager):
+    with manager.pause(timeout=WAIT):  # keeps the chosen request in flight
+        manager.add_request([1, 2, 3], request_id="req_1")
+        ids = manager.add_requests([[4, 5]] * 3)
+    assert "req_1" not in ids and len(set(ids)) == 3
+    outs = results(manager, ["req_1", *ids])
+    assert all(o.status == RequestStatus.FINISHED for o in outs)
+
+
+def test_the_documented_retry_recipe_gets_every_output_while_another_thread_pauses(cpu_model):
+    """docs/integration.md's retry loop, while a thread keeps pausing: every id comes back with its output."""
+    from cbpause import LoopPausedError
+
+    manager = reject_manager(cpu_model)
+    stop, refused = threading.Event(), []
+
+    def keep_pausing():  # pauses with gaps: back-to-back pauses admit nothing in reject mode (docs/integration.md)
+        while not stop.wait(0.005):  # the gap
+            with manager.pause(timeout=WAIT):
+                stop.wait(0.005)  # a workload inside the pause, not a synchronisation
+
+    pauser, box = run_thread(keep_pausing, name="pauser")
+    try:
+        prompts = [[1 + i % 5, 2, 3] for i in range(50)]
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            try:
+                ids = manager.add_requests(prompts)
+                break
+            except LoopPausedError:
+                refused.append(1)
+                time.sleep(0.005)  # the recipe's back-off
+        else:
+            pytest.fail(f"refused {len(refused)} times in {WAIT} s")
+        outputs = {}
+        while len(outputs) < len(ids):  # the recipe's collection
+            out = manager.get_result(timeout=WAIT)
+            assert out is not None, f"no output within {WAIT} s"
+            outputs[out.request_id] = out
+    finally:
+        stop.set()
+        pauser.join(WAIT)
+        manager.stop(block=True, timeout=WAIT)
+    assert not pauser.is_alive() and "error" not in box
+    assert sorted(outputs) == sorted(ids) and all(o.status == RequestStatus.FINISHED for o in outputs.values())

@@ -89,6 +89,10 @@ NeverInsideWitness == ~AnyInside
 NeverResumesWitness ==
     [][\A r \in Ranks : phase[r] = "window" => phase'[r] \in {"window", "dead"}]_vars
 
+\* A dead holder is released while its loop drains (issue 26, point 4).
+NeverReleasedInDrainWitness ==
+    [][\A h \in Holders : ~(draining[RankOf[h]] /\ ReleaseDeadHolder(h))]_vars
+
 \* A stop does complete, cleanly (not through a fatal error).
 NeverStopsWitness == \A r \in Ranks : ~(phase[r] = "stopped" /\ ~fatal[r])
 

@@ -502,8 +502,11 @@ HolderMayDie(h) ==
     /\ phase[RankOf[h]] # "dead"
 
 \* Where a dead holder's hold is released: by the loop parked in its window,
-\* or by clear() on a stopped loop.
-DeadHolderReleasable(h) == phase[RankOf[h]] \in {"window", "stopped"}
+\* or stepping its batch in a drain (which never parks: issue 26, point 4; no
+\* holder is inside then, so the hold was waiting), or by clear() on a
+\* stopped loop.
+DeadHolderReleasable(h) ==
+    phase[RankOf[h]] \in {"window", "stopped"} \/ draining[RankOf[h]]
 
 \* P-HOLDER-DIES: a holder's thread ends while it waits or is inside, without
 \* leaving (it returned or was killed with the pause's context manager still
@@ -656,7 +659,8 @@ FairnessWithoutRecovery ==
 
 Fairness ==
     /\ FairnessWithoutRecovery
-    /\ \A h \in Holders : WF_vars(phase[RankOf[h]] = "window" /\ ReleaseDeadHolder(h))
+    /\ \A h \in Holders :
+        WF_vars((phase[RankOf[h]] = "window" \/ draining[RankOf[h]]) /\ ReleaseDeadHolder(h))
 
 Spec == Init /\ [][Next]_vars /\ Fairness
 

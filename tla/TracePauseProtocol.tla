@@ -82,6 +82,13 @@ TraceDrainFirst(r) ==
     /\ tpPause = DRAIN
     /\ Move(r, "body")
 
+\* The same unknown flag: the loop releases a dead holder at a drain step
+\* (DeadHolderReleasable's draining), in the phase TraceDrainFirst moved to.
+TraceReleaseDeadHolder(h) ==
+    /\ hs[h] = "dead"
+    /\ DeadHolderReleasable(h) \/ (tpPause = DRAIN /\ phase[RankOf[h]] = "body")
+    /\ Drop(h)
+
 \* A group step taken by the first rank to record it; the later ranks' records
 \* stutter, each catching its rank up.
 GroupStep(A, r, before) ==
@@ -169,7 +176,7 @@ Step(e) ==
          [] e.a = "Interrupt"         -> Interrupt(h)
          [] e.a = "PauseTimeout"      -> PauseTimeout(h)
          [] e.a = "HolderDies"        -> HolderDies(h)
-         [] e.a = "ReleaseDeadHolder" -> ReleaseDeadHolder(h)
+         [] e.a = "ReleaseDeadHolder" -> TraceReleaseDeadHolder(h)
          [] e.a = "RequestStop"       -> TraceRequestStop(r, e.s)
          [] e.a = "RecordFatalError"  -> RecordFatalError(r)
          [] e.a = "FailLoop"          -> FailLoop(r)

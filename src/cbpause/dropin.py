@@ -139,6 +139,7 @@ class DropInLoop:
         _lock: threading.RLock  # SafeCondition's lock
         _condition: SafeCondition
         _state: RankState
+        _shown_status: int | None
         _pending: int | None
         _loop_thread: int | None
         _observe_memo: tuple
@@ -152,7 +153,10 @@ class DropInLoop:
 
     @property
     def local_status(self) -> int:
-        """The locally requested stop status, possibly ahead of the value agreed by the TP group."""
+        """The locally requested stop status, possibly ahead of the value agreed by the TP group; ``STOPPED`` only
+        once the loop said so (``mark_as_stopped``), as transformers' object, even after a fatal error."""
+        if self._shown_status is not None:
+            return self._shown_status
         pending = self._pending
         s = self._state
         return s.local_status if pending is None or pending <= s.local_status else pending
@@ -293,7 +297,11 @@ class DropInLoop:
         with self._lock:
             if self.fatal_error is None:
                 self.fatal_error = error
-            plan, _ = plan_fatal(self._state, self._pending)
+            plan, after = plan_fatal(self._state, self._pending)
+            if after.local_status == STOPPED and self._shown_status is None:
+                # FailLoop stops the rank at once in the spec; transformers' object keeps the status the loop
+                # asked until the loop says it stopped (issue 26, point 14): show that until mark_as_stopped().
+                self._shown_status = self.local_status
             self._pending = None
             self._run(plan)
             self._condition.notify_all()
@@ -302,6 +310,7 @@ class DropInLoop:
         """The loop has exited; called on every exit path.  P-EXIT-LOOP after a stop, after the steps the loop
         took since its last call; P-FAIL-LOOP for an exit without a stop (the loop's thread ended)."""
         with self._lock:
+            self._shown_status = None
             plan, end = plan_exit(self._state, self._pending)
             if plan and plan[-1][0] is t.fail_loop and self.fatal_error is None:
                 self.fatal_error = RuntimeError("the generation loop exited without a stop agreed by its group")

@@ -222,7 +222,7 @@ def _holder_steps(
         yield "LeavePause" + tag, _set_holder(_set_rank(g, r, t.leave_pause(s, mode)), h, "idle")
     if state == "waiting" and not s.paused and (s.local_status == STOPPED or s.fatal):
         yield "PauseFails" + tag, _set_holder(_set_rank(g, r, t.pause_fails(s, mode)), h, "idle")
-    if state.startswith("dead:") and s.phase in ("window", "stopped"):
+    if state.startswith("dead:") and t.dead_holder_releasable(s):
         released = t.release_dead_holder(s, state == "dead:inside", mode)
         yield "ReleaseDeadHolder" + tag, _set_holder(_set_rank(g, r, released), h, "idle")
 

@@ -122,6 +122,7 @@ class LoopSteps:
         _lock: threading.RLock  # SafeCondition's lock
         _condition: SafeCondition
         _state: RankState
+        _holds: dict
         _loop_thread: int | None
         _peer_park_timeout: float | None
         _clock: Callable[[], float]
@@ -271,8 +272,13 @@ class LoopSteps:
     def drain_first(self) -> None:
         """P-DRAIN-FIRST (``DrainFirst``): the group decided to drain and the batch had work (``all_reduce(...,
         busy=True)``): no window this iteration; the loop steps the batch, admitting no new request
-        (``state.draining``), and asks again."""
+        (``state.draining``), and asks again.  A drain never parks, so this is where the loop releases the holds of
+        holders whose thread died waiting for it (P-RELEASE-DEAD-HOLDER; issue 26, point 4): once per drain step,
+        a scan of the holds (none inside, the window being closed)."""
         self._step(t.drain_first, _can_drain_first)
+        if self._holds:
+            with self._lock:
+                self._release_dead_holders()
 
     def skip_window(self) -> None:
         """P-SKIP-WINDOW (``SkipWindow``): this rank asked, every local request was withdrawn (D1)."""
@@ -364,11 +370,11 @@ class LoopSteps:
         """P-RELEASE-DEAD-HOLDER (``ReleaseDeadHolder``): release the hold of every holder whose thread ended while
         it waited or was inside, without leaving (P-HOLDER-DIES), logging an error that names the thread; returns
         how many.  Enabled while the loop is parked in its window (``pause_window`` does it there at least every
-        ``HOLDER_CHECK_S`` seconds: a loop that steps through its window itself must do the same) and on a
-        stopped loop (``clear()`` does it first)."""
+        ``HOLDER_CHECK_S`` seconds: a loop that steps through its window itself must do the same), while it drains
+        (``drain_first`` does it at each drain step) and on a stopped loop (``clear()`` does it first)."""
         with self._lock:
             s = self._state
-            if s.phase not in ("window", "stopped"):
+            if not t.dead_holder_releasable(s):
                 raise RuntimeError(not_enabled("release_dead_holders", s))
             return self._release_dead_holders()
 

@@ -130,6 +130,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         self._lock = self._condition.lock
         self._state = RankState()  # TLA+'s Init: a loop about to start
         self._pending: int | None = None  # a drop-in loop's agreed status, its AllReduce not applied yet
+        self._shown_status: int | None = None  # a drop-in loop's local_status after a fatal error (dropin.py)
         self._local = threading.local()
         self._serial = itertools.count()
         self._loop_thread: int | None = None
@@ -324,6 +325,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
             if s.phase != "stopped":
                 raise RuntimeError(f"clear() while the generation loop runs (phase {s.phase!r}): stop it first")
             self.fatal_error = None
+            self._shown_status = None
             self._loop_thread = None
             self._forget_memos()
             self._apply(t.restart)
@@ -339,6 +341,8 @@ class PauseProtocol(LoopSteps, DropInLoop):
             s = self._state
             if t.live(s) and s.local_status < status:
                 self._apply(t.request_stop, status)
+            elif self._shown_status is not None and self._shown_status < status:
+                self._shown_status = status  # a failed loop not yet marked stopped shows the stop, as upstream's
 
     # ------------------------------------------------------------------------------------------- holders
 

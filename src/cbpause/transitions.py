@@ -486,14 +486,20 @@ def pause_timeout(s: RankState, mode: int = KEEP) -> RankState:
     return _drop_waiting(s, mode)
 
 
+def dead_holder_releasable(s: RankState) -> bool:
+    """TLA+ ``DeadHolderReleasable``: where the loop (or ``clear()``) looks for holders whose thread died."""
+    return s.phase in ("window", "stopped") or s.draining
+
+
 def release_dead_holder(s: RankState, inside: bool, mode: int = KEEP) -> RankState:
     """P-RELEASE-DEAD-HOLDER (``ReleaseDeadHolder``): the thread of a holder (of ``mode``) that was waiting
     (``inside`` false) or inside died without leaving (P-HOLDER-DIES, which changes nothing here: the rank does not
-    know yet); the loop parked in its window, or ``clear()`` on a stopped loop, releases its hold, and the window is
-    closing, as after any holder's drop (R-WINDOW-CLOSES).  Keeps CountsInv.
+    know yet); the loop parked in its window or stepping its batch in a drain (no holder is inside then), or
+    ``clear()`` on a stopped loop, releases its hold, and the window is closing, as after any holder's drop
+    (R-WINDOW-CLOSES).  Keeps CountsInv.
 
     pre: rank_invariant(s)
-    pre: s.phase in ("window", "stopped")
+    pre: dead_holder_releasable(s)
     pre: can_leave(s, mode) if inside else can_drop_waiting(s, mode)
     post: __return__.count == s.count - 1
     post: __return__.paused == (s.paused and pending(__return__) > 0)

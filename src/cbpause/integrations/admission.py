@@ -43,6 +43,13 @@ class Admission:
     is_tp_driver: bool
     _live_ids: set[str]
     _generation_thread: Any
+    _submit_lock: Any
+    _request_lock: Any
+    _request_counter: int
+    _use_prefix_sharing: bool
+    model: Any
+    generation_config: Any
+    batch_processor: Any
     input_queue: queue.Queue
 
     def is_running(self) -> bool:
@@ -50,6 +57,65 @@ class Admission:
         the live loop's thread stopped for good on CPython 3.11."""
         thread = self._generation_thread
         return thread is not None and thread_alive(thread)
+
+    def checked_request(self, input_ids: Any, max_new_tokens: Any) -> tuple[list[int], int | None]:
+        """The prompt and ``max_new_tokens`` of a request, checked (``TypeError``/``ValueError`` otherwise)."""
+        prompt = checked_prompt(input_ids, self.model.config.get_text_config().vocab_size)
+        max_new_tokens = checked_max_new_tokens(max_new_tokens)
+        new_tokens = self.generation_config.max_new_tokens if max_new_tokens is None else max_new_tokens
+        check_fits(len(prompt) + (new_tokens or 0), cache_capacity(self.batch_processor))
+        return prompt, max_new_tokens
+
+    def next_request_id(self) -> str:
+        """Upstream's naming (``req_N``), skipping the ids a caller chose that are still in flight."""
+        with self._request_lock:
+            request_id = f"req_{self._request_counter}"
+            self._request_counter += 1
+            while request_id in self._live_ids:
+                request_id = f"req_{self._request_counter}"
+                self._request_counter += 1
+            return request_id
+
+    def add_requests(
+        self,
+        inputs: list[list[int]],
+        max_new_tokens: int | None = None,
+        streaming: bool = False,
+        record_timestamps: bool = False,
+        **logit_processor_kwargs: Any,
+    ) -> list[str]:
+        """Upstream's ``add_requests``, all or nothing (issue 26, point 6): every request is checked first, then all
+        are enqueued under one hold of the submit lock, after one admission check, so that a pause asked meanwhile
+        (``while_paused="reject"``) refuses the whole batch or none of it.  Returns the ids in the order of
+        ``inputs`` (``req_N``, skipping ids still in flight); enqueued in prefix-sharing order, as upstream.
+        Raises, with nothing enqueued: as ``add_request`` for any one request, ``LoopPausedError`` in reject mode
+        during a pause, ``queue.Full`` when the batch does not fit a bounded input queue inside one's own pause,
+        ``RuntimeError`` when the loop does not accept requests (upstream logs and drops each).  Outside one's own
+        pause, a bounded input queue that fills while the batch goes in makes a put wait, as upstream's does."""
+        checked = [self.checked_request(x, max_new_tokens) for x in inputs]
+        status = self.background_thread_status
+        with self._submit_lock:
+            self.refuse_while_paused()
+            denial = status.can_accept_new_requests()
+            if denial is not None:
+                raise RuntimeError(f"{denial} Nothing was enqueued.")
+            size = self.input_queue.maxsize
+            if size and self.input_queue.qsize() + len(checked) > size and status.is_pause_requested(local=True):
+                raise queue.Full(f"{len(checked)} requests do not fit the input queue (max_queue_size={size}) inside "
+                                 "this thread's pause; nothing was enqueued")  # fmt: skip
+            ids = [self.next_request_id() for _ in checked]
+            order = list(zip(ids, checked, strict=True))
+            if self._use_prefix_sharing:  # upstream's order, for cache hits
+                order.sort(key=lambda x: x[1][0], reverse=True)
+            # copied from transformers (continuous_api.py, ContinuousBatchingManager.add_requests)
+            eos_token_id = self.generation_config.eos_token_id
+            eos_token_id = self.model.config.eos_token_id if eos_token_id is None else eos_token_id
+            eos_token_id = -1 if eos_token_id is None else eos_token_id
+            # end of copy
+            for request_id, (prompt, new_tokens) in order:
+                self.enqueue(prompt, request_id, new_tokens, streaming=streaming, record_timestamps=record_timestamps,
+                             eos_token_id=eos_token_id, **logit_processor_kwargs)  # fmt: skip
+        return ids
 
     def refuse_while_paused(self) -> None:
         """R-ADMISSION: with ``while_paused="reject"``, ``LoopPausedError`` while a holder of this rank (the TP

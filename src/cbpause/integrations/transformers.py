@@ -239,6 +239,11 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
 
     background_thread_status: PauseProtocol
 
+    # Defaults for a manager built with __new__, as transformers' own pause tests build one (issue 26, point 15):
+    # its stop() then works as upstream's.  The class lock serves only such managers; __init__ gives each its own.
+    _teardown_lock = threading.Lock()
+    _loop_done, _teardown_asked, _stop_at_exit_registered = True, None, False  # _teardown_asked: a stop's keep flag
+
     def __init__(
         self,
         model: Any,
@@ -260,9 +265,6 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         # stop() never tears down a loop that still runs: it leaves the teardown to the loop's exit path. The
         # lock orders the two: either stop() sees the loop done and tears down, or the loop finds the request.
         self._teardown_lock = threading.Lock()
-        self._loop_done = True
-        self._teardown_asked: bool | None = None  # keep_for_next_session of a stop that left the teardown
-        self._stop_at_exit_registered = False
         # The ids of the requests in flight (added, no terminal output delivered yet): a duplicate would make the
         # scheduler mix two requests up and fail the loop (upstream), so add_request refuses one.
         self._live_ids: set[str] = set()
@@ -284,7 +286,7 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
 
         Upstream checks that the loop accepts requests, then enqueues: a request enqueued after the loop's
         last drain is never seen again.  Returns ``None`` (and logs why) when the loop does not accept
-        requests, as upstream does; ``add_requests`` goes through here too.  Raises, with nothing enqueued:
+        requests, as upstream does (``add_requests`` is all or nothing: see there).  Raises, with nothing enqueued:
         ``TypeError`` for a prompt that is not a sequence of integers, a ``max_new_tokens`` that is not an
         integer or a ``request_id`` that is not a string; ``ValueError`` for an empty prompt, a token id outside
         ``[0, vocab_size)``, ``max_new_tokens < 1``, a prompt plus ``max_new_tokens`` that cannot fit the KV cache,
@@ -292,22 +294,13 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         cache's size is known once the loop built it; a request too long for it that comes earlier fails alone,
         with the same ``ValueError`` as its error, when the loop takes it.
         """
-        prompt = admission.checked_prompt(input_ids, self.model.config.get_text_config().vocab_size)
-        max_new_tokens = admission.checked_max_new_tokens(max_new_tokens)
-        new_tokens = self.generation_config.max_new_tokens if max_new_tokens is None else max_new_tokens
-        admission.check_fits(len(prompt) + (new_tokens or 0), admission.cache_capacity(self.batch_processor))
+        prompt, max_new_tokens = self.checked_request(input_ids, max_new_tokens)
         if request_id is not None and not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, not {request_id!r}")
         with self._submit_lock:
             self.refuse_while_paused()
             if request_id is None:
-                # upstream's naming, skipping the ids a caller chose that are still in flight
-                with self._request_lock:
-                    request_id = f"req_{self._request_counter}"
-                    self._request_counter += 1
-                    while request_id in self._live_ids:
-                        request_id = f"req_{self._request_counter}"
-                        self._request_counter += 1
+                request_id = self.next_request_id()
             elif request_id in self._live_ids:
                 raise ValueError(f"request_id {request_id!r} is already in use by a request in flight")
             return self.enqueue(prompt, request_id, max_new_tokens, *args, **kwargs)
@@ -381,11 +374,9 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         """Start the loop thread (upstream's ``start``), named so that it shows in thread dumps.
 
         ``RuntimeError`` while another manager's loop runs on the same model (its pauses would not stop this
-        loop's forward steps).  The thread is a daemon, and the first ``start()`` registers an ``atexit`` hard
-        stop: a script that
-        ends (or raises) without ``stop()`` exits instead of waiting for ever on a loop that idles, and the
-        requests still in flight get their terminal output (failed) first.  The hard stop waits at most
-        ``EXIT_STOP_TIMEOUT`` seconds (a holder still inside a pause would keep it waiting).
+        loop's forward steps).  The thread is a daemon, and the first ``start()`` registers an ``atexit`` hard stop:
+        a script that ends (or raises) without ``stop()`` exits instead of waiting for ever on a loop that idles, and
+        the requests in flight get their terminal output (failed) first, within ``EXIT_STOP_TIMEOUT`` seconds.
         """
         # copied from transformers (continuous_api.py, ContinuousBatchingManager.start)
         if self.is_running():

@@ -20,8 +20,9 @@ __all__ = ["Coverage", "spec_transitions", "trace_transitions"]
 Transition = tuple[str, str, str]
 GROUP_STEPS = {"AllReduce": ("reduce", "decided"), "Barrier": ("barrier", "body"), "Restart": ("stopped", "read")}
 # A holder's death is recorded where the protocol learns it, before the release (the loop's window, or a clear() of
-# a stopped loop): at another phase it is the same step, unobservable until then.
-DEATH_LEARNED = ("window", "stopped")
+# a stopped loop; or a drain step, in the models with a drain mode, which the death models leave out): at another
+# phase it is the same step, unobservable until then.
+DEATH_LEARNED = ("window", "stopped", "body")
 # A request's steps move no rank's phase: not transitions of one rank.  The real loop's traces carry them (the
 # records of cbpause.recorder.REQUEST_RECORDS), and TLC checks them there.
 REQUEST_ACTIONS = frozenset({"Submit", "Broadcast", "Deliver"})

@@ -369,13 +369,14 @@ def mode_pause(rank: RealRank, mode: str) -> None:
 
 def holder_dies(rank: RealRank, where: str) -> None:
     """A holder's thread ends without leaving (P-HOLDER-DIES): ``inside`` its pause, or ``waiting`` for it (the loop
-    releases it from its window, P-RELEASE-DEAD-HOLDER), or waiting on a loop that then stops (``stopped``: the
-    restart's clear() releases it).  Both records come where the protocol learns of the death."""
+    releases it from its window, P-RELEASE-DEAD-HOLDER), or waiting for a drain asked while requests are in flight
+    (``draining``: released at a drain step, the loop never parking), or waiting on a loop that then stops
+    (``stopped``: the restart's clear() releases it).  Both records come where the protocol learns of the death."""
     status, wake = rank.status, rank.manager._wake_up_loop
-    release = rank.hold_at("step") if where == "stopped" else None
+    release = rank.hold_at("step") if where in ("stopped", "draining") else None
 
     def die() -> None:
-        hold = status.request_pause(wake)
+        hold = status.request_pause(wake, mode="drain" if where == "draining" else "keep")
         if where == "inside":
             status.enter_pause(hold, timeout=rank.bound)
         # the thread returns holding: its pause is never left
@@ -384,6 +385,8 @@ def holder_dies(rank: RealRank, where: str) -> None:
     thread.join(rank.bound)
     if "error" in box:
         raise box["error"]
+    if where == "draining":
+        release()
     if where == "stopped":
         status.request_stop(status.HARD_STOP)
         release()
@@ -413,7 +416,8 @@ EPISODES: dict[str, tuple[Callable[[RealRank, Any], None], tuple, Callable[[Any]
                                                            ("stopped", "PauseFails", "stopped")}),
     "mode_pause": (mode_pause, ("retract", "drain", "abort"), lambda p: {("decided", "DrainFirst", "body")}
                    if p == "drain" else {("decided", "OpenWindow", "window")}),
-    "holder_dies": (holder_dies, ("inside", "waiting", "stopped"), lambda p: {
-        ("stopped" if p == "stopped" else "window", a, "stopped" if p == "stopped" else "window")
+    "holder_dies": (holder_dies, ("inside", "waiting", "draining", "stopped"), lambda p: {
+        ("stopped" if p == "stopped" else "body" if p == "draining" else "window", a,
+         "stopped" if p == "stopped" else "body" if p == "draining" else "window")
         for a in ("HolderDies", "ReleaseDeadHolder")}),
 }  # fmt: skip

@@ -44,7 +44,7 @@ COVERING_SINGLE = (
     (("holders", None), ("chain", None), ("mode_pause", "drain"), ("stop_at", "window")),
     (("skip_window", None), ("fatal_at", "body"), ("holder_dies", "inside")),
     (("interrupt_at", "read"), ("timeout_at", "decided"), ("fail_at", "decided")),
-    (("holder_dies", "stopped"), ("request_at", "step"), ("mode_pause", "abort")),
+    (("holder_dies", "stopped"), ("request_at", "step"), ("mode_pause", "abort"), ("holder_dies", "draining")),
 )
 
 
