@@ -1,5 +1,5 @@
 """Sessions: `nox -s tlc` (the main job), `tlc_deep`, `tests`, `lint`, `docs`, `docs_check`, `crosshair`, `fuzz`,
-`traces`, `bench`, `gpu`, `soak`.
+`traces`, `bench`, `gpu`, `soak`, `hostile`.
 
 Virtual environments are reused between runs, so a session installs its
 dependencies once (torch included, for `tests`); `tlc`, `crosshair` and
@@ -106,6 +106,14 @@ def gpu(session: nox.Session) -> None:
     runs.  ``scripts/gpu-check.sh`` does the same in the current Python, keeping its torch."""
     session.install("-e", ".[dev,transformers,bench]")
     session.run("python", "-m", "cbpause.bench.gpu", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def hostile(session: nox.Session) -> None:
+    """The hostile users' probes (issues 13 and 26), each in its own process with a deadline, classified OK / HANG /
+    WRONG ERROR / SILENT / LOST in a table; fails unless every probe is OK.  `-- --only NAME` runs one."""
+    session.install("-e", ".[transformers]")
+    session.run("python", "-m", "cbpause.hostile", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -295,3 +295,64 @@ def test_the_documented_retry_recipe_gets_every_output_while_another_thread_paus
         manager.stop(block=True, timeout=WAIT)
     assert not pauser.is_alive() and "error" not in box
     assert sorted(outputs) == sorted(ids) and all(o.status == RequestStatus.FINISHED for o in outputs.values())
+
+
+# ------------------------------------------------------------------------------------------ point 13
+
+
+def test_a_float64_lm_head_swapped_in_inside_a_pause_fails_the_loop_with_a_clear_error(cpu_model):
+    """The resume check read only the first parameter: a float64 ``lm_head`` killed the loop with torch's raw dtype
+    error.  Now the check names the parameter; stop() and start() serve again once it is put back."""
+    manager = cbt.init_continuous_batching(cpu_model, greedy_config(MAX_NEW), batching_config())
+    manager.start()
+    head = cpu_model.lm_head
+    try:
+        with manager.pause(timeout=WAIT):
+            cpu_model.lm_head = torch.nn.Linear(head.in_features, head.out_features, bias=False, dtype=torch.float64)
+        rid = manager.add_request([1, 2, 3])
+        manager._generation_thread.join(WAIT)
+        (out,) = results(manager, [rid])  # failed, with the loop's error: nothing lost
+        assert out.status == RequestStatus.FAILED
+        error = manager.background_thread_status.fatal_error
+        assert error is not None and "'lm_head.weight'" in str(error) and "float64" in str(error), error
+    finally:
+        cpu_model.lm_head = head
+        manager.stop(block=True, timeout=WAIT)
+    manager.start()
+    try:
+        serves(manager)
+    finally:
+        manager.stop(block=True, timeout=WAIT)
+
+
+# ------------------------------------------------------------------------------------------ point 10
+
+
+def test_a_retracted_request_keeps_its_timestamps_created_time_and_lifespan(plain_manager):
+    """Retract replaces a request by transformers' soft-reset copy, which restarted its created time and lifespan and
+    dropped the timestamps of the tokens it had generated.  Three requests are retracted after a step."""
+    from cbpause.testing import StepGate
+
+    manager = plain_manager
+    gate = StepGate(manager.background_thread_status, "end_step")
+    created = {}
+    ids = []
+    for prompt in ([1, 2, 3], [4, 5, 6], [7, 8, 9]):
+        ids.append(manager.add_request(prompt, max_new_tokens=MAX_NEW, record_timestamps=True))
+    for state in list(manager.input_queue.queue):
+        created[state.request_id] = state.created_time
+    manager.start()
+    assert gate.reached.wait(WAIT), "the loop never stepped"
+    status = manager.background_thread_status
+    hold = status.request_pause(mode="retract")
+    gate.release()
+    status.enter_pause(hold, timeout=WAIT)
+    started = {i: s.lifespan[0] for i, s in manager.batch_processor.scheduler.waiting_requests.items()}
+    status.leave_pause(hold)
+    outs = results(manager, ids)
+    for out in outs:
+        assert out.status == RequestStatus.FINISHED and len(out.generated_tokens) == MAX_NEW
+        assert out.timestamps is not None and len(out.timestamps) == len(out.generated_tokens), out.timestamps
+        assert out.created_time == created[out.request_id]
+        assert out.lifespan[0] == started[out.request_id] and out.lifespan[0] >= 0 and out.lifespan[1] > 0
+        assert out.timestamps == sorted(out.timestamps) and out.timestamps[0] >= out.lifespan[0]

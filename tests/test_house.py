@@ -24,7 +24,7 @@ CORE = {
     "__init__", "arguments", "condition", "dropin", "errors", "group", "loop", "metrics", "protocol", "recorder",
     "transitions",
 }  # fmt: skip
-APPLICATIONS = {"bench", "soak", "demo", "scenarios"}
+APPLICATIONS = {"bench", "soak", "demo", "scenarios", "hostile"}
 
 
 def module_name(path: Path) -> str:

@@ -75,6 +75,17 @@ def test_modes_and_versions_are_agreed_by_both_ranks(checkpoint, tmp_path):
     assert r0["later_spans"] == r1["later_spans"] == [[0, 4]]
 
 
+def test_ranks_that_set_different_versions_agree_on_the_drivers_and_say_so(checkpoint, tmp_path):
+    """Issue 26, point 12: set_weight_version is local to a rank; the ranks compare digests at the window's barrier
+    and, when they differ, take the driver's version (with an error logged on each); equal versions log nothing."""
+    r0, r1 = (records := run_group("versions_differ", checkpoint, tmp_path))[0], records[1]
+    assert r0["after"] == r1["after"] == "c"
+    assert len(r0["errors"]) == len(r1["errors"]) == 1 and "'b'" in r1["errors"][0]
+    assert sorted(r0["spans"]) == sorted(r0["ids"]) == sorted(r1["spans"])
+    assert r0["spans"] == r1["spans"]  # the same labels on both ranks
+    assert all(v != "b" for spans in r0["spans"].values() for _, v in spans)
+
+
 def test_9a_peer_never_pauses_both_ranks_end_with_a_clear_error(checkpoint, tmp_path):
     records = run_group("peer_never_pauses", checkpoint, tmp_path)
     r0, r1 = records[0], records[1]

@@ -296,3 +296,20 @@ def test_a_model_moved_to_another_dtype_inside_a_pause_fails_the_loop_with_a_cle
         if manager.is_running():
             manager.stop(block=True, timeout=WAIT)
         model.to(torch.float32)
+
+
+def test_the_hostile_suite_runs_its_probes_in_processes_and_prints_a_table():
+    """A covering pair of `nox -s hostile`'s probes through the runner itself (a process each, a deadline each): the
+    table says OK for both and the run exits 0.  The whole suite is `nox -s hostile`."""
+    import subprocess
+    import sys
+
+    probes = ("dropin_status_before_mark_as_stopped", "same_thread_escalation")
+    done = subprocess.run(
+        [sys.executable, "-m", "cbpause.hostile", "--deadline", "120", *(x for p in probes for x in ("--only", p))],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "2 of 2 probes OK" in done.stdout
+    for probe in probes:
+        assert any(line.split()[:2] == [probe, "OK"] for line in done.stdout.splitlines()), done.stdout

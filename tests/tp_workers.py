@@ -136,6 +136,33 @@ def modes(rank, world, port, ckpt, backend, record):
     dist.barrier()
 
 
+def versions_differ(rank, world, port, ckpt, backend, record):
+    """Issue 26, point 12: the ranks set different weight versions in one window (rank 0 "a", rank 1 "b"), then the
+    same one ("c"): each rank logs an error for the first, both label every token with the driver's."""
+    import logging
+
+    torch, dist, manager, probe = _setup(rank, world, port, ckpt, backend)
+    errors: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: errors.append(r.getMessage()) if r.levelno >= logging.ERROR else None
+    logging.getLogger("cbpause").addHandler(handler)
+    manager.start()
+    ids = _submit(manager, rank)
+    for version in ("ab"[rank], "c"):
+        with manager.pause(timeout=WAIT):
+            manager.set_weight_version(version)
+    outs = {}
+    for _ in range(N_REQUESTS):
+        out = manager.get_result(timeout=WAIT)
+        if out is None:
+            break
+        outs[out.request_id] = [list(s) for s in out.weight_versions]
+    errors = [e for e in errors if "different weight versions" in e]
+    record.update(ids=ids, spans=outs, after=manager.weight_version, errors=errors)
+    manager.stop(block=True, timeout=WAIT)
+    dist.barrier()
+
+
 def _outcome(manager, record) -> None:
     """How this rank's loop ended, and what a pause and a stop do afterwards."""
     thread = manager._generation_thread
@@ -212,6 +239,7 @@ record_dir: list[str] = [""]
 SCENARIOS = {
     "pauses": pauses,
     "modes": modes,
+    "versions_differ": versions_differ,
     "peer_never_pauses": peer_never_pauses,
     "rank_killed_mid_pause": rank_killed_mid_pause,
     "rank_killed_mid_step": rank_killed_mid_step,

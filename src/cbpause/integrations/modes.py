@@ -10,7 +10,8 @@ before any window opens, so that the batches of a TP group stay copies of each o
   same id, by transformers' own soft-reset copy (``RequestState.create_equivalent_initial_request``: its prompt plus
   the tokens it generated, the rest of its ``max_new_tokens``), put at the head of the waiting queue; a waiting
   request whose KV was offloaded to the CPU gets the same.  After the resume each is prefilled again with the
-  weights of then, before its next token: nothing lost, nothing repeated.
+  weights of then, before its next token: nothing lost, nothing repeated.  The copy keeps the request's metadata
+  (:func:`soft_reset`): its created time, the start of its lifespan and its tokens' timestamps.
 * ``drain``: while the batch has requests in flight (:func:`busy`) the decision is ``DrainFirst``: the loop steps the
   batch and admits no waiting request (:func:`hold_admission`); the window opens once the batch is empty.
 * ``abort`` (:func:`abort`): every request the rank holds (the batch, the waiting queue, what the loop drained from
@@ -59,19 +60,45 @@ def hold_admission(scheduler: Any) -> None:
     scheduler._get_waiting_candidates = _get_waiting_candidates
 
 
+class RetractedRequestState(_api.RequestState):
+    """A retracted request: once it has started, the start of its lifespan stays (upstream's soft-reset copy is a new
+    request, whose first admission would stamp a new start)."""
+
+    @property
+    def status(self) -> Any:
+        return self._status
+
+    @status.setter
+    def status(self, value: Any) -> None:
+        started = self.lifespan[0]
+        _api.RequestState.status.fset(self, value)
+        if started >= 0:
+            self.lifespan = (started, self.lifespan[1])
+
+
+def soft_reset(state: Any) -> Any:
+    """transformers' soft-reset copy of ``state`` (its prompt plus the tokens it generated), keeping what upstream's
+    copy restarts: the created time, the lifespan's start and the timestamps of the tokens (issue 26, point 10)."""
+    fresh = state.create_equivalent_initial_request()
+    fresh.__class__ = RetractedRequestState
+    fresh.created_time, fresh.lifespan = state.created_time, (state.lifespan[0], -1)
+    fresh._timestamps = list(state._timestamps)
+    return fresh
+
+
 def retract(processor: Any) -> int:
     """Free the KV of every request in flight and queue it again, first, to be prefilled with the weights of after the
     pause (see the module's docstring).  Returns how many."""
     scheduler, offloading = processor.scheduler, processor.offloading_manager
     retracted = []
     for request_id, state in list(scheduler.active_requests.items()):
-        fresh = state.create_equivalent_initial_request()
+        fresh = soft_reset(state)
         scheduler.finish_request(request_id)  # frees its blocks
         retracted.append(fresh)
     for request_id, state in list(scheduler.waiting_requests.items()):
         if state.is_cpu_offloaded:
             offloading.free_request_cpu_cache(state)
-            scheduler.waiting_requests[request_id] = state.create_equivalent_initial_request()
+            scheduler.waiting_requests[request_id] = soft_reset(state)
     for state in reversed(retracted):  # the head of the queue, in the batch's order
         scheduler.waiting_requests[state.request_id] = state
         scheduler.waiting_requests_order.appendleft(state.request_id)

@@ -171,7 +171,11 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
                 try:
                     # Every rank, at the barrier: whether any rank's window may have changed the weights (the
                     # ranks must forget their shared prefixes alike, or their batches would part).
-                    changed = bool(self.distributed_helper.tp_all_reduce_state(0, 0, int(changed))[2])
+                    # and whether the ranks set the same weight version (a digest and its complement, in the same MAX)
+                    versions = self.output_router.versions
+                    digest = weights.version_digest(versions.current)
+                    top, low, changed = self.distributed_helper.tp_all_reduce_state(digest, -digest, int(changed))
+                    changed = weights.agree_versions(versions, self.distributed_helper, top, -low, bool(changed))
                     # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
                     _dist.monitored_barrier(
                         group=self.distributed_helper.cpu_comm_group,
@@ -183,7 +187,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
                     _collective_failed(status, error)
                     raise
             status.barrier()  # P-BARRIER: the group leaves the window together
-            weights.check_model_unchanged(self)
+            weights.check_model_unchanged(self, changed)
             if changed:
                 weights.forget_shared_prefixes(self)  # D6: no new request reads KV from before the pause
         else:
@@ -565,6 +569,7 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
             # Same object, our TP group step; the class adds no state.  Avoids copying upstream's constructor.
             processor.__class__ = PausableBatchProcessor
         processor._cbpause_model = self.model  # for the check at the resume (weights.check_model_unchanged)
+        processor._cbpause_layout = weights.parameter_layout(self.model)  # each parameter's dtype and device, now
         weights.never_share_stale_blocks(processor, self.weight_versions)
         modes.hold_admission(processor.scheduler)
         scheduler = processor.scheduler

@@ -28,13 +28,18 @@ ranks of a TP group agree on it through one MAX all-reduce at the barrier, so th
 
 from __future__ import annotations
 
+import logging
+import zlib
 from collections.abc import Hashable
 from typing import Any
 
 __all__ = [
     "VersionedManager", "WeightVersions", "check_model_unchanged", "forget_shared_prefixes", "never_share_stale_blocks",
-    "window_changed_weights",
+    "agree_versions", "parameter_layout", "version_digest", "window_changed_weights",
 ]  # fmt: skip
+
+
+logger = logging.getLogger("cbpause")
 
 
 def generated_count(state: Any) -> int:
@@ -117,7 +122,9 @@ class VersionedManager:
         """Inside a pause: declare the weights the loop resumes with (any hashable).  Every token generated from the
         resume on is labelled with it (each output's ``weight_versions``: ``(first_token_index, version)`` spans).
         ``RuntimeError`` outside a pause (no holder inside), ``TypeError`` for an unhashable version or one whose
-        equality is not a plain bool, total on it (a tensor, NaN); nothing changes on either."""
+        equality is not a plain bool, total on it (a tensor, NaN); nothing changes on either.  Under tensor parallelism
+        every rank sets the same version (one whose ``repr`` is the same in every process): ranks that differ take the
+        driver's at the window's barrier, with an error logged on each (:func:`agree_versions`)."""
         s = self.background_thread_status.state
         if not (s.paused and s.inside):
             raise RuntimeError("set_weight_version() outside a pause: call it inside `with manager.pause():`")
@@ -170,13 +177,55 @@ def forget_shared_prefixes(processor: Any) -> None:
     cache._cbpause_stale = {*scheduler.active_requests, *(i for i, s in waiting.items() if s.is_cpu_offloaded)}
 
 
-def check_model_unchanged(processor: Any) -> None:
+def version_digest(version: Hashable) -> int:
+    """A digest of a weight version that every process computes alike (from its ``repr``: ints, strs, tuples...)."""
+    return zlib.crc32(repr(version).encode()) & 0x7FFFFFFF
+
+
+def agree_versions(versions: WeightVersions, helper: Any, top: int, bottom: int, changed: bool) -> bool:
+    """At a TP window's barrier, after the all-reduce of the ranks' version digests (MAX ``top``, MIN ``bottom``): when
+    the ranks set different versions (``set_weight_version`` is local to a rank), every rank logs an error naming
+    its own and adopts the driver's, broadcast from it, so that the group labels every token alike (issue 26,
+    point 12).  Returns ``changed``, or True when the versions differed (the KV of before may be stale)."""
+    if top == bottom:
+        return changed
+    driver = helper.tp_broadcast_object_from_rank_0(versions.current)
+    logger.error(
+        "the ranks of this TP group set different weight versions in the same pause (this rank: %r): every rank "
+        "takes the driver's, %r; call set_weight_version() with the same value on every rank", versions.current, driver,
+    )  # fmt: skip
+    if driver != versions.current:
+        versions.current, versions.changed = driver, True
+    return True
+
+
+def parameter_layout(model: Any) -> dict[str, tuple]:
+    """Each parameter's (dtype, device), by name: what the loop was built for."""
+    return {name: (p.dtype, p.device) for name, p in model.named_parameters()}
+
+
+def check_model_unchanged(processor: Any, changed: bool = True) -> None:
     """At the resume: a holder that moved the model to another dtype or device inside the pause gets a clear error
     (the loop's fatal error, every request in flight failed with it) instead of a low-level one from the first
-    kernel that mixes the model with the KV cache, which keeps the dtype and device it was built with."""
+    kernel that mixes the model with the KV cache, which keeps the dtype and device it was built with.
+
+    After a window that may have changed the weights (``changed``), every parameter is compared with the layout the
+    loop was built with (a module swapped for one of another dtype, a ``float64`` ``lm_head``: issue 26, point 13;
+    one walk of the parameters, tens of microseconds, beside a weight update's milliseconds); otherwise the first
+    floating-point parameter, the one ``model.dtype`` reads."""
     cache, model = processor.cache, getattr(processor, "_cbpause_model", None)
     if model is None:
         return
+    layout = getattr(processor, "_cbpause_layout", None)
+    if changed and layout is not None:
+        for name, param in model.named_parameters():
+            was = layout.get(name)
+            if was is not None and (param.dtype, param.device) != was:
+                raise RuntimeError(
+                    f"the model's parameter {name!r} became {param.dtype} on {param.device} inside a pause, where the "
+                    f"loop was built with {was[0]} on {was[1]}: change dtype or device only while the manager is "
+                    "stopped (stop(), then start() builds a new cache), or move it back before the pause ends"
+                )
     # transformers' own `model.dtype` and `model.device` read the first (floating-point) parameter, each walking the
     # module tree to find it, which costs tens of microseconds on every resume.  The check reads that parameter through
     # the module that holds it, found once: `.to()`, `.half()` and a `load_state_dict(assign=True)` all show there.
