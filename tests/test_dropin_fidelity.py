@@ -5,7 +5,8 @@ the loop that calls only ``is_pause_requested``, ``pause_and_wait``, ``request_s
 and ``mark_as_stopped`` (and reads ``local_status``); the pausing side is transformers' real
 ``ContinuousBatchingManager.pause()`` and ``stop()``, on a manager with just what those two read.  No
 explicit-API call and no cbpause helper touches the status object.  Every scenario runs on both
-implementations; where upstream's class is defective the case is a strict xfail that names the defect.
+implementations, and a third time on cbpause's own manager built the same way (``cbpause-manager``); where
+upstream's class is defective the case is a strict xfail that names the defect.
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED = 0, 1, 2, 3
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(params=["cbpause", "upstream"])
+# "cbpause-manager": cbpause's own manager, built as transformers' pause tests build theirs (with __new__, only what
+# pause() and stop() read set), over a PauseProtocol (issue 26, point 15).
+@pytest.fixture(params=["cbpause", "upstream", "cbpause-manager"])
 def impl(request):
     return request.param
 
 
 def new_status(impl: str):
-    return PauseProtocol() if impl == "cbpause" else BackgroundThreadStatus()
+    return BackgroundThreadStatus() if impl == "upstream" else PauseProtocol()
 
 
 class PlainLoop:
@@ -140,7 +143,12 @@ def setup(impl):
     """A status of ``impl``, a manager over it, and a factory that starts a plain loop as ``manager.start()``
     would (without its ``clear()``).  On the way out every loop is stopped and must have ended."""
     status = new_status(impl)
-    manager = minimal_manager(status)
+    if impl == "cbpause-manager":
+        from cbpause.integrations.transformers import PausableContinuousBatchingManager
+
+        manager = minimal_manager(status, PausableContinuousBatchingManager)
+    else:
+        manager = minimal_manager(status)
     loops: list[PlainLoop] = []
 
     def start(**options) -> PlainLoop:

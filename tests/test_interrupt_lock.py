@@ -30,6 +30,8 @@ from cbpause.testing import JOIN_TIMEOUT, run_thread
 
 from .test_holds import undeliverable
 
+WAIT_ALL = 240.0  # seconds: a few hundred pauses in turn
+
 
 class Planted(BaseException):
     """The exception the trace raises (a BaseException, as KeyboardInterrupt is)."""
@@ -162,9 +164,9 @@ def manager(plain_manager):
     return plain_manager
 
 
-def test_an_interrupt_at_any_line_of_a_waiting_pause_cpython_lines_included(manager):
-    """The line-level test of ``tests/test_holds.py`` with ``threading`` and the condition traced too, on the main
-    thread and on a worker."""
+def every_line_with_cpython_traced(manager) -> int:
+    """The line-level test of ``tests/test_holds.py`` with ``threading`` and the condition traced too; returns how many
+    line events it interrupted."""
     from . import test_holds
 
     traced = test_holds.TRACED_FILES | {threading.__file__, cond_module.__file__}
@@ -174,14 +176,29 @@ def test_an_interrupt_at_any_line_of_a_waiting_pause_cpython_lines_included(mana
         for n in range(1, 3000):
             fired, propagated = test_holds.pause_interrupted_at(manager, n)
             if not fired:
-                break
+                return points
             points += 1
             assert propagated, f"the KeyboardInterrupt at line event {n} did not propagate"
             test_holds.no_hold_left(manager)
             assert not manager.background_thread_status._lock._is_owned(), n
-        else:
-            pytest.fail("the traced pause never ended")
-    assert points > 60
+    pytest.fail("the traced pause never ended")
+
+
+def test_an_interrupt_at_any_line_of_a_waiting_pause_cpython_lines_included(manager):
+    from . import test_holds
+
+    assert every_line_with_cpython_traced(manager) > 60
+    test_holds.serves(manager)
+
+
+def test_the_same_on_a_worker_thread_of_the_real_loop(manager):
+    from . import test_holds
+
+    thread, box = run_thread(lambda: every_line_with_cpython_traced(manager), name="interrupted-holder")
+    thread.join(WAIT_ALL)
+    assert not thread.is_alive()
+    assert "error" not in box, box.get("error")
+    assert box["result"] > 60
     test_holds.serves(manager)
 
 
