@@ -325,6 +325,68 @@ def dead_holder_inside() -> None:
     _serves(manager)
 
 
+def dead_holders_in_every_mode() -> None:
+    """A holder thread that ends inside a pause of each mode: released, and the loop serves after each."""
+    manager = _manager()
+    kept = []
+    for mode in ("keep", "retract", "drain", "abort"):
+        thread, box = _thread(lambda m=mode: kept.append(manager.pause(timeout=WAIT, mode=m).__enter__()), mode)
+        thread.join(WAIT)
+        if "error" in box:
+            raise Wrong(f"{mode}: {box['error']!r}")
+        _serves(manager)
+
+
+def numeric_timeouts() -> None:
+    """Whatever a threading wait takes is a timeout: numpy scalars, Decimal, Fraction, inf."""
+    import fractions
+    from decimal import Decimal
+
+    import numpy
+
+    manager = _manager()
+    for timeout in (numpy.float32(WAIT), Decimal(30), fractions.Fraction(30), float("inf")):
+        with manager.pause(timeout=timeout):
+            pass
+    _nothing_held(manager)
+
+
+def pause_after_every_step() -> None:
+    """A thread pauses again the moment it leaves, for as long as 20 requests run: every request completes."""
+    manager = _manager(max_new=16)
+    ids = [manager.add_request([1 + i % 5, 2, 3]) for i in range(20)]
+    stop, pauses = threading.Event(), [0]
+
+    def pauser():
+        while not stop.is_set():
+            with manager.pause(timeout=WAIT):
+                pauses[0] += 1
+
+    thread, box = _thread(pauser, "pauser")
+    try:
+        _outputs(manager, ids)
+    finally:
+        stop.set()
+        thread.join(WAIT)
+    if "error" in box or pauses[0] < 5:  # about one pause per forward step (R-WINDOW-CLOSES)
+        raise Wrong(f"{pauses[0]} pauses; {box.get('error')!r}")
+
+
+def exit_without_stop() -> None:
+    """A script that ends without stop(), requests in flight: the interpreter exits (atexit hard stop)."""
+    script = (
+        "from cbpause.integrations import transformers as cbt\n"
+        "from cbpause.testing import batching_config, greedy_config, tiny_llama\n"
+        "m = cbt.init_continuous_batching(tiny_llama(), greedy_config(400), batching_config(num_blocks=256))\n"
+        "m.start()\n"
+        "ids = [m.add_request([1, 2, 3]) for _ in range(3)]\n"
+        "print('submitted', len(ids), flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=WAIT * 2)
+    if "submitted 3" not in done.stdout:
+        raise Wrong(f"the script failed: {done.stderr[-300:]}")
+
+
 def stop_without_blocking_keeps_requests() -> None:
     """stop(block=False) while requests run: they finish; nothing is torn down under the loop."""
     manager = _manager(max_new=24)
@@ -381,7 +443,8 @@ PROBES: dict[str, Callable[[], None]] = {
         iterators_inside_ones_pause, add_requests_all_or_nothing, bad_weight_versions, weights_changed_not_a_bool,
         max_new_tokens_none, retract_keeps_metadata, full_queue_inside_ones_pause, float64_lm_head,
         dropin_status_before_mark_as_stopped, dead_holder_inside, stop_without_blocking_keeps_requests,
-        bad_requests_at_the_door, many_holders_many_requests, start_stop_cycles,
+        bad_requests_at_the_door, many_holders_many_requests, start_stop_cycles, dead_holders_in_every_mode,
+        numeric_timeouts, pause_after_every_step, exit_without_stop,
     )
 }  # fmt: skip
 
