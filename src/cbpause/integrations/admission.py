@@ -99,10 +99,7 @@ class Admission:
             denial = status.can_accept_new_requests()
             if denial is not None:
                 raise RuntimeError(f"{denial} Nothing was enqueued.")
-            size = self.input_queue.maxsize
-            if size and self.input_queue.qsize() + len(checked) > size and status.is_pause_requested(local=True):
-                raise queue.Full(f"{len(checked)} requests do not fit the input queue (max_queue_size={size}) inside "
-                                 "this thread's pause; nothing was enqueued")  # fmt: skip
+            self.refuse_full_queue(len(checked))
             ids = [self.next_request_id() for _ in checked]
             order = list(zip(ids, checked, strict=True))
             if self._use_prefix_sharing:  # upstream's order, for cache hits
@@ -116,6 +113,17 @@ class Admission:
                 self.enqueue(prompt, request_id, new_tokens, streaming=streaming, record_timestamps=record_timestamps,
                              eos_token_id=eos_token_id, **logit_processor_kwargs)  # fmt: skip
         return ids
+
+    def refuse_full_queue(self, n: int) -> None:
+        """``queue.Full`` at once when ``n`` more requests do not fit a bounded input queue and this thread is inside a
+        pause: the loop takes no request until it leaves (upstream's put would wait 10 s under the submit lock, then
+        raise an empty ``Full``)."""
+        size, status = self.input_queue.maxsize, self.background_thread_status
+        if size and self.input_queue.qsize() + n > size and status.is_pause_requested(local=True):
+            raise queue.Full(
+                f"{n} request(s) do not fit the input queue (max_queue_size={size}) and this thread is inside a pause: "
+                "the loop takes no request until it leaves; nothing was enqueued"
+            )
 
     def refuse_while_paused(self) -> None:
         """R-ADMISSION: with ``while_paused="reject"``, ``LoopPausedError`` while a holder of this rank (the TP
@@ -133,11 +141,7 @@ class Admission:
         refuses after all; that refusal is the caller's answer, its terminal output in the trace."""
         if not self.is_tp_driver:  # upstream's no-op
             return super().add_request(prompt, request_id, max_new_tokens, *args, **kwargs)  # type: ignore[misc]
-        if self.input_queue.full() and self.background_thread_status.is_pause_requested(local=True):
-            raise queue.Full(  # upstream's put would wait 10 s under the submit lock, then raise an empty Full
-                f"the input queue is full (max_queue_size={self.input_queue.maxsize}) and this thread is inside a "
-                "pause: the loop takes no request until it leaves; nothing was enqueued"
-            )
+        self.refuse_full_queue(1)
         denial = self.background_thread_status.submit(request_id)
         if denial is not None:
             _api.logger.warning(f"{denial}. Request {request_id!r} will be dropped.")

@@ -194,7 +194,7 @@ def agree_versions(versions: WeightVersions, helper: Any, top: int, bottom: int,
         "the ranks of this TP group set different weight versions in the same pause (this rank: %r): every rank "
         "takes the driver's, %r; call set_weight_version() with the same value on every rank", versions.current, driver,
     )  # fmt: skip
-    if driver != versions.current:
+    if not _equal(driver, versions.current):
         versions.current, versions.changed = driver, True
     return True
 
