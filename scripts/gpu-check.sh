@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check in one command, on a machine with one CUDA device (python -m cbpause.bench.gpu: the CUDA tests,
-# then python -m cbpause.bench --device cuda --quick; figures as JSON and Markdown in gpu-results/).  Without a
+# The GPU check in one command, on a machine with one CUDA device (python -m cbpause.apps.bench.gpu: the CUDA tests,
+# then python -m cbpause.apps.bench --device cuda --quick; figures as JSON and Markdown in gpu-results/).  Without a
 # device the CUDA parts are skipped and the rest runs, so that this has run end to end before a GPU is there.
 #
 # It installs what is missing into the Python it runs with (PYTHON, default python3), keeping a torch that is
@@ -17,4 +17,4 @@ else
     "$PY" -m pip install -q -e ".[transformers,bench]" pytest pytest-timeout hypothesis
 fi
 "$PY" -c "import torch; print('gpu-check: torch', torch.__version__, '| CUDA available:', torch.cuda.is_available())"
-exec "$PY" -m cbpause.bench.gpu --out "$OUT"
+exec "$PY" -m cbpause.apps.bench.gpu --out "$OUT"

@@ -1,7 +1,7 @@
 """MkDocs hooks of the documentation site (``mkdocs.yml``: ``hooks``).
 
 Before the build (``on_pre_build``) they write ``docs/generated/`` (git-ignored): the pictures TLC's output
-gives (:mod:`cbpause.tlc.diagrams`: the loop's phase diagram from the state graphs of fast models, one
+gives (:mod:`cbpause.apps.diagrams`: the loop's phase diagram from the state graphs of fast models, one
 sequence diagram per upstream defect from its counterexample), the table of the models of
 ``tla/models.toml``, and one page per file of ``tla/`` and per test module, so that the site can link to the
 TLA+ and the tests it talks about.
@@ -39,10 +39,12 @@ _FENCE = re.compile(r"^(```|~~~)")
 
 def _key() -> str:
     h = hashlib.sha256()
-    from cbpause.tlc import diagrams
+    from cbpause import tlc
+    from cbpause.apps import diagrams
 
     # the spec, and the code that runs TLC and reads its output (a change to either may change a picture)
-    sources = sorted((ROOT / "tla").iterdir()) + sorted(Path(diagrams.__file__).parent.glob("*.py"))
+    tooling = sorted(Path(tlc.__file__).parent.glob("*.py")) + [Path(diagrams.__file__)]
+    sources = sorted((ROOT / "tla").iterdir()) + tooling
     for path in sources:
         if path.is_file():
             h.update(path.name.encode() + b"\0" + path.read_bytes())
@@ -50,7 +52,7 @@ def _key() -> str:
 
 
 def _pictures(out: Path) -> None:
-    from cbpause.tlc import diagrams
+    from cbpause.apps import diagrams
 
     cached = CACHE / _key()
     if not (cached / "done").is_file():

@@ -1,4 +1,4 @@
-"""``python -m cbpause.bench``: the table, the ratios and the arguments; one cheap case end to end."""
+"""``python -m cbpause.apps.bench``: the table, the ratios and the arguments; one cheap case end to end."""
 
 import json
 import math
@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from cbpause.bench import Row, format_table, main, parse_args  # noqa: E402
+from cbpause.apps.bench import Row, format_table, main, parse_args  # noqa: E402
 from cbpause.testing import percentile  # noqa: E402
 
 
@@ -48,13 +48,13 @@ def test_overhead_case_end_to_end(tmp_path, capsys):
 
 
 def test_repetitions_alternate_the_order_of_the_implementations():
-    from cbpause.bench.harness import IMPLS, order
+    from cbpause.apps.bench.harness import IMPLS, order
 
     assert order(0) == IMPLS and order(1) == IMPLS[::-1] and order(2) == IMPLS
 
 
 def test_entry_splits_at_the_group_step_the_all_reduce_and_the_window():
-    from cbpause.bench.tp import PHASES, split_entry
+    from cbpause.apps.bench.tp import PHASES, split_entry
 
     clocks = {"group": [0.5, 10.0, 20.0], "reduce_start": [0.6, 10.1, 20.1], "reduce_end": [0.7, 10.4, 20.2],
               "window": [10.6]}  # fmt: skip
@@ -69,7 +69,7 @@ def test_entry_splits_at_the_group_step_the_all_reduce_and_the_window():
 def test_entry_beyond_the_step_in_flight_starts_at_the_next_group_step():
     from argparse import Namespace
 
-    from cbpause.bench.harness import Bench
+    from cbpause.apps.bench.harness import Bench
 
     bench = Bench.__new__(Bench)  # no model: only the clocks
     bench.args = Namespace()
@@ -83,7 +83,7 @@ def test_entry_beyond_the_step_in_flight_starts_at_the_next_group_step():
 
 def test_the_scaling_plot_draws_one_panel_per_axis_and_metric(tmp_path):
     pytest.importorskip("matplotlib")
-    from cbpause.bench.plot import plot_scaling
+    from cbpause.apps.bench.plot import plot_scaling
 
     rows = [Row("10", f"{k} holders at once: to the last inside", "ms", scale=("holders", k),
                 samples={"upstream": [1.0 * k], "cbpause": [1.1 * k]}) for k in (1, 4, 16)]  # fmt: skip
@@ -95,7 +95,7 @@ def test_the_scaling_plot_draws_one_panel_per_axis_and_metric(tmp_path):
 def test_the_gpu_check_runs_end_to_end_without_a_gpu(tmp_path):
     """``nox -s gpu`` here: the CUDA tests are collected and skipped, the bench's stand-in runs on the CPU, and the
     report says that the CUDA parts were skipped."""
-    from cbpause.bench import gpu
+    from cbpause.apps.bench import gpu
 
     assert gpu.main(["--out", str(tmp_path), "--tests", "tests/test_integration_transformers.py"]) == 0
     report = json.loads((tmp_path / "gpu.json").read_text())

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cbpause import transitions
+from cbpause.core import transitions
 from cbpause.tlc import Cfg, load_manifest
 from cbpause.tlc.conformance import (
     DEEP_MODEL_SHAPES,

@@ -15,7 +15,7 @@ import pytest
 
 from .conftest import ROOT
 
-SOURCE = ROOT / "src" / "cbpause" / "transitions.py"
+SOURCE = ROOT / "src" / "cbpause" / "core" / "transitions.py"
 
 
 def crosshair(cwd, target: str, timeout: int = 10) -> subprocess.CompletedProcess:
@@ -62,14 +62,12 @@ def test_crosshair_finds_a_leave_pause_that_forgets_to_count_the_holder_out(tmp_
 @PLANTED
 def test_crosshair_finds_an_open_window_without_a_holder(tmp_path):
     """OpenWindow without its D1 guard: the contract (an open window has a holder) is broken."""
-    planted(
-        tmp_path, "    pre: pause_decided(s) and not s.draining and pending(s) > 0\n", "    pre: pause_decided(s)\n"
-    )
+    planted(tmp_path, "    pre: can_open_window(s)\n", "    pre: pause_decided(s)\n")
     result = crosshair(tmp_path, "planted.open_window", timeout=SEARCH)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "open_window" in result.stdout
 
 
 def test_crosshair_accepts_the_real_transition(tmp_path):
-    result = crosshair(ROOT / "src", "cbpause.transitions.leave_pause")
+    result = crosshair(ROOT / "src", "cbpause.core.transitions.leave_pause")
     assert result.returncode == 0, result.stdout + result.stderr

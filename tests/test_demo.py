@@ -1,10 +1,10 @@
-"""``python -m cbpause.demo`` serves every request under pauses and says so; bad arguments are refused."""
+"""``python -m cbpause.apps.demo`` serves every request under pauses and says so; bad arguments are refused."""
 
 import math
 
 import pytest
 
-from cbpause.demo import main, parse_args
+from cbpause.apps.demo import main, parse_args
 from cbpause.testing import percentile
 
 pytest.importorskip("transformers")
@@ -40,9 +40,9 @@ def test_percentile_by_nearest_rank():
 
 
 def test_rl_demo_reward_rises_in_every_mode_and_the_plot_is_written(tmp_path, capsys):
-    """``python -m cbpause.demo --rl`` with a fixed seed: the optimizer step runs inside a pause in each mode, the
+    """``python -m cbpause.apps.demo --rl`` with a fixed seed: the optimizer step runs inside a pause in each mode, the
     reward rises in each (the demo's exit status), and the PNG is written."""
-    from cbpause import demo_rl
+    from cbpause.apps.demo import rl as demo_rl
 
     png = tmp_path / "rl.png"
     assert main(["--rl", "--updates", "10", "--batch", "8", "--no-progress", "--png", str(png)]) == 0

@@ -1,7 +1,7 @@
 """The docs' pictures come from TLC's output: a change to the spec changes them.
 
 The phase diagram is TLC's state graph projected onto the loop's phases, and each defect's sequence diagram is
-TLC's counterexample (:mod:`cbpause.tlc.diagrams`); the tests below change a copy of the spec and check that the
+TLC's counterexample (:mod:`cbpause.apps.diagrams`); the tests below change a copy of the spec and check that the
 regenerated picture changes with it, and pin the reading of a counterexample (who took each step, whose state
 it changed) on a hand-written trace.  The site's link rewriting (``scripts/mkdocs_hooks.py``) is tested here
 too: a link the site cannot follow fails ``nox -s docs``, and a wrong rewrite would send readers elsewhere.
@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from cbpause.tlc import diagrams
+from cbpause.apps import diagrams
 from cbpause.tlc.conformance import tlc_graph
 from cbpause.tlc.manifest import load_manifest
 
@@ -166,7 +166,7 @@ def hooks():
         ("[py](docs/python.md)", "", "", "[py](python.md)"),
         ("[tla](../tla/PauseProtocol.tla)", "spec", "", "[tla](generated/sources/PauseProtocol.tla.md)"),
         ("[the models](tla/)", "", "", "[the models](tlc.md)"),
-        ("[`protocol.py`](../src/cbpause/protocol.py)", "docs", "", "`protocol.py`"),
+        ("[`protocol.py`](../src/cbpause/core/protocol.py)", "docs", "", "`protocol.py`"),
         ("[t](../tests/test_holds.py)", "docs", "", "[t](generated/sources/tests/test_holds.py.md)"),
         ("[t](../../tests/test_holds.py)", "docs/sub", "sub", "[t](../generated/sources/tests/test_holds.py.md)"),
         ("![plot](bench/bench.png)", "docs", "", "![plot](bench/bench.png)"),

@@ -1,9 +1,12 @@
-"""The house: the layers of the package stay apart, and its modules and functions stay readable.
+"""The house: the folders are the layers, the layers stay apart, and modules and functions stay readable.
 
-* the core (the pure transitions, ``PauseProtocol``, its errors, the trace recorder) imports only the
-  standard library and the core;
+* the package holds its ``__init__`` and the layers' folders, nothing else: ``core``, ``integrations``, ``tlc``,
+  ``testing``, ``apps`` (and ``tla``, a link to the spec, which ships inside the package);
+* the core (``cbpause/core/``: the pure transitions, ``PauseProtocol``, its errors, the trace recorder) imports
+  only the standard library and the core;
 * data flows down: the integration uses the core; the tooling (``cbpause.tlc``) and ``cbpause.testing`` read
-  the core, never the integration or the applications; nothing imports the applications;
+  the core, never the integration or the applications; nothing imports an application (``cbpause/apps/``)
+  but itself;
 * no module of ``src/`` is over 650 lines, no function over 80;
 * no nox session runs a module of ``tests/``.
 """
@@ -20,11 +23,12 @@ import pytest
 from .conftest import ROOT
 
 SRC = ROOT / "src" / "cbpause"
-CORE = {
-    "__init__", "arguments", "condition", "dropin", "errors", "group", "loop", "metrics", "protocol", "recorder",
-    "transitions",
-}  # fmt: skip
-APPLICATIONS = {"bench", "soak", "demo", "scenarios", "hostile"}
+LAYERS = {"core", "integrations", "tlc", "testing", "apps"}
+
+
+def layer_modules(layer: str) -> set[str]:
+    """The dotted names of a layer's modules and packages, read from its folder."""
+    return {module_name(path) for path in (SRC / layer).rglob("*.py")}
 
 
 def module_name(path: Path) -> str:
@@ -54,13 +58,20 @@ def sources() -> list[Path]:
     return sorted(SRC.rglob("*.py"))
 
 
+def test_the_folders_are_the_layers():
+    # and tla, the link to the repository's tla/ that ships the spec inside the package
+    assert {path.name for path in SRC.iterdir() if path.name != "__pycache__"} == LAYERS | {"__init__.py", "tla"}
+    assert (SRC / "tla").is_symlink() and (SRC / "tla").resolve() == (ROOT / "tla").resolve()
+    assert "cbpause.apps.soak" in layer_modules("apps") and "cbpause.core.transitions" in layer_modules("core")
+
+
 def test_the_core_imports_the_standard_library_and_the_core_only():
-    for name in sorted(CORE):
-        path = SRC / f"{name}.py"
+    core = layer_modules("core")
+    for path in sorted((SRC / "core").rglob("*.py")):
         for imported in imports(path):
             top = imported.split(".")[0]
             if top == "cbpause":
-                assert imported.split(".")[1] in CORE, f"{path.name} imports {imported}"
+                assert imported in core or imported == "cbpause.core", f"{path.name} imports {imported}"
             else:
                 assert top in sys.stdlib_module_names or top == "__future__", f"{path.name} imports {imported}"
 
@@ -69,7 +80,7 @@ def test_the_core_imports_the_standard_library_and_the_core_only():
 def test_data_flows_down(layer):
     """The tooling, the testing kit and the integration never import the applications; the tooling and the
     testing kit never import the integration."""
-    forbidden = {f"cbpause.{app}" for app in APPLICATIONS}
+    forbidden = {"cbpause.apps"}
     if layer != "integrations":
         forbidden.add("cbpause.integrations")
     for path in (SRC / layer).rglob("*.py"):
@@ -77,12 +88,17 @@ def test_data_flows_down(layer):
             assert not any(imported == f or imported.startswith(f + ".") for f in forbidden), (path, imported)
 
 
+def application(module: str) -> str | None:
+    """``cbpause.apps.bench`` for any module of that application (a package or one file of ``apps/``)."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if parts[:2] == ["cbpause", "apps"] and len(parts) > 2 else None
+
+
 def test_nothing_imports_an_application():
     for path in sources():
-        own = module_name(path).split(".")[1] if "." in module_name(path) else ""
+        own = application(module_name(path))
         for imported in imports(path):
-            parts = imported.split(".")
-            if parts[0] == "cbpause" and len(parts) > 1 and parts[1] in APPLICATIONS and parts[1] != own:
+            if application(imported) not in (None, own):
                 pytest.fail(f"{path} imports the application {imported}")
 
 
@@ -105,7 +121,7 @@ def test_no_nox_session_runs_a_module_of_the_tests():
 
 def test_the_import_reader_sees_relative_imports(tmp_path, monkeypatch):
     fake = tmp_path / "cbpause"
-    fake.mkdir()
-    (fake / "protocol.py").write_text("from . import tlc\nfrom .transitions import x\nimport torch\n")
+    (fake / "core").mkdir(parents=True)
+    (fake / "core" / "protocol.py").write_text("from .. import tlc\nfrom .transitions import x\nimport torch\n")
     monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
-    assert imports(fake / "protocol.py") == {"cbpause.tlc", "cbpause.transitions", "torch"}
+    assert imports(fake / "core" / "protocol.py") == {"cbpause.tlc", "cbpause.core.transitions", "torch"}

@@ -2,7 +2,7 @@
 
 ``threading.Condition.wait`` on a plain lock can leave its caller without the lock when a ``KeyboardInterrupt``
 lands between its release and its re-acquisition (both Python methods), and the caller's ``with lock:`` then releases
-the loop's lock under the loop.  :class:`cbpause.condition.SafeCondition` replaces it.  Checked here:
+the loop's lock under the loop.  :class:`cbpause.core.condition.SafeCondition` replaces it.  Checked here:
 
 * instruction by instruction: an exception raised at every instruction of ``SafeCondition.wait`` (the trace's opcode
   events, a superset of where CPython runs a signal handler, less the NOP of a ``try:`` line: see
@@ -24,8 +24,8 @@ import time
 
 import pytest
 
-from cbpause import condition as cond_module
-from cbpause.condition import SafeCondition
+from cbpause.core import condition as cond_module
+from cbpause.core.condition import SafeCondition
 from cbpause.testing import JOIN_TIMEOUT, run_thread
 
 from .test_holds import undeliverable

@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from cbpause import PauseProtocol, PeerParkTimeout
-from cbpause.transitions import ABORT, DRAIN, KEEP, RETRACT
+from cbpause.core.transitions import ABORT, DRAIN, KEEP, RETRACT
 
 
 def decided(p: PauseProtocol, tp_pause: int, busy: bool = False) -> None:

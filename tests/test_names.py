@@ -28,8 +28,8 @@ RETIRED = {
     r"\bfatal_error\(s\)|\bt\.fatal_error\b|\bcrashes\s*(=|'|\+)": "record_fatal_error; budgets in MC*.tla",
     r"\bWitness_(enters|resumes|stops|delivers)\b": "Witness_NeverInside and its kind",
     r"\bfakeloop\b|\btrace_scenarios\b|\btinymodel\b|\bcbpause\.traces\b|\bcbpause\.conformance\b": "cbpause.testing, "
-    "cbpause.scenarios, cbpause.tlc.traces, cbpause.tlc.conformance",
-    r"\bcbpause\.tlc\.scenarios\b": "cbpause.scenarios (an application: it runs the real loop)",
+    "cbpause.apps.scenarios, cbpause.tlc.traces, cbpause.tlc.conformance",
+    r"\bcbpause\.tlc\.scenarios\b": "cbpause.apps.scenarios (an application: it runs the real loop)",
     r"\bis_live\b": "live",
 }
 SEARCHED = ("src", "tests", "tla", "spec", "docs", "README.md", "noxfile.py")
@@ -57,7 +57,7 @@ def name_table(spec: str) -> list[tuple[str, str, str, list[str]]]:
 def python_names(src: Path) -> set[str]:
     """``module.name`` and ``module.Class.name`` for what each module of the core defines."""
     names = set()
-    for path in (src / "cbpause").glob("*.py"):
+    for path in (src / "cbpause" / "core").glob("*.py"):
         module = path.stem
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
@@ -71,9 +71,9 @@ def python_names(src: Path) -> set[str]:
                         names.add(f"{node.name}.{item.target.id}")
                     elif isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store):
                         names.add(f"{node.name}.{item.attr}")
-    # PauseProtocol's methods include its mixins' (cbpause.loop.LoopSteps, cbpause.dropin.DropInLoop).
+    # PauseProtocol's methods include its mixins' (cbpause.core.loop.LoopSteps, cbpause.core.dropin.DropInLoop).
     protocol = next(
-        node for node in ast.parse((src / "cbpause" / "protocol.py").read_text()).body
+        node for node in ast.parse((src / "cbpause" / "core" / "protocol.py").read_text()).body
         if isinstance(node, ast.ClassDef) and node.name == "PauseProtocol"
     )  # fmt: skip
     for base in (b.id for b in protocol.bases if isinstance(b, ast.Name)):
@@ -103,7 +103,7 @@ def check_names(root: Path) -> list[str]:
     named = {name for _, _, name, _ in rows}
     wanted = (next_actions(tla) | {"FailLoop"}) | variables | checked_definitions(tla)
     problems += [f"{n} (TLA+) has no row in the name table" for n in sorted(wanted - named)]
-    transitions = (root / "src" / "cbpause" / "transitions.py").read_text()
+    transitions = (root / "src" / "cbpause" / "core" / "transitions.py").read_text()
     actions = set(re.findall(r'^def (\w+)\(.*\n\s+"""P-', transitions, re.M))
     problems += [f"transitions.{f} has no row in the name table" for f in sorted(actions - {snake(n) for n in named})]
     return problems
@@ -137,7 +137,8 @@ def test_retired_names_appear_nowhere():
     ("layer", "old", "new", "complaint"),
     [
         ("tla/PauseProtocol.tla", "OpenWindow", "OpenPauseWindow", "TLA+ OpenWindow is defined nowhere"),
-        ("src/cbpause/transitions.py", "def open_window(", "def open_window_now(", "transitions.open_window does not"),
+        ("src/cbpause/core/transitions.py", "def open_window(", "def open_window_now(",
+         "transitions.open_window does not"),
         ("spec/PROTOCOL.md", "| `OpenWindow` | `transitions.open_window`", "| `OpenPauseWindow` | "
          "`transitions.open_pause_window`", "OpenWindow (TLA+) has no row"),
     ],

@@ -1,7 +1,7 @@
 """One Hypothesis state machine: ``PauseProtocol`` and the pure model of the spec, side by side.
 
 As in Hypothesis' ``DatabaseComparison`` example, every step is taken twice: by the model
-(:func:`cbpause.group.next_steps`, TLA+'s ``Next`` in Python, within the bounds of ``MCSpec``) and by the
+(:func:`cbpause.core.group.next_steps`, TLA+'s ``Next`` in Python, within the bounds of ``MCSpec``) and by the
 system (one ``PauseProtocol`` per rank, driven through its drop-in and its explicit API), and after every
 step the two must hold the same state, rank by rank and holder by holder.  The model's invariants (one per
 TLA+ invariant) must hold too, and ``MonotoneStopInv`` on every step.
@@ -38,8 +38,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from cbpause import PauseProtocol, PeerParkTimeout, transitions
-from cbpause import group as gr
+from cbpause import PauseProtocol, PeerParkTimeout
+from cbpause.core import group as gr
+from cbpause.core import transitions
 from cbpause.tlc.tla import checked_definitions, next_actions
 
 from .conftest import TLA_DIR

@@ -15,12 +15,12 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from cbpause.scenarios.coverage import Coverage  # noqa: E402
-from cbpause.scenarios.episodes import quiet_logs  # noqa: E402
-from cbpause.scenarios.real import run_single  # noqa: E402
+from cbpause.apps.scenarios.coverage import Coverage  # noqa: E402
+from cbpause.apps.scenarios.episodes import quiet_logs  # noqa: E402
+from cbpause.apps.scenarios.real import run_single  # noqa: E402
+from cbpause.core.transitions import HARD_STOP  # noqa: E402
 from cbpause.testing import ForwardProbe, tiny_llama  # noqa: E402
 from cbpause.tlc.traces import Trace, describe_rejection, validate  # noqa: E402
-from cbpause.transitions import HARD_STOP  # noqa: E402
 
 from .conftest import TLA_DIR  # noqa: E402
 
@@ -168,7 +168,7 @@ def test_a_peer_killed_with_requests_in_transit_loses_none(tmp_path, tlc_ready):
     the broadcast that would carry it.  Rank 0's broadcast fails with the drained requests in hand; each gets its
     terminal output (issue 24: before the fix, 1 to 3 of them were lost in every run), and the group's trace is a
     behaviour of the spec."""
-    from cbpause.scenarios.real import run_tp
+    from cbpause.apps.scenarios.real import run_tp
 
     checkpoint = tmp_path / "ckpt"
     tiny_llama("cpu", 3).save_pretrained(checkpoint)
@@ -187,7 +187,7 @@ def test_the_covering_subset_of_the_campaign_takes_every_action_and_loses_nothin
     that together take every action of the spec on the real loop, a kill plan with requests in transit among
     them.  Every trace is accepted by TLC, no request is lost or duplicated, nothing hangs, and no action of the
     spec is left untaken: a lost request or a coverage drop fails here."""
-    from cbpause.scenarios.real import covering
+    from cbpause.apps.scenarios.real import covering
 
     campaign = covering(TLA_DIR, tmp_path, seed=24)
     assert campaign.problems == [], "\n".join(campaign.problems)

@@ -1,7 +1,7 @@
 """Every misuse of docs/reliability.md on the real loop: a clear error, nothing changed, nothing lost.
 
 Each test names its row of the bad-input table.  After the misuse the manager must still pause, and every
-request must still get its one terminal output.  The 60-second soak (``python -m cbpause.soak``) runs last.
+request must still get its one terminal output.  The 60-second soak (``python -m cbpause.apps.soak``) runs last.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 
 from transformers.generation.continuous_batching.requests import RequestStatus  # noqa: E402
 
-from cbpause import soak  # noqa: E402
+from cbpause.apps import soak  # noqa: E402
 from cbpause.integrations import transformers as cbt  # noqa: E402
 from cbpause.testing import JOIN_TIMEOUT, batching_config, greedy_config, run_thread  # noqa: E402
 
@@ -306,7 +306,8 @@ def test_the_hostile_suite_runs_its_probes_in_processes_and_prints_a_table():
 
     probes = ("dropin_status_before_mark_as_stopped", "same_thread_escalation")
     done = subprocess.run(
-        [sys.executable, "-m", "cbpause.hostile", "--deadline", "120", *(x for p in probes for x in ("--only", p))],
+        [sys.executable, "-m", "cbpause.apps.hostile", "--deadline", "120",
+         *(x for p in probes for x in ("--only", p))],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

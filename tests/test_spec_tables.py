@@ -106,7 +106,7 @@ def test_budgets_live_in_the_model_wrappers():
 def test_the_verification_table_has_every_action_and_checks_each():
     """docs/verification.md section 5: one row per action of Next, its Python transition exists, the code it
     names exists where it says, its test files exist, and no row is left without a check."""
-    from cbpause import group, transitions
+    from cbpause.core import group, transitions
 
     doc = (ROOT / "docs" / "verification.md").read_text()
     rows = [cells for cells in table_rows(doc, "`") if len(cells) == 7]

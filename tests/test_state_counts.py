@@ -2,7 +2,7 @@
 
 import pytest
 
-from cbpause import group as gr
+from cbpause.core import group as gr
 from cbpause.tlc import load_manifest
 from cbpause.tlc.conformance import FAST_MODEL_SHAPES, Shape, encode, explore
 

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from cbpause import PauseProtocol, TraceRecorder
-from cbpause.scenarios.group import run_scenario
+from cbpause.apps.scenarios.group import run_scenario
 from cbpause.testing import Group
 from cbpause.tlc.traces import describe_rejection, validate
 
@@ -77,8 +77,8 @@ def test_recording_is_off_by_default():
 def pause_after_stop_trace(stop: int | None):
     """One rank: a stop asked (``stop``, or none), then a holder's RequestPause record, forged (the code refuses
     that pause once a stop is asked, so it records none): the state a granted pause would have left."""
-    from cbpause import transitions as t
-    from cbpause.recorder import TraceEvent
+    from cbpause.core import transitions as t
+    from cbpause.core.recorder import TraceEvent
     from cbpause.tlc.traces import Trace
 
     recorder = TraceRecorder()
@@ -94,7 +94,7 @@ def pause_after_stop_trace(stop: int | None):
 def test_a_pause_granted_after_a_flush_stop_is_rejected(tmp_path, tlc_ready):
     """R-STOP-RETURNS (the D7 fix): no new pause once a stop is asked.  The trace spec reads the spec's own guard,
     so a trace in which the real code granted one would fail validation."""
-    from cbpause.transitions import FLUSH_AND_STOP
+    from cbpause.core.transitions import FLUSH_AND_STOP
 
     assert validate(pause_after_stop_trace(None), TLA_DIR, tmp_path / "none").accepted  # the forgery is well formed
     trace = pause_after_stop_trace(FLUSH_AND_STOP)
@@ -107,7 +107,7 @@ def test_trace_validation_follows_a_guard_changed_in_the_spec(tla_copy, tmp_path
     """One home per guard: loosen RequestPause's D7 guard in a copy of PauseProtocol.tla (back to what it was
     before the D7 fix, a pause allowed under a flush stop) and the trace spec, unchanged, accepts the trace it
     rejected: it evaluates the spec's guard, not a restatement of it."""
-    from cbpause.transitions import FLUSH_AND_STOP
+    from cbpause.core.transitions import FLUSH_AND_STOP
 
     spec = tla_copy / "PauseProtocol.tla"
     lines = spec.read_text().splitlines(keepends=True)
@@ -123,6 +123,6 @@ def test_trace_validation_follows_a_guard_changed_in_the_spec(tla_copy, tmp_path
 
 def test_a_request_record_keeps_its_action_name():
     """PauseProtocol records a request's step under its TLA+ action name, which action_of leaves as it is."""
-    from cbpause.recorder import REQUEST_RECORDS, action_of
+    from cbpause.core.recorder import REQUEST_RECORDS, action_of
 
     assert all(action_of(a) == a for a in REQUEST_RECORDS)

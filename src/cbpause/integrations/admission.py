@@ -16,8 +16,8 @@ from typing import Any
 
 from transformers.generation.continuous_batching import continuous_api as _api
 
-from ..condition import thread_alive
-from ..errors import LoopPausedError
+from ..core.condition import thread_alive
+from ..core.errors import LoopPausedError
 
 __all__ = [
     "Admission", "TrackingRouter", "cache_capacity", "checked_while_paused", "check_fits", "fail_drained",
@@ -53,8 +53,8 @@ class Admission:
     input_queue: queue.Queue
 
     def is_running(self) -> bool:
-        """Upstream's, through :func:`cbpause.condition.thread_alive`: a Ctrl-C inside ``Thread.is_alive()`` can mark
-        the live loop's thread stopped for good on CPython 3.11."""
+        """Upstream's, through :func:`cbpause.core.condition.thread_alive`: a Ctrl-C inside ``Thread.is_alive()``
+        can mark the live loop's thread stopped for good on CPython 3.11."""
         thread = self._generation_thread
         return thread is not None and thread_alive(thread)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from transformers.generation.continuous_batching import continuous_api as _api
 
-from .. import transitions as t
+from ..core import transitions as t
 
 __all__ = ["ABORTED_BY_PAUSE", "abort", "at_decision", "busy", "hold_admission", "retract"]
 

@@ -34,9 +34,9 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from .. import transitions as t
-from ..condition import SafeEvent
-from ..protocol import PauseHold, PauseProtocol
+from ..core import transitions as t
+from ..core.condition import SafeEvent
+from ..core.protocol import PauseHold, PauseProtocol
 
 SUPPORTED = "5.23"
 

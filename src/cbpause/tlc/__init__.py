@@ -8,8 +8,9 @@
 * :mod:`~cbpause.tlc.traces` -- traces recorded from ``PauseProtocol`` are behaviours of the spec;
 * :mod:`~cbpause.tlc.tla` -- what the TLA+ modules define, read from their text.
 
-This package reads the core (:mod:`cbpause.transitions`, :mod:`cbpause.group`, :mod:`cbpause.recorder`) and
-``tla/``; the core never imports it.
+This package reads the core (:mod:`cbpause.core.transitions`, :mod:`cbpause.core.group`,
+:mod:`cbpause.core.recorder`) and ``tla/``; the core never imports it.  (The docs' pictures drawn from TLC's output
+are an application: :mod:`cbpause.apps.diagrams`.)
 """
 
 from .launcher import MODES, TLCError, TLCRun, classify, find_jar, find_java, format_trace, parse_trace, run_tlc

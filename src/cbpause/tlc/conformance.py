@@ -1,7 +1,7 @@
 """Spec and code conform: the pure transitions and the TLA+ spec have the same state graph.
 
 TLC writes a model's full state graph (:func:`~cbpause.tlc.launcher.run_tlc`, ``mode="graph"``);
-:func:`python_graph` explores :func:`cbpause.group.next_steps` from the same initial state within the same
+:func:`python_graph` explores :func:`cbpause.core.group.next_steps` from the same initial state within the same
 bounds; :func:`compare` checks that both have the same reachable states (under one shared encoding,
 :func:`encode`) and the same labelled transitions, in both directions, and describes the first
 differences readably.
@@ -21,8 +21,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from .. import group as gr
-from .. import transitions as t
+from ..core import group as gr
+from ..core import transitions as t
 from .launcher import protocol_action, run_tlc
 from .manifest import Cfg, Model
 
@@ -46,10 +46,10 @@ Encoded = tuple  # a state as a sorted tuple of (variable, value)
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-    """The constants of a model, as :mod:`cbpause.group` takes them."""
+    """The constants of a model, as :mod:`cbpause.core.group` takes them."""
 
     n_ranks: int
-    rank_of: tuple[int, ...]  # the rank index of each holder (numbered from 0, cbpause.group.tla_number)
+    rank_of: tuple[int, ...]  # the rank index of each holder (numbered from 0, cbpause.core.group.tla_number)
     n_requests: int
     bounds: gr.Bounds
 
@@ -86,7 +86,7 @@ class Graph:
 
 
 def encode(g: gr.GroupState) -> Encoded:
-    """The TLA+ variables of a :class:`~cbpause.group.GroupState`, as TLC prints them, parsed."""
+    """The TLA+ variables of a :class:`~cbpause.core.group.GroupState`, as TLC prints them, parsed."""
     r = g.ranks
     return tuple(
         sorted(
@@ -191,7 +191,7 @@ def read_dot(path: Path) -> Graph:
 
 
 def explore(shape: Shape) -> Iterator[tuple[gr.GroupState, str, gr.GroupState]]:
-    """Every transition ``(state, label, successor)`` of the graph reachable with :func:`cbpause.group.next_steps`
+    """Every transition ``(state, label, successor)`` of the graph reachable with :func:`cbpause.core.group.next_steps`
     (``MCSpec``) from the shape's initial state, breadth first; each state's transitions once."""
     start = gr.initial_group(shape.n_ranks, shape.rank_of, shape.n_requests)
     seen = {start}
@@ -208,7 +208,7 @@ def explore(shape: Shape) -> Iterator[tuple[gr.GroupState, str, gr.GroupState]]:
 
 
 def python_graph(shape: Shape) -> Graph:
-    """Every state and labelled transition reachable with :func:`cbpause.group.next_steps` (``MCSpec``)."""
+    """Every state and labelled transition reachable with :func:`cbpause.core.group.next_steps` (``MCSpec``)."""
     start = gr.initial_group(shape.n_ranks, shape.rank_of, shape.n_requests)
     reached, edges = {start}, set()
     for g, label, succ in explore(shape):

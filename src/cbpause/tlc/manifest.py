@@ -15,6 +15,7 @@ the witness properties that must fail on the constants of that model: each becom
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import re
 import tomllib
 from collections.abc import Iterable
@@ -83,11 +84,12 @@ def _witness_models(model: Model) -> list[Model]:
 
 
 def default_tla_dir() -> Path:
-    """``./tla`` when run from the repository root, else the ``tla/`` of the checkout this package is in."""
-    for candidate in (Path.cwd() / "tla", Path(__file__).resolve().parents[3] / "tla"):
-        if (candidate / "models.toml").is_file():
-            return candidate
-    raise TLCError("no tla/models.toml found: run from the repository root or pass --tla-dir")
+    """The ``tla/`` that ships inside the package (in a checkout, ``src/cbpause/tla`` is a link to the
+    repository's ``tla/``), found with :mod:`importlib.resources` wherever cbpause is installed."""
+    candidate = importlib.resources.files("cbpause") / "tla"
+    if isinstance(candidate, Path) and (candidate / "models.toml").is_file():
+        return candidate.resolve()
+    raise TLCError(f"no models.toml in {candidate} (cbpause installed without its tla/?): pass --tla-dir")
 
 
 def load_manifest(tla_dir: Path) -> list[Model]:

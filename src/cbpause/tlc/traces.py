@@ -1,6 +1,6 @@
 """Trace validation: traces recorded from real threaded runs of ``PauseProtocol`` are behaviours of the spec.
 
-A :class:`~cbpause.recorder.TraceRecorder` passed as ``PauseProtocol(trace=...)`` records every transition
+A :class:`~cbpause.core.recorder.TraceRecorder` passed as ``PauseProtocol(trace=...)`` records every transition
 the object takes.  :func:`write_trace` writes the trace as a TLA+ module (a sequence literal: this TLC
 reads no JSON) and a ``.cfg``; ``tla/TracePauseProtocol.tla`` replays it, and :func:`validate` runs TLC on
 it (:func:`~cbpause.tlc.launcher.run_tlc`, ``mode="trace"``).  A trace is accepted when TLC reaches the end
@@ -11,7 +11,7 @@ loop API (which transformers' integration drives), the holders' side (both APIs)
 window and fatal errors.  A drop-in call that performs several spec steps at once (``is_pause_requested``,
 ``update_with_tp_status``, ``pause_and_wait``, ...) is recorded as those steps, in order.  The hot paths
 replay a remembered transition without recording only while no recorder is attached
-(``cbpause.loop``'s ``_may_remember``), so a recorded run records every step.  Each record carries every
+(``cbpause.core.loop``'s ``_may_remember``), so a recorded run records every step.  Each record carries every
 variable the spec has for its actor (a loop record the rank's state, a holder record also the holder's
 view); ``tla/TracePauseProtocol.tla`` checks them all.
 """
@@ -27,9 +27,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..group import tla_number
-from ..recorder import TraceEvent, TraceRecorder
-from ..transitions import RankState
+from ..core.group import tla_number
+from ..core.recorder import TraceEvent, TraceRecorder
+from ..core.transitions import RankState
 from .launcher import run_tlc
 
 __all__ = [
@@ -49,7 +49,7 @@ __all__ = [
 
 @dataclasses.dataclass
 class Trace:
-    """A trace to validate: what a :class:`~cbpause.recorder.TraceRecorder` holds (its ``events``, the rank of each
+    """A trace to validate: what a :class:`~cbpause.core.recorder.TraceRecorder` holds (its ``events``, the rank of each
     holder, the number of ranks), or several recorders' merged (:func:`merge`)."""
 
     events: list[TraceEvent]
@@ -165,7 +165,7 @@ def write_trace(
 ) -> tuple[Path, Path]:
     """Write ``<name>.tla`` (the log as a sequence literal) and ``<name>.cfg`` into ``directory``.
 
-    Ranks and holders are numbered as in TLA+ there (:func:`cbpause.group.tla_number`).
+    Ranks and holders are numbered as in TLA+ there (:func:`cbpause.core.group.tla_number`).
     """
     if not re.fullmatch(r"[A-Za-z]\w*", name):
         raise ValueError(f"not a TLA+ module name: {name!r}")
@@ -179,7 +179,7 @@ def write_trace(
     module = directory / f"{name}.tla"
     module.write_text(
         f"---- MODULE {name} ----\n"
-        "\\* A trace recorded from PauseProtocol (cbpause.recorder), replayed by TracePauseProtocol.\n"
+        "\\* A trace recorded from PauseProtocol (cbpause.core.recorder), replayed by TracePauseProtocol.\n"
         "EXTENDS TracePauseProtocol\n\n"
         f"TraceRankOf == {rank_of if recorder.holder_rank else '<< >>'}\n\n"
         f"TraceLog == {log}\n"

@@ -1,0 +1,115 @@
+"""``python -m cbpause.apps.bench``: the command line, the machine's description, and the report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from . import __doc__ as _package_doc
+from .cases import case_contention, case_entry_and_resume, case_overhead, case_throughput, case_tlc, case_weight_update
+from .harness import Bench, Row, format_markdown, format_table
+from .mode_cases import case_modes
+from .plot import plot, plot_scaling
+from .scaling import case_scaling
+from .tp import case_tp
+
+
+def machine() -> str:
+    import torch
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    return (
+        f"{platform.system()} {platform.machine()} {cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"torch {torch.__version__}, transformers {transformers.__version__}"
+    )
+
+
+CASES = {
+    "overhead": case_overhead,
+    "entry": case_entry_and_resume,
+    "contention": case_contention,
+    "throughput": case_throughput,
+    "update": case_weight_update,
+    "tp": case_tp,
+    "modes": case_modes,
+    "scaling": case_scaling,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m cbpause.apps.bench", description=_package_doc.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer repetitions and samples: under 3 minutes")
+    p.add_argument("--repeats", type=int, default=None, help="repetitions per case (default 2 quick, 5 full)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (case 7 always runs on the CPU over gloo)")
+    p.add_argument("--cases", default=",".join([*CASES, "tlc"]), help="comma-separated subset of: "
+                   + ", ".join([*CASES, "tlc"]))  # fmt: skip
+    p.add_argument("--out", type=Path, default=Path("bench-results"), help="where bench.json and bench.png go")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    unknown = set(args.cases.split(",")) - {*CASES, "tlc"}
+    if unknown:
+        p.error(f"unknown case(s): {', '.join(sorted(unknown))}")
+    if args.repeats is not None and args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    if args.device.startswith("cuda") and not _cuda():
+        p.error("--device cuda: no CUDA device here")
+    return args
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    reps = args.repeats or (2 if args.quick else 5)
+    selected = args.cases.split(",")
+    started = time.perf_counter()
+    bench = Bench(args)
+    rows: list[Row] = []
+    for name, fn in CASES.items():
+        if name in selected:
+            t0 = time.perf_counter()
+            rows.extend(fn(bench, reps, args.quick))
+            print(f"bench: case {name} done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    tlc_rows = case_tlc(args.quick) if "tlc" in selected else []
+    print(f"machine: {machine()}; device {args.device}; {reps} interleaved repetitions")
+    print(format_table(rows))
+    if tlc_rows:
+        print("\n8 TLC (through the runner)")
+        for r in tlc_rows:
+            if "error" in r:
+                print(f"  {r['error']}")
+            else:
+                depth = "-" if r["depth"] is None else r["depth"]
+                print(f"  {r['model']:<27} {r['result']:<36} distinct {r['distinct'] or 0:>9,}  depth {depth:>3}  "
+                      f"{r['seconds']:>6} s  {r['states_per_min']:>9,} states/min")  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "machine": machine(), "device": args.device, "repetitions": reps, "quick": args.quick,
+        "seconds": round(time.perf_counter() - started, 1),
+        "rows": [r.summary() for r in rows], "raw": [asdict(r) for r in rows], "tlc": tlc_rows,
+    }  # fmt: skip
+    (args.out / "bench.json").write_text(json.dumps(report, indent=1))
+    (args.out / "bench.md").write_text(f"{machine()}; device {args.device}; {reps} interleaved repetitions\n\n"
+                                       + format_markdown(rows) + "\n")  # fmt: skip
+    drew = plot([r for r in rows if r.scale is None], args.out / "bench.png")
+    plotted = f" and {args.out / 'bench.png'}" if drew else " (no plot: no latency case, or no matplotlib)"
+    if plot_scaling(rows, args.out / "scaling.png"):
+        plotted += f" and {args.out / 'scaling.png'}"
+    print(f"\nwrote {args.out / 'bench.json'}, {args.out / 'bench.md'}{plotted}")
+    print(f"bench: {report['seconds']} s in all")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""``python -m cbpause.apps.demo [--rl]``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

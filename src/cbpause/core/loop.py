@@ -1,0 +1,429 @@
+"""The explicit loop API of :class:`~cbpause.PauseProtocol`: one method per TLA+ action of the loop.
+
+A loop that reports each step of its iteration calls these, in the order of ``tla/PauseProtocol.tla``
+(``observe``, ``all_reduce``, then ``open_window``/``skip_window``/``park_for_peer`` or ``no_pause``, ...,
+``barrier``, ``start_step``, ``end_step``).  Each method applies its transition of
+:mod:`cbpause.core.transitions` under the protocol's lock if the action's guard holds there, and otherwise raises
+``RuntimeError`` and changes nothing.  None of them waits, except :meth:`LoopSteps.pause_window`, which is
+the whole window (open, or park and join, then close) as a loop that does not step through it calls it.
+
+The class is mixed into :class:`~cbpause.PauseProtocol`; it holds no state of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from . import transitions as t
+from .condition import SafeCondition
+from .errors import PeerParkTimeout
+from .transitions import STOPPED, RankState
+
+__all__ = ["HOLDER_CHECK_S", "LoopSteps", "dropin_decision", "not_enabled", "quiet"]
+
+# A loop parked in its pause window wakes at least this often to look for holders whose thread died without
+# leaving (P-RELEASE-DEAD-HOLDER), so that it resumes within this bound of the death (spec section 4.4).
+HOLDER_CHECK_S = 0.25
+
+
+def not_enabled(action: str, s: RankState) -> str:
+    """The message of the ``RuntimeError`` a step raises when its guard does not hold."""
+    return f"{action}() is not enabled in loop phase {s.phase!r} ({s})"
+
+
+def quiet(before: RankState, after: RankState) -> bool:
+    """Whether going from ``before`` to ``after`` can enable no waiter, so that it may be replayed from a memo
+    without waking anybody: the window, the holders and the loop's end are as they were."""
+    return (
+        before.paused == after.paused
+        and before.count == after.count
+        and before.waiting == after.waiting
+        and before.fatal == after.fatal
+        and (before.local_status == STOPPED) == (after.local_status == STOPPED)
+    )
+
+
+# The steps a steady loop takes every iteration, which replay a memo (LoopSteps._remember).
+_HOT = ("observe", "no_pause", "start_step", "end_step", "idle")
+_NO_MEMO = (None, None, None, None)
+
+# The steps that follow an all-reduce that decided to pause (the others follow one that did not).
+_DECIDE_A_PAUSE = frozenset({t.open_window, t.skip_window, t.park_for_peer})
+
+
+def dropin_decision(s: RankState, pause: bool) -> int:
+    """The all-reduced pause request of a drop-in loop, which reports only whether the group pauses."""
+    return max(s.obs_pause, t.KEEP) if pause else 0
+
+
+class LoopSteps:
+    """The explicit loop API (see the module's docstring)."""
+
+    if TYPE_CHECKING:  # provided by PauseProtocol
+        fatal_error: BaseException | None
+        _lock: threading.RLock  # SafeCondition's lock
+        _condition: SafeCondition
+        _state: RankState
+        _holds: dict
+        _loop_thread: int | None
+        _peer_park_timeout: float | None
+        _clock: Callable[[], float]
+        _trace: object
+        _memo_observe: tuple
+        _memo_all_reduce: tuple
+        _memo_no_pause: tuple
+        _memo_start_step: tuple
+        _memo_end_step: tuple
+        _memo_idle: tuple
+        _pending: int | None
+
+        def _apply(self, fn: Callable[..., RankState], *args: object) -> RankState: ...
+        def _release_dead_holders(self) -> int: ...
+
+    def _settle_pending(self, pause: bool) -> None:
+        """The AllReduce of a drop-in ``update_with_tp_status()`` that this step shows the decision of (the caller
+        holds the lock): a loop that mixes the two APIs is recorded as it went (a pause in this rank's own mode, at
+        least KEEP: the drop-in reports no mode)."""
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self._apply(t.all_reduce, pending, dropin_decision(self._state, pause))
+
+    def _step(self, fn: Callable[..., RankState], guard: Callable[[RankState], bool]) -> RankState:
+        """One loop step, the slow path: ``fn`` if ``guard`` holds (checked under the lock), else ``RuntimeError``
+        and no change; remembers the step for the hot path (see :meth:`_remember`)."""
+        with self._lock:
+            s = self._state
+            pending = self._pending
+            if pending is not None and t.can_all_reduce(s):
+                pause = fn in _DECIDE_A_PAUSE or (fn is t.exit_loop and s.obs_pause > 0)
+                if not guard(t.all_reduce(s, pending, dropin_decision(s, pause))):
+                    raise RuntimeError(not_enabled(fn.__name__, s))
+                self._settle_pending(pause)
+                s = self._state
+            if not guard(s):
+                raise RuntimeError(not_enabled(fn.__name__, s))
+            after = self._apply(fn)
+            if fn.__name__ in _HOT:
+                self._remember(fn.__name__, s, after)
+            return after
+
+    def _remember(self, action: str, before: RankState, after: RankState, *args: object) -> None:
+        """The memo of the hot path: ``self._memo_<action> = (before, *args, after, *previous)``, the last two steps
+        taken, in one tuple (an attribute more per step would cost every attribute read of the object: CPython 3.11
+        shares the keys of an instance's dict only up to 30 of them).
+
+        A steady loop takes the same step from the same state object every iteration (transitions are interned, see
+        ``protocol._transition``), so each hot method first replays its memo, guard included, with one identity test:
+        the state object fixes every field a guard reads. Two memos per step, the last two taken, the one replayed
+        first: the iteration after a window takes its steps from other states than a steady one, and with one memo
+        each window cost the slow path twice per step, after it and in the next iteration. A step with holders is not
+        remembered: it must wake them (``protocol._wakes``). The replay takes the lock with
+        ``acquire()`` and ``try``/``finally`` rather than ``with``, which costs twice as much on CPython 3.11, and
+        several steps run every iteration; for the same reason the replay is written out in each hot method rather than
+        shared (a helper would add a call to every step). Between ``acquire()`` and ``try`` a signal handler could raise
+        and leave the lock held; signal handlers run only on the main thread, so a loop there gets no memos, and neither
+        does a step that can wake a waiter (:func:`quiet`: the replay notifies nobody) or a protocol that records a
+        trace (the replay records nothing). ``clear()`` forgets every memo.
+        """
+        if before.count:
+            return  # a step with holders wakes them (protocol._wakes): the memos replay the steady loop's only
+        if self._may_remember(before, after):
+            last = getattr(self, "_memo_" + action)
+            width = len(last) // 2
+            setattr(self, "_memo_" + action, (before, *args, after, *last[width * (last[0] is before) :][:width]))
+
+    def _may_remember(self, before: RankState, after: RankState) -> bool:
+        """Whether a step from ``before`` to ``after`` may be replayed from a memo (see :meth:`_remember`)."""
+        return self._trace is None and quiet(before, after) and threading.get_ident() != threading.main_thread().ident
+
+    def _forget_memos(self) -> None:
+        for action in _HOT:
+            setattr(self, "_memo_" + action, _NO_MEMO)
+        self._memo_all_reduce = (None,) * 10
+        self._observe_memo = (None, None, None, None)  # the drop-in is_pause_requested()'s (DropInLoop)
+
+    def observe(self) -> tuple[int, int]:
+        """P-OBSERVE (``Observe``): what this rank sends to the all-reduce: (stop status, pause request), the request
+        being the strongest mode this rank's holders asked for (``transitions.KEEP`` ... ``ABORT``), 0 for none."""
+        memo, lock = self._memo_observe, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state:
+                self._state = s = memo[1]
+                return s.obs_status, s.obs_pause
+            if memo[2] is self._state:  # the other of the last two (see _remember)
+                self._state = s = memo[3]
+                self._memo_observe = (*memo[2:], *memo[:2])
+                return s.obs_status, s.obs_pause
+        finally:
+            lock.release()
+        if self._loop_thread != threading.get_ident():
+            with self._lock:
+                self._loop_thread = threading.get_ident()  # the thread of the first observe() after clear()
+        s = self._step(t.observe, t.can_observe)
+        return s.obs_status, s.obs_pause
+
+    def all_reduce(self, tp_status: int, tp_pause: int, busy: bool = False) -> None:
+        """P-ALL-REDUCE (``AllReduce``): the group's MAX of stop statuses and pause requests (modes; a ``bool`` is
+        read as 0 or KEEP).  ``busy``: this rank's batch has requests in flight, so that a DRAIN decision drains
+        first (``state.draining``; :meth:`drain_first`).
+
+        Raises ``ValueError`` if the result cannot be a MAX that includes this rank's contribution.
+        """
+        tp_pause = int(tp_pause)
+        busy = bool(busy) and tp_pause == t.DRAIN
+        memo, lock = self._memo_all_reduce, self._lock
+        lock.acquire()
+        try:
+            if (
+                memo[0] is self._state and memo[1] == tp_status and memo[2] == tp_pause and memo[3] == busy
+                and self._pending is None
+            ):  # fmt: skip
+                self._state = memo[4]
+                return
+            if (
+                memo[5] is self._state and memo[6] == tp_status and memo[7] == tp_pause and memo[8] == busy
+                and self._pending is None
+            ):  # fmt: skip  (the other of the last two, see _remember)
+                self._state = memo[9]
+                self._memo_all_reduce = (*memo[5:], *memo[:5])
+                return
+        finally:
+            lock.release()
+        with self._lock:
+            s = self._state
+            if not t.can_all_reduce(s):
+                raise RuntimeError(not_enabled("all_reduce", s))
+            if tp_status not in t.STOP_STATUSES or not s.obs_status <= tp_status < STOPPED:
+                raise ValueError(f"all-reduced stop status {tp_status!r} is not a MAX including {s.obs_status}")
+            if tp_status < s.tp_status:
+                raise ValueError(f"all-reduced stop status {tp_status!r} is below the agreed {s.tp_status}")
+            if not 0 <= tp_pause <= t.ABORT:
+                raise ValueError(f"all-reduced pause request {tp_pause!r} is not a mode (0 to {t.ABORT})")
+            if tp_pause < s.obs_pause:
+                raise ValueError(f"all-reduced pause request {tp_pause} is below this rank's {s.obs_pause}")
+            after = self._apply(t.all_reduce, tp_status, tp_pause, busy)
+            if self._pending is None:
+                self._remember("all_reduce", s, after, tp_status, tp_pause, busy)
+
+    def open_window(self) -> None:
+        """P-OPEN-WINDOW (``OpenWindow``): a local holder is pending; open the window (does not wait)."""
+        self._step(t.open_window, t.can_open_window)
+
+    def drain_first(self) -> None:
+        """P-DRAIN-FIRST (``DrainFirst``): the group decided to drain and the batch had work (``all_reduce(...,
+        busy=True)``): no window this iteration; the loop steps the batch, admitting no new request
+        (``state.draining``), and asks again.  A drain never parks, so this is where the loop releases the holds of
+        holders whose thread died waiting for it (P-RELEASE-DEAD-HOLDER; issue 26, point 4): once per drain step,
+        a scan of the holds (none inside, the window being closed)."""
+        self._step(t.drain_first, t.can_drain_first)
+        if self._holds:
+            with self._lock:
+                self._release_dead_holders()
+
+    def skip_window(self) -> None:
+        """P-SKIP-WINDOW (``SkipWindow``): this rank asked, every local request was withdrawn (D1)."""
+        self._step(t.skip_window, t.can_skip_window)
+
+    def park_for_peer(self) -> None:
+        """P-PARK-FOR-PEER (``ParkForPeer``): a peer asked, no local holder is pending (does not wait)."""
+        self._step(t.park_for_peer, t.can_park_for_peer)
+
+    def join_peer_pause(self) -> None:
+        """P-JOIN-PEER-PAUSE (``JoinPeerPause``): the local holder came; open the window."""
+        self._step(t.join_peer_pause, t.can_join_peer_pause)
+
+    def peer_park_timeout(self) -> PeerParkTimeout:
+        """P-PEER-PARK-TIMEOUT (``PeerParkTimeout``): no local holder came; record the error and stop
+        (P-FAIL-LOOP).  Returns the :class:`~cbpause.PeerParkTimeout` it recorded, for the loop to raise."""
+        with self._lock:
+            s = self._state
+            if not t.can_peer_park_timeout(s):
+                raise RuntimeError(not_enabled("peer_park_timeout", s))
+            return self._peer_park_expired()
+
+    def _peer_park_expired(self) -> PeerParkTimeout:
+        """P-PEER-PARK-TIMEOUT (the caller holds the lock and checked the guard)."""
+        s = self._state
+        why = "no local holder came"
+        if s.count:  # holders came, each asking for a stronger mode than the group's window (R-MODES)
+            why = (f"the local holder asked for mode {t.MODE_NAMES[t.asked(s)]!r}, stronger than the group's "
+                   f"{t.MODE_NAMES[s.tp_pause]!r} window (under tensor parallelism every rank must ask the same mode)")
+        error = PeerParkTimeout(
+            f"parked for a peer's pause, and {why} within {self._peer_park_timeout} s:"
+            " under tensor parallelism every rank must pause (spec P-PEER-PARK-TIMEOUT)"
+        )
+        if self.fatal_error is None:
+            self.fatal_error = error
+        self._apply(t.peer_park_timeout)
+        return error
+
+    def close_window(self) -> None:
+        """P-CLOSE-WINDOW (``CloseWindow``): the last holder left; go to the barrier."""
+        self._step(t.close_window, t.can_close_window)
+
+    def pause_window(self) -> None:
+        """The pause window after a pause decision: P-OPEN-WINDOW, P-SKIP-WINDOW or P-PARK-FOR-PEER, then
+        P-JOIN-PEER-PAUSE or P-PEER-PARK-TIMEOUT, and P-CLOSE-WINDOW.  Returns at the barrier.
+
+        Blocks while a holder is inside; releases the holds of holders whose thread died (P-RELEASE-DEAD-HOLDER),
+        within ``HOLDER_CHECK_S`` seconds of the death.  Raises :class:`~cbpause.PeerParkTimeout` (the fatal error is
+        recorded and the loop is stopped, P-FAIL-LOOP) when parked for a peer's pause with no local holder
+        within ``peer_park_timeout`` seconds.
+        """
+        with self._lock:
+            if self._pending is not None:
+                self._settle_pending(True)
+            s = self._state
+            # The common case first, with as little as possible before the holders are woken (every line here costs
+            # a microsecond or more, the loop's caches being cold after the forward step): SkipWindow needs no
+            # pending holder, so a decided pause with one opens.
+            if t.pending(s) > 0 and t.pause_decided(s):
+                self._apply(t.open_window)
+            elif not t.pause_decided(s):
+                raise RuntimeError(not_enabled("pause_window", s))
+            elif t.can_skip_window(s):
+                self._apply(t.skip_window)
+                return
+            else:
+                self._apply(t.park_for_peer)
+                timeout = self._peer_park_timeout
+                deadline = None if timeout is None else self._clock() + timeout
+                while t.pending(self._state) == 0:
+                    remaining = None if deadline is None else deadline - self._clock()
+                    if remaining is not None and remaining <= 0:
+                        raise self._peer_park_expired()
+                    self._condition.wait(remaining)
+                self._apply(t.join_peer_pause)
+            # Parked: wake at least every HOLDER_CHECK_S to release the holds of holders whose thread died
+            # (P-RELEASE-DEAD-HOLDER; the fairness of ReleaseDeadHolder in the spec rests on this loop).  The first
+            # look comes before the first wait, so that no hold of a thread that died is entered from another thread.
+            while True:
+                self._release_dead_holders()
+                if not self._state.paused:
+                    break
+                if self._state.waiting:  # a notification an interrupt cut short (SafeCondition.notify_all) is renewed
+                    self._condition.notify_all()
+                self._condition.wait(HOLDER_CHECK_S)
+            self._apply(t.close_window)
+
+    def release_dead_holders(self) -> int:
+        """P-RELEASE-DEAD-HOLDER (``ReleaseDeadHolder``): release the hold of every holder whose thread ended while
+        it waited or was inside, without leaving (P-HOLDER-DIES), logging an error that names the thread; returns
+        how many.  Enabled while the loop is parked in its window (``pause_window`` does it there at least every
+        ``HOLDER_CHECK_S`` seconds: a loop that steps through its window itself must do the same), while it drains
+        (``drain_first`` does it at each drain step) and on a stopped loop (``clear()`` does it first)."""
+        with self._lock:
+            s = self._state
+            if not t.dead_holder_releasable(s):
+                raise RuntimeError(not_enabled("release_dead_holders", s))
+            return self._release_dead_holders()
+
+    def barrier(self) -> None:
+        """P-BARRIER (``Barrier``), this rank's part: the group left the pause window together."""
+        self._step(t.barrier, t.can_barrier)
+
+    def no_pause(self) -> None:
+        """P-NO-PAUSE (``NoPause``)."""
+        memo, lock = self._memo_no_pause, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state:
+                self._state = memo[1]
+                return
+            if memo[2] is self._state:  # the other of the last two (see _remember)
+                self._state = memo[3]
+                self._memo_no_pause = (*memo[2:], *memo[:2])
+                return
+        finally:
+            lock.release()
+        self._step(t.no_pause, t.can_no_pause)
+
+    def start_step(self) -> None:
+        """P-START-STEP (``StartStep``): a forward step is about to run.
+
+        Enforces ExclusionInv where the step runs: with a holder inside (which the invariants rule out) it
+        records a fatal error and raises instead.
+        """
+        memo, lock = self._memo_start_step, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state:  # a state the step was taken from, so one with no holder inside
+                self._state = memo[1]
+                return
+            if memo[2] is self._state:  # the other of the last two (see _remember)
+                self._state = memo[3]
+                self._memo_start_step = (*memo[2:], *memo[:2])
+                return
+        finally:
+            lock.release()
+        with self._lock:
+            if self._state.inside:
+                error = RuntimeError("a forward step was about to start while a holder is inside a pause (R-EXCLUSION)")
+                if self.fatal_error is None:
+                    self.fatal_error = error
+                raise error
+        self._step(t.start_step, t.can_start_step)
+
+    def end_step(self) -> None:
+        """P-END-STEP (``EndStep``)."""
+        memo, lock = self._memo_end_step, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state:
+                self._state = memo[1]
+                return
+            if memo[2] is self._state:  # the other of the last two (see _remember)
+                self._state = memo[3]
+                self._memo_end_step = (*memo[2:], *memo[:2])
+                return
+        finally:
+            lock.release()
+        self._step(t.end_step, t.can_end_step)
+
+    def idle(self) -> None:
+        """P-IDLE (``Idle``): no work and no stop; go round."""
+        memo, lock = self._memo_idle, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state:
+                self._state = memo[1]
+                return
+            if memo[2] is self._state:  # the other of the last two (see _remember)
+                self._state = memo[3]
+                self._memo_idle = (*memo[2:], *memo[:2])
+                return
+        finally:
+            lock.release()
+        self._step(t.idle, t.can_idle)
+
+    def exit_loop(self) -> None:
+        """P-EXIT-LOOP (``ExitLoop``): hard stop before any window, or a flush with nothing left."""
+        self._step(t.exit_loop, t.may_exit)
+
+    def fail_loop(self, error: BaseException) -> None:
+        """P-FAIL-LOOP (``FailLoop``): the loop's thread fails outside a forward step and outside a collective
+        (around the pause window, or in a way that ends the thread); record ``error`` (the first fatal error
+        wins) and stop.  No further collective: the peers find out by their own collective timeout."""
+        with self._lock:
+            self._settle_pending(self._state.obs_pause)
+            s = self._state
+            if not t.can_fail_loop(s):
+                raise RuntimeError(not_enabled("fail_loop", s))
+            if self.fatal_error is None:
+                self.fatal_error = error
+            self._apply(t.fail_loop)
+
+    def collective_timeout(self, error: BaseException) -> None:
+        """P-COLLECTIVE-TIMEOUT (``CollectiveTimeout``): a peer never joined the all-reduce, the barrier or (at
+        ``body``, which the caller knows has a payload in hand) the payload broadcast; record ``error`` and stop."""
+        with self._lock:
+            s = self._state
+            if not t.can_collective_timeout(s):
+                raise RuntimeError(not_enabled("collective_timeout", s))
+            if self.fatal_error is None:
+                self.fatal_error = error
+            self._apply(t.collective_timeout)

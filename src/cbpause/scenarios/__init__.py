@@ -1,8 +1,0 @@
-"""Trace scenarios: runs of ``PauseProtocol`` recorded and validated against the TLA+ spec by TLC.
-
-``python -m cbpause.scenarios`` (``nox -s traces``) runs random threaded scenarios of simulated ranks in one
-process (:mod:`~cbpause.scenarios.group`); with ``--real``, scenarios on transformers' real loop, single-rank
-and TP=2 over gloo (:mod:`~cbpause.scenarios.real`, :mod:`~cbpause.scenarios.episodes`,
-:mod:`~cbpause.scenarios.tp`), with the coverage of the spec's transitions (:mod:`~cbpause.scenarios.coverage`).
-An application: it uses the integration, the testing kit and :mod:`cbpause.tlc`.
-"""
