@@ -152,3 +152,31 @@ def test_renaming_in_one_layer_alone_fails(tmp_path, layer, old, new, complaint)
     path.write_text(text.replace(old, new))
     problems = check_names(tmp_path)
     assert any(complaint in p for p in problems), problems
+
+
+def test_the_variable_map_is_derived_and_covers_every_variable_of_the_spec():
+    """The state-graph comparison's encoding names every variable of PauseProtocol.tla, no other, by the rule of
+    the name table (cbpause.core.group.tla_variable): renaming a field in one layer alone fails here."""
+    from cbpause.core import group as gr
+    from cbpause.core.transitions import RankState
+    from cbpause.tlc.conformance import encode
+    from cbpause.tlc.tla import variables
+
+    declared = variables((ROOT / "tla" / "PauseProtocol.tla").read_text())
+    assert {name for name, _ in encode(gr.initial_group(2, (0, 1), 1))} == declared
+    fields = set(RankState._fields)
+    assert set(gr.RANK_VARIABLES + gr.SHARED_VARIABLES) <= fields
+    assert {gr.tla_variable(f) for f in gr.RANK_VARIABLES + gr.SHARED_VARIABLES} <= declared
+
+
+def test_the_holder_actions_are_one_table_of_actions_of_next():
+    from cbpause.core import group as gr
+    from cbpause.core import transitions
+    from cbpause.core.recorder import action_of
+
+    actions = next_actions((ROOT / "tla" / "PauseProtocol.tla").read_text())
+    assert set(gr.HOLDER_ACTIONS) <= actions
+    for action, (by, after) in gr.HOLDER_ACTIONS.items():
+        assert by in ("holder", "environment", "loop") and after in ("idle", "waiting", "inside", "dead")
+        assert action_of(gr.python_name(action)) == action
+        assert hasattr(transitions, gr.python_name(action)) or hasattr(gr, gr.python_name(action)), action

@@ -24,6 +24,7 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from ..core.group import HOLDER_ACTIONS
 from ..tlc.conformance import Graph, parse_tla_value, tlc_graph
 from ..tlc.launcher import format_trace, parse_trace, protocol_action
 from ..tlc.manifest import default_tla_dir, load_manifest
@@ -65,13 +66,14 @@ OWNERS = {
     "st": "request", "kv": "request", "lab": "request", "adm": "request", "aborted": "request",
 }  # fmt: skip
 
-# Who takes each action (every other action is the loop's own).
+# Who takes each action (every other action is the loop's own); the holder actions' actors are those of
+# cbpause.core.group.HOLDER_ACTIONS.
 _ACTORS = {
-    "environment": {"Interrupt", "PauseTimeout", "HolderDies", "RequestStop", "RecordFatalError", "Crash",
-                    "StrayRelease", "Restart", "UpstreamInterrupt", "UpstreamRestart", "StopWaitRunsOut",
-                    "StopReturns"},
-    "holder": {"RequestPause", "EnterPause", "LeavePause", "PauseFails", "UpstreamRequestPause",
-               "UpstreamLeavePause", "UpstreamPauseFails", "Update"},
+    "environment": {"RequestStop", "RecordFatalError", "Crash", "StrayRelease", "Restart", "UpstreamInterrupt",
+                    "UpstreamRestart", "StopWaitRunsOut", "StopReturns"}
+                   | {a for a, (by, _) in HOLDER_ACTIONS.items() if by == "environment"},
+    "holder": {"UpstreamRequestPause", "UpstreamLeavePause", "UpstreamPauseFails", "Update"}
+              | {a for a, (by, _) in HOLDER_ACTIONS.items() if by == "holder"},
     "request": {"Submit", "Retry", "UpstreamAdmit", "UpstreamEnqueue"},
     "group": {"AllReduce", "Barrier", "Broadcast"},
 }  # fmt: skip

@@ -47,6 +47,39 @@ def tla_number(index: int) -> int:
     return index + 1
 
 
+# The holder actions, the one table of them: who takes each (the holder's own thread; the environment, as an
+# exception, a timeout or a death that lands in that thread; or the loop), and the holder's TLA+ state ``hs[h]``
+# after it.  The recorder numbers the holders of these actions, PauseProtocol sets a hold's state from it and
+# wakes nobody on a step of a live holder's thread, and the docs' sequence diagrams draw each from its actor.
+HOLDER_ACTIONS: dict[str, tuple[str, str]] = {
+    "RequestPause": ("holder", "waiting"),
+    "EnterPause": ("holder", "inside"),
+    "LeavePause": ("holder", "idle"),
+    "PauseFails": ("holder", "idle"),
+    "Interrupt": ("environment", "idle"),
+    "PauseTimeout": ("environment", "idle"),
+    "HolderDies": ("environment", "dead"),
+    "ReleaseDeadHolder": ("loop", "idle"),
+}
+
+# RankState's fields that are TLA+ variables indexed by rank (the others -- waiting, inside, n_keep ... -- TLA+
+# derives from hs and hmode), and the two the group shares (one value in TLA+, a copy on each rank here).  Their
+# TLA+ names are derived (tla_variable): the name table's rule, snake case in Python, camel case in TLA+.
+RANK_VARIABLES = ("phase", "local_status", "obs_status", "obs_pause", "fatal", "draining", "count", "paused", "closing")
+SHARED_VARIABLES = ("tp_status", "tp_pause")
+
+
+def tla_variable(field: str) -> str:
+    """The TLA+ variable of a Python field: ``local_status`` -> ``localStatus``."""
+    head, *rest = field.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def python_name(action: str) -> str:
+    """The Python function of a TLA+ action: ``OpenWindow`` -> ``open_window``."""
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in action).lstrip("_")
+
+
 def tla_holder_state(state: str) -> str:
     """TLA+'s ``hs[h]`` for a holder state of :data:`HOLDER_STATES` (``"dead:inside"`` -> ``"dead"``)."""
     return state.split(":", 1)[0]

@@ -37,6 +37,7 @@ from . import transitions as t
 from .arguments import check_mode, check_timeout
 from .condition import SafeCondition, thread_alive
 from .dropin import DropInLoop, Plan
+from .group import HOLDER_ACTIONS, python_name
 from .loop import HOLDER_CHECK_S, LoopSteps
 from .metrics import PauseMetrics
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankState
@@ -53,16 +54,8 @@ logger = logging.getLogger("cbpause")
 # therefore wakes at least this often, so Ctrl-C reaches it within this bound (P-INTERRUPT).
 MAIN_THREAD_WAKE_S = 0.1
 
-# The holder's state after each holder transition (TLA+ hs[h]).
-_HOLD_AFTER = {
-    "request_pause": "waiting",
-    "enter_pause": "inside",
-    "leave_pause": "idle",
-    "pause_fails": "idle",
-    "interrupt": "idle",
-    "pause_timeout": "idle",
-    "release_dead_holder": "idle",
-}
+# The holder's state after each holder transition (TLA+ hs[h]), by function name: from group.HOLDER_ACTIONS.
+_HOLD_AFTER = {python_name(action): after for action, (_, after) in HOLDER_ACTIONS.items()}
 
 
 class PauseHold:
@@ -596,8 +589,12 @@ class PauseProtocol(LoopSteps, DropInLoop):
 _WAKING_PHASES = frozenset({"peer", "barrier", "stopped", "dead"})
 
 
-# A holder's own steps (the others are the loop's, or a stop's).
-_HOLDER_STEPS = frozenset({t.request_pause, t.enter_pause, t.leave_pause, t.interrupt, t.pause_timeout, t.pause_fails})
+# The steps taken in a live holder's thread (the others are the loop's, or a stop's): from group.HOLDER_ACTIONS.
+_HOLDER_STEPS = frozenset(
+    getattr(t, python_name(action))
+    for action, (by, after) in HOLDER_ACTIONS.items()
+    if by != "loop" and after != "dead"
+)
 
 
 def _wakes(fn: Callable[..., RankState], before: RankState, after: RankState) -> bool:

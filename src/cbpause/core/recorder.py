@@ -18,14 +18,10 @@ import threading
 import time
 from collections.abc import Hashable
 
+from .group import HOLDER_ACTIONS
 from .transitions import RankState
 
-__all__ = ["HOLDER_ACTIONS", "REQUEST_RECORDS", "TraceEvent", "TraceRecorder", "action_of"]
-
-HOLDER_ACTIONS = frozenset(
-    {"RequestPause", "EnterPause", "LeavePause", "PauseFails", "Interrupt", "PauseTimeout", "HolderDies",
-     "ReleaseDeadHolder"}
-)  # fmt: skip
+__all__ = ["REQUEST_RECORDS", "TraceEvent", "TraceRecorder", "action_of"]
 
 
 # The records of a request's steps (PauseProtocol.submit, .record_request): "Submit" carries the acceptance as its

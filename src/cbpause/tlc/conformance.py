@@ -88,28 +88,13 @@ class Graph:
 def encode(g: gr.GroupState) -> Encoded:
     """The TLA+ variables of a :class:`~cbpause.core.group.GroupState`, as TLC prints them, parsed."""
     r = g.ranks
-    return tuple(
-        sorted(
-            {
-                "phase": tuple(s.phase for s in r),
-                "localStatus": tuple(s.local_status for s in r),
-                "obsStatus": tuple(s.obs_status for s in r),
-                "obsPause": tuple(s.obs_pause for s in r),
-                "fatal": tuple(s.fatal for s in r),
-                "draining": tuple(s.draining for s in r),
-                "tpStatus": r[0].tp_status,
-                "tpPause": r[0].tp_pause,
-                "hs": tuple(gr.tla_holder_state(x) for x in g.hs),
-                "hmode": g.hmode,
-                "count": tuple(s.count for s in r),
-                "paused": tuple(s.paused for s in r),
-                "closing": tuple(s.closing for s in r),
-                "req": g.req,
-                "out": g.out,
-                "restarts": g.restarts,
-            }.items()
-        )
-    )
+    variables = {gr.tla_variable(f): tuple(getattr(s, f) for s in r) for f in gr.RANK_VARIABLES}
+    variables |= {gr.tla_variable(f): getattr(r[0], f) for f in gr.SHARED_VARIABLES}
+    variables |= {
+        "hs": tuple(gr.tla_holder_state(x) for x in g.hs), "hmode": g.hmode, "req": g.req, "out": g.out,
+        "restarts": g.restarts,
+    }  # fmt: skip
+    return tuple(sorted(variables.items()))
 
 
 _TOKEN = re.compile(r'\s*(<<|>>|\{|\}|,|"(?:[^"\\]|\\.)*"|-?\d+|TRUE|FALSE)')

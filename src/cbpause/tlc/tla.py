@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["checked_definitions", "definitions", "next_actions"]
+__all__ = ["checked_definitions", "definitions", "next_actions", "variables"]
 
 # Operators of Next that group actions rather than being one.
 _GROUPS = {"LoopAction", "HolderWakes", "SystemNext", "SystemNextWithoutRecovery", "EnvironmentNext"}
@@ -31,3 +31,11 @@ def next_actions(text: str) -> set[str]:
 def checked_definitions(text: str) -> set[str]:
     """The invariants and properties of the spec: names ending in Inv or Prop, and TypeOK."""
     return {d for d in definitions(text) if d.endswith(("Inv", "Prop")) or d == "TypeOK"}
+
+
+def variables(text: str) -> set[str]:
+    """The variables a module declares (``VARIABLES a, b`` up to the next blank line; comments skipped)."""
+    declared: set[str] = set()
+    for block in re.findall(r"^VARIABLES?\b(.*?)(?:\n\s*\n)", text, re.MULTILINE | re.DOTALL):
+        declared |= set(re.findall(r"^\s*(\w+)\s*,?", re.sub(r"\\\*.*", "", block), re.MULTILINE))
+    return declared - {""}

@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..core.group import tla_number
+from ..core.group import RANK_VARIABLES, SHARED_VARIABLES, tla_number, tla_variable
 from ..core.recorder import TraceEvent, TraceRecorder
 from ..core.transitions import RankState
 from .launcher import run_tlc
@@ -126,13 +126,13 @@ def _tla(value) -> str:
     return '"' + str(value) + '"'
 
 
+# What a record shows of the rank (TracePauseProtocol's ``v``): its TLA+ variables, less ``draining``, which the
+# trace spec follows through the actions that set it.
+_SHOWN = tuple(f for f in RANK_VARIABLES + SHARED_VARIABLES if f != "draining")
+
+
 def _state(s: RankState) -> str:
-    fields = {
-        "phase": s.phase, "localStatus": s.local_status, "tpStatus": s.tp_status, "tpPause": s.tp_pause,
-        "obsStatus": s.obs_status, "obsPause": s.obs_pause, "fatal": s.fatal, "paused": s.paused, "count": s.count,
-        "closing": s.closing,
-    }  # fmt: skip
-    return "[" + ", ".join(f"{k} |-> {_tla(v)}" for k, v in fields.items()) + "]"
+    return "[" + ", ".join(f"{tla_variable(f)} |-> {_tla(getattr(s, f))}" for f in _SHOWN) + "]"
 
 
 def _record(e: TraceEvent, request: int) -> str:

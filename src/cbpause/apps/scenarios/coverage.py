@@ -12,7 +12,8 @@ import functools
 from collections.abc import Iterable
 
 from ...core import group as gr
-from ...core.recorder import HOLDER_ACTIONS, REQUEST_RECORDS, TraceEvent
+from ...core.group import HOLDER_ACTIONS
+from ...core.recorder import REQUEST_RECORDS, TraceEvent
 from ...tlc.conformance import FAST_MODEL_SHAPES, explore
 
 __all__ = ["Coverage", "spec_transitions", "trace_transitions"]
@@ -30,7 +31,7 @@ REQUEST_ACTIONS = frozenset({"Submit", "Broadcast", "Deliver"})
 
 def _label_rank(g: gr.GroupState, label: str) -> int:
     index = int(label.split("(", 1)[1].split(",", 1)[0].rstrip(")")) - 1
-    return g.rank_of[index] if gr.action_name(label) in HOLDER_ACTIONS | {"HolderDies"} else index
+    return g.rank_of[index] if gr.action_name(label) in HOLDER_ACTIONS else index
 
 
 @functools.cache
