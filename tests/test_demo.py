@@ -48,8 +48,8 @@ def test_rl_demo_reward_rises_in_every_mode_and_the_plot_is_written(tmp_path, ca
     assert main(["--rl", "--updates", "10", "--batch", "8", "--no-progress", "--png", str(png)]) == 0
     out = capsys.readouterr().out
     table = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] and
-             line.split()[0] in demo_rl.MODES and "update" not in line}  # fmt: skip
-    assert sorted(table) == sorted(demo_rl.MODES)
+             line.split()[0] in demo_rl.MODE_NAMES and "update" not in line}  # fmt: skip
+    assert sorted(table) == sorted(demo_rl.MODE_NAMES)
     for row in table.values():
         first, last, risen = float(row[1]), float(row[2]), row[3]
         assert risen == "True" and last > first, row

@@ -180,3 +180,24 @@ def test_the_holder_actions_are_one_table_of_actions_of_next():
         assert by in ("holder", "environment", "loop") and after in ("idle", "waiting", "inside", "dead")
         assert action_of(gr.python_name(action)) == action
         assert hasattr(transitions, gr.python_name(action)) or hasattr(gr, gr.python_name(action)), action
+
+
+def test_the_other_modules_share_only_the_names_the_spec_lists():
+    """RequestVersions.tla and StopTeardown.tla share with PauseProtocol.tla only names of the same meaning, the
+    ones section 8 lists; reusing ``phase`` or ``RequestPause`` for something else there fails here."""
+    from cbpause.tlc.tla import variables
+
+    spec = (ROOT / "spec" / "PROTOCOL.md").read_text()
+    section = spec[spec.index("| Module | Names it shares with `PauseProtocol.tla` |") :].split("\n\n")[0]
+    listed = {}
+    for line in section.splitlines()[2:]:
+        module, names = (c.strip() for c in line.strip().strip("|").split("|"))
+        listed[module.strip("`")] = set(re.findall(r"`(\w+)`", names)) - {"PauseProtocol"}
+    base = (ROOT / "tla" / "PauseProtocol.tla").read_text()
+    base_names = definitions(base) | variables(base)
+    modules = {p.stem for p in (ROOT / "tla").glob("*.tla")} - {"PauseProtocol", "TracePauseProtocol"}
+    modules = {m for m in modules if not m.startswith("MC")}
+    assert set(listed) == modules
+    for module, names in listed.items():
+        text = (ROOT / "tla" / f"{module}.tla").read_text()
+        assert (definitions(text) | variables(text)) & base_names == names, module

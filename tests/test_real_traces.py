@@ -68,7 +68,7 @@ def test_a_real_loop_trace_carries_its_requests_from_submit_to_delivery(real_tra
     """Issue 24, point 3: every accepted request of the real loop is drained, broadcast and delivered exactly once in
     its trace, so TLC checks NothingLostInv and DeliveredAtEnd against what the loop did."""
     events = real_trace.events
-    accepted = [e.request for e in events if e.action == "Submit" and e.status == 1]
+    accepted = [e.request for e in events if e.action == "Submit" and e.argument == 1]
     delivered = [e.request for e in events if e.action == "Deliver"]
     drained = [e.request for e in events if e.action == "Drain"]
     assert len(accepted) >= 3

@@ -38,19 +38,19 @@ NONE == 99        \* no KV (no version is this high)
 VARIABLES
     wv,         \* the version of the weights in force
     win,        \* the mode of the open window, 0 when none is open
-    draining,   \* a drain is asked: no admission; the window opens once the batch is empty
+    drainAsked, \* a drain is asked: no admission; the window opens once the batch is empty
     changed,    \* the weights changed in the open window
     prefix,     \* the version of the blocks kept for prefix sharing, NONE if none
     st,         \* [Requests -> {"new", "waiting", "batch", "done", "delivered", "rejected"}]
     kv,         \* [Requests -> version of the oldest KV the request reads, NONE if none]
     adm,        \* [Requests -> the version in force when the request was (last) admitted]
     lab,        \* [Requests -> Seq(versions)]: the label of each token it generated
-    out,        \* [Requests -> terminal outputs]
+    outputs,    \* [Requests -> terminal outputs]
     aborted,    \* [Requests -> BOOLEAN]
     windows,    \* how many windows were opened (the model's bound)
     last        \* the mode of the last window opened, 0 before any
 
-vars == <<wv, win, draining, changed, prefix, st, kv, adm, lab, out, aborted, windows, last>>
+vars == <<wv, win, drainAsked, changed, prefix, st, kv, adm, lab, outputs, aborted, windows, last>>
 
 Versions == 0..MaxVersion
 InBatch == {i \in Requests : st[i] = "batch"}
@@ -59,14 +59,14 @@ Min(a, b) == IF a < b THEN a ELSE b
 TypeOK ==
     /\ wv \in Versions
     /\ win \in {0} \cup Modes
-    /\ draining \in BOOLEAN
+    /\ drainAsked \in BOOLEAN
     /\ changed \in BOOLEAN
     /\ prefix \in Versions \cup {NONE}
     /\ st \in [Requests -> {"new", "waiting", "batch", "done", "delivered", "rejected"}]
     /\ kv \in [Requests -> Versions \cup {NONE}]
     /\ adm \in [Requests -> Versions]
     /\ \A i \in Requests : Len(lab[i]) <= Tokens /\ \A k \in 1..Len(lab[i]) : lab[i][k] \in Versions
-    /\ out \in [Requests -> 0..2]
+    /\ outputs \in [Requests -> 0..2]
     /\ aborted \in [Requests -> BOOLEAN]
     /\ windows \in 0..MaxWindows
     /\ last \in {0} \cup Modes
@@ -74,14 +74,14 @@ TypeOK ==
 Init ==
     /\ wv = 0
     /\ win = 0
-    /\ draining = FALSE
+    /\ drainAsked = FALSE
     /\ changed = FALSE
     /\ prefix = NONE
     /\ st = [i \in Requests |-> "new"]
     /\ kv = [i \in Requests |-> NONE]
     /\ adm = [i \in Requests |-> 0]
     /\ lab = [i \in Requests |-> << >>]
-    /\ out = [i \in Requests |-> 0]
+    /\ outputs = [i \in Requests |-> 0]
     /\ aborted = [i \in Requests |-> FALSE]
     /\ windows = 0
     /\ last = 0
@@ -90,14 +90,14 @@ Init ==
 \* manager rejects then (the caller gets LoopPausedError and may retry).
 Submit(i) ==
     /\ st[i] = "new"
-    /\ st' = [st EXCEPT ![i] = IF Reject /\ (win # 0 \/ draining) THEN "rejected" ELSE "waiting"]
-    /\ UNCHANGED <<wv, win, draining, changed, prefix, kv, adm, lab, out, aborted, windows, last>>
+    /\ st' = [st EXCEPT ![i] = IF Reject /\ (win # 0 \/ drainAsked) THEN "rejected" ELSE "waiting"]
+    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, kv, adm, lab, outputs, aborted, windows, last>>
 
 \* A rejected caller retries.
 Retry(i) ==
     /\ st[i] = "rejected"
     /\ st' = [st EXCEPT ![i] = "new"]
-    /\ UNCHANGED <<wv, win, draining, changed, prefix, kv, adm, lab, out, aborted, windows, last>>
+    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, kv, adm, lab, outputs, aborted, windows, last>>
 
 \* The scheduler admits a waiting request into the batch (not in a window,
 \* not while draining).  Its prefill reads the shared prompt blocks if any
@@ -106,13 +106,13 @@ Retry(i) ==
 \* way (its prompt and the tokens it had).
 Admit(i) ==
     /\ win = 0
-    /\ ~draining
+    /\ ~drainAsked
     /\ st[i] = "waiting"
     /\ st' = [st EXCEPT ![i] = "batch"]
     /\ kv' = [kv EXCEPT ![i] = IF prefix = NONE THEN wv ELSE Min(prefix, wv)]
     /\ prefix' = IF prefix = NONE THEN wv ELSE prefix
     /\ adm' = [adm EXCEPT ![i] = wv]
-    /\ UNCHANGED <<wv, win, draining, changed, lab, out, aborted, windows, last>>
+    /\ UNCHANGED <<wv, win, drainAsked, changed, lab, outputs, aborted, windows, last>>
 
 \* A forward step: every request of the batch gets one token, labelled with
 \* the version in force; one that has all its tokens finishes.
@@ -122,10 +122,10 @@ Step ==
     /\ lab' = [i \in Requests |-> IF i \in InBatch THEN Append(lab[i], wv) ELSE lab[i]]
     /\ st' = [i \in Requests |->
                 IF i \in InBatch /\ Len(lab[i]) + 1 = Tokens THEN "done" ELSE st[i]]
-    /\ out' = [i \in Requests |->
-                IF i \in InBatch /\ Len(lab[i]) + 1 = Tokens THEN out[i] + 1 ELSE out[i]]
+    /\ outputs' = [i \in Requests |->
+                IF i \in InBatch /\ Len(lab[i]) + 1 = Tokens THEN outputs[i] + 1 ELSE outputs[i]]
     /\ kv' = [i \in Requests |-> IF i \in InBatch /\ Len(lab[i]) + 1 = Tokens THEN NONE ELSE kv[i]]
-    /\ UNCHANGED <<wv, win, draining, changed, prefix, adm, aborted, windows, last>>
+    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, adm, aborted, windows, last>>
 
 \* The group decides a pause in mode m (PauseProtocol's AllReduce).  A drain
 \* with work first steps the batch, admitting nothing (DrainFirst); otherwise
@@ -134,25 +134,25 @@ Effect(m) ==
     CASE m = RETRACT ->
             /\ st' = [i \in Requests |-> IF i \in InBatch THEN "waiting" ELSE st[i]]
             /\ kv' = [i \in Requests |-> IF i \in InBatch THEN NONE ELSE kv[i]]
-            /\ UNCHANGED <<out, aborted>>
+            /\ UNCHANGED <<outputs, aborted>>
       [] m = ABORT ->
             LET ended == {i \in Requests : st[i] \in {"waiting", "batch"}} IN
             /\ st' = [i \in Requests |-> IF i \in ended THEN "done" ELSE st[i]]
-            /\ out' = [i \in Requests |-> IF i \in ended THEN out[i] + 1 ELSE out[i]]
+            /\ outputs' = [i \in Requests |-> IF i \in ended THEN outputs[i] + 1 ELSE outputs[i]]
             /\ aborted' = [i \in Requests |-> aborted[i] \/ i \in ended]
             /\ kv' = [i \in Requests |-> IF i \in ended THEN NONE ELSE kv[i]]
-      [] OTHER -> UNCHANGED <<st, kv, out, aborted>>
+      [] OTHER -> UNCHANGED <<st, kv, outputs, aborted>>
 
 OpenWindow(m) ==
     /\ win = 0
     /\ m \in Modes
     /\ windows < MaxWindows
-    /\ ~draining \/ m \in {DRAIN, ABORT}   \* while a drain is asked, only as strong a mode
+    /\ ~drainAsked \/ m \in {DRAIN, ABORT}   \* while a drain is asked, only as strong a mode
     /\ IF m = DRAIN /\ InBatch # {}
-       THEN /\ draining' = TRUE
-            /\ UNCHANGED <<win, st, kv, out, aborted, windows, last>>
+       THEN /\ drainAsked' = TRUE
+            /\ UNCHANGED <<win, st, kv, outputs, aborted, windows, last>>
        ELSE /\ win' = m
-            /\ draining' = FALSE
+            /\ drainAsked' = FALSE
             /\ windows' = windows + 1
             /\ last' = m
             /\ Effect(m)
@@ -164,7 +164,7 @@ Update ==
     /\ wv < MaxVersion
     /\ wv' = wv + 1
     /\ changed' = TRUE
-    /\ UNCHANGED <<win, draining, prefix, st, kv, adm, lab, out, aborted, windows, last>>
+    /\ UNCHANGED <<win, drainAsked, prefix, st, kv, adm, lab, outputs, aborted, windows, last>>
 
 \* The last holder leaves: the window closes; after an update the loop
 \* forgets the blocks kept for sharing (cbpause), or keeps them (upstream).
@@ -173,13 +173,13 @@ CloseWindow ==
     /\ win' = 0
     /\ changed' = FALSE
     /\ prefix' = IF Forget /\ changed THEN NONE ELSE prefix
-    /\ UNCHANGED <<wv, draining, st, kv, adm, lab, out, aborted, windows, last>>
+    /\ UNCHANGED <<wv, drainAsked, st, kv, adm, lab, outputs, aborted, windows, last>>
 
 \* P-DELIVER.
 Deliver(i) ==
     /\ st[i] = "done"
     /\ st' = [st EXCEPT ![i] = "delivered"]
-    /\ UNCHANGED <<wv, win, draining, changed, prefix, kv, adm, lab, out, aborted, windows, last>>
+    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, kv, adm, lab, outputs, aborted, windows, last>>
 
 \* Every request delivered: the behaviour may stutter.
 Finished ==
@@ -200,7 +200,7 @@ Fairness ==
     /\ WF_vars(Step)
     /\ \A i \in Requests : WF_vars(Admit(i)) /\ WF_vars(Deliver(i))
     /\ WF_vars(CloseWindow)
-    /\ WF_vars(draining /\ OpenWindow(DRAIN))
+    /\ WF_vars(drainAsked /\ OpenWindow(DRAIN))
 
 Spec == Init /\ [][Next]_vars /\ Fairness
 
@@ -211,8 +211,8 @@ Spec == Init /\ [][Next]_vars /\ Fairness
 \* request, and exactly one once done.
 NothingLostInv ==
     \A i \in Requests :
-        /\ out[i] <= 1
-        /\ st[i] \in {"done", "delivered"} <=> out[i] = 1
+        /\ outputs[i] <= 1
+        /\ st[i] \in {"done", "delivered"} <=> outputs[i] = 1
 
 \* R-VERSIONS: every token is labelled with a version that was in force, in
 \* the order the versions came; a finished request has all its tokens.
@@ -260,5 +260,5 @@ NeverStaleInFlightWitness == \A i \in Requests : st[i] = "batch" => kv[i] = NONE
 \* again after an update; a drain does hold admission while it steps.
 NeverRetractedWitness ==
     ~(last = RETRACT /\ wv > 0 /\ \E i \in InBatch : Len(lab[i]) > 0 /\ lab[i][1] < wv)
-NeverDrainsWitness == \A i \in Requests : ~(draining /\ st[i] = "waiting")
+NeverDrainsWitness == \A i \in Requests : ~(drainAsked /\ st[i] = "waiting")
 =============================================================================

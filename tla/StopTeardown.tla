@@ -25,89 +25,89 @@ CONSTANTS
     TearDownEarly   \* TRUE: upstream's stop(); FALSE: cbpause's
 
 VARIABLES
-    phase,      \* the loop: "running", "paused", "stopped"
-    hs,         \* the holder: "idle", "inside", "done"
+    loop,       \* the loop: "running", "paused", "stopped"
+    holder,     \* the holder: "idle", "inside", "done"
     stopper,    \* the thread in stop(): "idle", "waiting", "returned"
     processor,  \* the batch processor: "ready", "cleared"
-    req,        \* each request: "active", "finished", "failed"
-    out         \* each request's outputs delivered
+    request,    \* each request: "active", "finished", "failed"
+    delivered   \* each request's outputs delivered
 
-vars == <<phase, hs, stopper, processor, req, out>>
+vars == <<loop, holder, stopper, processor, request, delivered>>
 
 TypeOK ==
-    /\ phase \in {"running", "paused", "stopped"}
-    /\ hs \in {"idle", "inside", "done"}
+    /\ loop \in {"running", "paused", "stopped"}
+    /\ holder \in {"idle", "inside", "done"}
     /\ stopper \in {"idle", "waiting", "returned"}
     /\ processor \in {"ready", "cleared"}
-    /\ req \in [Requests -> {"active", "finished", "failed"}]
-    /\ out \in [Requests -> 0..1]
+    /\ request \in [Requests -> {"active", "finished", "failed"}]
+    /\ delivered \in [Requests -> 0..1]
 
 Init ==
-    /\ phase = "running"
-    /\ hs = "idle"
+    /\ loop = "running"
+    /\ holder = "idle"
     /\ stopper = "idle"
     /\ processor = "ready"
-    /\ req = [i \in Requests |-> "active"]
-    /\ out = [i \in Requests |-> 0]
+    /\ request = [i \in Requests |-> "active"]
+    /\ delivered = [i \in Requests |-> 0]
 
-Active == {i \in Requests : req[i] = "active"}
+Active == {i \in Requests : request[i] = "active"}
 
 \* pause(), entered at once (the protocol's entry is checked elsewhere).
-RequestPause ==
-    /\ hs = "idle" /\ phase = "running"
-    /\ hs' = "inside" /\ phase' = "paused"
-    /\ UNCHANGED <<stopper, processor, req, out>>
+Pause ==
+    /\ holder = "idle" /\ loop = "running"
+    /\ holder' = "inside" /\ loop' = "paused"
+    /\ UNCHANGED <<stopper, processor, request, delivered>>
 
-LeavePause ==
-    /\ hs = "inside"
-    /\ hs' = "done" /\ phase' = "running"
-    /\ UNCHANGED <<stopper, processor, req, out>>
+Resume ==
+    /\ holder = "inside"
+    /\ holder' = "done" /\ loop' = "running"
+    /\ UNCHANGED <<stopper, processor, request, delivered>>
 
 \* stop(block=True, timeout=t): ask a flush stop, wait for the loop.
 RequestStop ==
     /\ stopper = "idle"
     /\ stopper' = "waiting"
-    /\ UNCHANGED <<phase, hs, processor, req, out>>
+    /\ UNCHANGED <<loop, holder, processor, request, delivered>>
 
 \* The wait runs out with the loop still running or paused; stop() returns
 \* and upstream tears the loop down there and then.
 StopWaitRunsOut ==
-    /\ stopper = "waiting" /\ phase # "stopped"
+    /\ stopper = "waiting" /\ loop # "stopped"
     /\ stopper' = "returned"
     /\ processor' = IF TearDownEarly THEN "cleared" ELSE processor
-    /\ UNCHANGED <<phase, hs, req, out>>
+    /\ UNCHANGED <<loop, holder, request, delivered>>
 
 \* The loop has stopped before the wait ran out.
 StopReturns ==
-    /\ stopper = "waiting" /\ phase = "stopped"
+    /\ stopper = "waiting" /\ loop = "stopped"
     /\ stopper' = "returned"
-    /\ UNCHANGED <<phase, hs, processor, req, out>>
+    /\ UNCHANGED <<loop, holder, processor, request, delivered>>
 
 \* A forward step: one request finishes; without a batch processor the step
 \* raises and the loop's error handler fails every request and stops.
 Step ==
-    /\ phase = "running" /\ Active # {}
+    /\ loop = "running" /\ Active # {}
     /\ IF processor = "ready"
        THEN \E i \in Active :
-                /\ req' = [req EXCEPT ![i] = "finished"]
-                /\ out' = [out EXCEPT ![i] = 1]
-                /\ UNCHANGED phase
-       ELSE /\ req' = [i \in Requests |-> IF req[i] = "active" THEN "failed" ELSE req[i]]
-            /\ out' = [i \in Requests |-> IF req[i] = "active" THEN 1 ELSE out[i]]
-            /\ phase' = "stopped"
-    /\ UNCHANGED <<hs, stopper, processor>>
+                /\ request' = [request EXCEPT ![i] = "finished"]
+                /\ delivered' = [delivered EXCEPT ![i] = 1]
+                /\ UNCHANGED loop
+       ELSE /\ request' = [i \in Requests |-> IF request[i] = "active" THEN "failed" ELSE request[i]]
+            /\ delivered' = [i \in Requests |-> IF request[i] = "active" THEN 1 ELSE delivered[i]]
+            /\ loop' = "stopped"
+    /\ UNCHANGED <<holder, stopper, processor>>
 
 \* A flush stop with nothing left to step: the loop exits and tears down.
 ExitLoop ==
-    /\ phase = "running" /\ stopper # "idle" /\ Active = {}
-    /\ phase' = "stopped" /\ processor' = "cleared"
-    /\ UNCHANGED <<hs, stopper, req, out>>
+    /\ loop = "running" /\ stopper # "idle" /\ Active = {}
+    /\ loop' = "stopped" /\ processor' = "cleared"
+    /\ UNCHANGED <<holder, stopper, request, delivered>>
 
 \* The story is over (PauseProtocol's Terminated): no deadlock.
-Terminated == phase = "stopped" /\ stopper = "returned" /\ hs # "inside" /\ UNCHANGED vars
+Terminated == loop = "stopped" /\ stopper = "returned" /\ holder # "inside" /\ UNCHANGED vars
 
 Next ==
-    \/ RequestPause \/ LeavePause \/ RequestStop \/ StopWaitRunsOut \/ StopReturns \/ Step \/ ExitLoop
+    \/ Pause \/ Resume \/ RequestStop \/ StopWaitRunsOut \/ StopReturns \/ Step \/ ExitLoop
     \/ Terminated
 
 \* The loop's thread runs while it has work or a stop to finish (PauseProtocol's
@@ -118,17 +118,17 @@ Spec == Init /\ [][Next]_vars /\ WF_vars(Step) /\ WF_vars(ExitLoop) /\ WF_vars(S
 
 \* A flush stop fails no request: nothing else goes wrong in this model, so
 \* every request in flight must finish.
-FlushFailsNothingInv == \A i \in Requests : req[i] # "failed"
+FlushFailsNothingInv == \A i \in Requests : request[i] # "failed"
 
 \* Every request gets its output, and a stop waited for completes, provided
 \* the holder inside leaves (R-STOP-RETURNS's premise, HoldersLeave).
 FlushFinishesProp ==
-    WF_vars(LeavePause) =>
-        /\ <>(\A i \in Requests : out[i] = 1)
-        /\ (stopper = "waiting") ~> (phase = "stopped")
+    WF_vars(Resume) =>
+        /\ <>(\A i \in Requests : delivered[i] = 1)
+        /\ (stopper = "waiting") ~> (loop = "stopped")
 
 \* Witnesses (must fail, models.toml): a request does finish, and the loop does
 \* tear down, in the end.
-NeverFinishesWitness == \A i \in Requests : req[i] # "finished"
+NeverFinishesWitness == \A i \in Requests : request[i] # "finished"
 NeverTearsDownWitness == processor = "ready"
 =============================================================================

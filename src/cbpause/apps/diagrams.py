@@ -58,12 +58,13 @@ OWNERS = {
     "tpStatus": "group", "tpPause": "group",
     "req": "request", "out": "request",
     "restarts": "environment",
-    # StopTeardown: the thread in stop(), and the loop's batch processor
-    "stopper": "environment", "processor": "loop",
+    # StopTeardown: the loop, its holder, the thread in stop(), the loop's batch processor, the requests
+    "loop": "loop", "holder": "holder", "stopper": "environment", "processor": "loop", "request": "request",
+    "delivered": "request",
     # RequestVersions: the trainer holds the weights; the loop the windows and the prefix blocks
     "wv": "holder", "changed": "holder",
-    "win": "loop", "windows": "loop", "last": "loop", "prefix": "loop",
-    "st": "request", "kv": "request", "lab": "request", "adm": "request", "aborted": "request",
+    "win": "loop", "windows": "loop", "last": "loop", "prefix": "loop", "drainAsked": "loop",
+    "st": "request", "outputs": "request", "kv": "request", "lab": "request", "adm": "request", "aborted": "request",
 }  # fmt: skip
 
 # Who takes each action (every other action is the loop's own); the holder actions' actors are those of
@@ -72,7 +73,7 @@ _ACTORS = {
     "environment": {"RequestStop", "RecordFatalError", "Crash", "StrayRelease", "Restart", "UpstreamInterrupt",
                     "UpstreamRestart", "StopWaitRunsOut", "StopReturns"}
                    | {a for a, (by, _) in HOLDER_ACTIONS.items() if by == "environment"},
-    "holder": {"UpstreamRequestPause", "UpstreamLeavePause", "UpstreamPauseFails", "Update"}
+    "holder": {"UpstreamRequestPause", "UpstreamLeavePause", "UpstreamPauseFails", "Update", "Pause", "Resume"}
               | {a for a, (by, _) in HOLDER_ACTIONS.items() if by == "holder"},
     "request": {"Submit", "Retry", "UpstreamAdmit", "UpstreamEnqueue"},
     "group": {"AllReduce", "Barrier", "Broadcast"},

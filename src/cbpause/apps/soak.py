@@ -143,7 +143,7 @@ class Soak:
         "holders": 6, "interrupt": 2, "timeout": 2, "stop": 1, "fatal": 1, "misuse": 3, "death": 2, "collected": 1,
         "handover": 1, "stop_timeout": 1, "collective": 1, "chain": 2,
     }  # fmt: skip
-    MODES = ("keep", "keep", "retract", "drain", "abort")  # keep is what most trainers ask
+    MODE_CHOICES = ("keep", "keep", "retract", "drain", "abort")  # keep is what most trainers ask
     MAX_NEW, IN_FLIGHT = 16, 8
 
     def __init__(self, args: argparse.Namespace):
@@ -232,7 +232,7 @@ class Soak:
 
     def holders(self) -> None:
         """1 to 8 threads pause at once, each in a mode, half updating the weights inside: every one must enter."""
-        plans = [(self.rng.random() < 0.5, self.rng.choice(self.MODES)) for _ in range(self.rng.randint(1, 8))]
+        plans = [(self.rng.random() < 0.5, self.rng.choice(self.MODE_CHOICES)) for _ in range(self.rng.randint(1, 8))]
         results: list[str] = []
         self._run_all([lambda p=p: results.append(self.pause_once(update=p[0], mode=p[1])) for p in plans],
                       self.args.bound, "a holder thread did not end")  # fmt: skip
@@ -588,7 +588,7 @@ class Soak:
             "collected": c["collected"], "handovers": c["handovers"], "stops_with_timeout": c["stops_with_timeout"],
             "resume_after_death_s": round(self.resume_after_death, 3), "collective_faults": c["collective_faults"],
             "versions": c["versions_set"], "chains": c["chains"],
-            "modes": "/".join(str(c[f"pauses_{m}"]) for m in self.MODES[1:]),
+            "modes": "/".join(str(c[f"pauses_{m}"]) for m in self.MODE_CHOICES[1:]),
         }  # fmt: skip
 
     def validate_sample(self) -> dict:

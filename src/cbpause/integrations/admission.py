@@ -20,7 +20,7 @@ from ..core.condition import thread_alive
 from ..core.errors import LoopPausedError
 
 __all__ = [
-    "Admission", "TrackingRouter", "cache_capacity", "checked_while_paused", "check_fits", "fail_drained",
+    "Admission", "TrackingRouter", "cache_capacity", "checked_while_paused", "check_fits", "fail_in_hand",
     "checked_max_new_tokens", "checked_prompt", "deliver_cancellations", "refuse_what_cannot_fit",
 ]  # fmt: skip
 
@@ -316,8 +316,8 @@ def deliver_cancellations(scheduler: Any, router: Any) -> None:
     scheduler._cbpause_delivers_cancellations = True
 
 
-def fail_drained(processor: Any, states: list, error: Exception) -> None:
-    """Give each request in hand (drained from the input queue, or carried by the payload broadcast, and not in the
+def fail_in_hand(processor: Any, states: list, error: Exception) -> None:
+    """Give each request in hand (taken from the input queue, or carried by the payload broadcast, and not in the
     scheduler yet) its terminal failed output, emptying ``states`` as it goes: a request leaves the list once its
     output is delivered, so a second call (the failure of a delivery reaching an outer handler) never delivers one
     twice.

@@ -14,7 +14,7 @@ before any window opens, so that the batches of a TP group stay copies of each o
   (:func:`soft_reset`): its created time, the start of its lifespan and its tokens' timestamps.
 * ``drain``: while the batch has requests in flight (:func:`busy`) the decision is ``DrainFirst``: the loop steps the
   batch and admits no waiting request (:func:`hold_admission`); the window opens once the batch is empty.
-* ``abort`` (:func:`abort`): every request the rank holds (the batch, the waiting queue, what the loop drained from
+* ``abort`` (:func:`abort`): every request the rank holds (the batch, the waiting queue, what the loop took from
   the input queue this iteration and what is still in it) ends with one terminal output: status ``FAILED``, its
   partial tokens, and an error that starts with :data:`ABORTED_BY_PAUSE`.  Callers may resubmit.
 """
@@ -113,8 +113,8 @@ def _unblock(scheduler: Any) -> None:
     scheduler.block_new_requests = False
 
 
-def abort(processor: Any, drained: list) -> int:
-    """End every request this rank holds with one terminal output (see the module's docstring); ``drained`` (the
+def abort(processor: Any, taken: list) -> int:
+    """End every request this rank holds with one terminal output (see the module's docstring); ``taken`` (the
     requests the loop took from the input queue this iteration, not in the scheduler yet) is emptied.  Returns how
     many."""
     scheduler, offloading, router = processor.scheduler, processor.offloading_manager, processor.output_router
@@ -126,8 +126,8 @@ def abort(processor: Any, drained: list) -> int:
         states.append(state)
     scheduler.waiting_requests.clear()
     scheduler.waiting_requests_order.clear()
-    states.extend(drained)
-    drained.clear()
+    states.extend(taken)
+    taken.clear()
     if processor.input_queue is not None:  # what was submitted since the loop's drain of this iteration
         states.extend(_api.drain_queue(processor.input_queue))
     _unblock(scheduler)
@@ -137,7 +137,7 @@ def abort(processor: Any, drained: list) -> int:
     return len(states)
 
 
-def at_decision(processor: Any, status: Any, drained: list) -> None:
+def at_decision(processor: Any, status: Any, taken: list) -> None:
     """What the agreed mode does at the decision, on every rank (the caller has applied the all-reduce): a drain that
     found work holds admission for this iteration; a retract or an abort takes effect before any window opens."""
     s = status.state
@@ -147,4 +147,4 @@ def at_decision(processor: Any, status: Any, drained: list) -> None:
     if s.tp_pause == t.RETRACT:
         retract(processor)
     elif s.tp_pause == t.ABORT:
-        abort(processor, drained)
+        abort(processor, taken)

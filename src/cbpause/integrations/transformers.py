@@ -104,7 +104,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         try:
             payload_size, hard_stopping = self._group_decision(status, len(payload[0]) + len(payload[1]), in_hand)
             if hard_stopping:
-                admission.fail_drained(self, in_hand, RuntimeError("The loop hard-stopped before this request ran."))
+                admission.fail_in_hand(self, in_hand, RuntimeError("The loop hard-stopped before this request ran."))
                 return True
             # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
             if payload_size == 0:
@@ -126,7 +126,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
                 # end of copy
                 in_hand.pop(0)
         except BaseException as error:
-            admission.fail_drained(self, in_hand, error if isinstance(error, Exception) else RuntimeError(repr(error)))
+            admission.fail_in_hand(self, in_hand, error if isinstance(error, Exception) else RuntimeError(repr(error)))
             raise
         # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
         for request_id in cancellations:
@@ -134,10 +134,10 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         return False
         # end of copy
 
-    def _group_decision(self, status: PauseProtocol, payload_size: int, drained: list) -> tuple[int, bool]:
+    def _group_decision(self, status: PauseProtocol, payload_size: int, taken: list) -> tuple[int, bool]:
         """Observe, AllReduce, then ExitLoop, or the pause window with its Barrier (DrainFirst in a drain that found
         work), or NoPause.  The agreed mode's effect on the requests (:mod:`~cbpause.integrations.modes`) comes
-        before any window; ``drained`` are the requests taken from the input queue this iteration.
+        before any window; ``taken`` are the requests taken from the input queue this iteration (TLA+ ``drained``).
 
         Returns the group's payload size and whether the group is hard-stopping.
         """
@@ -153,7 +153,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         status.all_reduce(tp_status, int(tp_pause), busy)  # P-ALL-REDUCE (raises unless tp_status is the agreed one)
         # What a mode does at the decision (a keep pause does nothing there: the hot path and a keep pause skip it).
         if tp_pause > t.KEEP or self.scheduler._cbpause_draining:
-            modes.at_decision(self, status, drained)
+            modes.at_decision(self, status, taken)
         if tp_status == status.HARD_STOP:
             status.exit_loop()  # P-EXIT-LOOP: a hard stop exits before any window
             return payload_size, True

@@ -13,12 +13,12 @@ This package reads the core (:mod:`cbpause.core.transitions`, :mod:`cbpause.core
 are an application: :mod:`cbpause.apps.diagrams`.)
 """
 
-from .launcher import MODES, TLCError, TLCRun, classify, find_jar, find_java, format_trace, parse_trace, run_tlc
+from .launcher import RUN_MODES, TLCError, TLCRun, classify, find_jar, find_java, format_trace, parse_trace, run_tlc
 from .manifest import SUITES, Cfg, Model, default_tla_dir, load_manifest, select
 from .models import Result, format_table, main, run_model
 
 __all__ = [
-    "MODES", "SUITES", "Cfg", "Model", "Result", "TLCError", "TLCRun", "classify", "default_tla_dir", "find_jar",
+    "RUN_MODES", "SUITES", "Cfg", "Model", "Result", "TLCError", "TLCRun", "classify", "default_tla_dir", "find_jar",
     "find_java", "format_table", "format_trace", "load_manifest", "main", "parse_trace", "run_model", "run_tlc",
     "select",
 ]  # fmt: skip

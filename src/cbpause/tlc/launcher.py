@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 __all__ = [
-    "MODES",
+    "RUN_MODES",
     "TLCError",
     "TLCRun",
     "classify",
@@ -43,7 +43,7 @@ __all__ = [
     "run_tlc",
 ]
 
-MODES = ("check", "graph", "trace")
+RUN_MODES = ("check", "graph", "trace")
 
 
 class TLCError(Exception):
@@ -125,8 +125,8 @@ def run_tlc(
     and the run is an ``error``.  ``single_property`` names the property a ``Temporal properties were
     violated`` refers to, when the cfg lists only one.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if mode not in RUN_MODES:
+        raise ValueError(f"mode must be one of {RUN_MODES}, not {mode!r}")
     cwd = Path(cwd)
     for path, what in ((cwd / f"{module}.tla", "module"), (cwd / cfg, "config")):
         if not path.is_file():

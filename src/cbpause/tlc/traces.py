@@ -4,7 +4,7 @@ A :class:`~cbpause.core.recorder.TraceRecorder` passed as ``PauseProtocol(trace=
 the object takes.  :func:`write_trace` writes the trace as a TLA+ module (a sequence literal: this TLC
 reads no JSON) and a ``.cfg``; ``tla/TracePauseProtocol.tla`` replays it, and :func:`validate` runs TLC on
 it (:func:`~cbpause.tlc.launcher.run_tlc`, ``mode="trace"``).  A trace is accepted when TLC reaches the end
-of the log, i.e. finds a state that violates ``TraceNotAccepted``.
+of the log (``TraceMatched``), i.e. finds a state that breaks the witness ``NeverMatched``.
 
 What is recorded is every transition the object takes, all through ``PauseProtocol._apply``: the explicit
 loop API (which transformers' integration drives), the holders' side (both APIs), stops, restarts, the
@@ -138,7 +138,7 @@ def _state(s: RankState) -> str:
 def _record(e: TraceEvent, request: int) -> str:
     holder = 0 if e.holder is None else tla_number(e.holder)
     rank, action, hs = tla_number(e.rank), _tla(e.action), _tla(e.holder_state)
-    return (f"[a |-> {action}, r |-> {rank}, h |-> {holder}, hs |-> {hs}, s |-> {e.status}, q |-> {request}, "
+    return (f"[a |-> {action}, r |-> {rank}, h |-> {holder}, hs |-> {hs}, arg |-> {e.argument}, q |-> {request}, "
             f"v |-> {_state(e.state)}]")  # fmt: skip
 
 
@@ -200,7 +200,7 @@ def write_trace(
         "NEXT TraceNext\n"
         "INVARIANT NothingLostInv\n"
         "INVARIANT DeliveredAtEnd\n"
-        "INVARIANT TraceNotAccepted\n"
+        "INVARIANT NeverMatched\n"
     )
     return module, cfg
 
@@ -230,7 +230,7 @@ def validate(
         shutil.copy(Path(tla_dir) / f, workdir / f)
     write_trace(recorder, workdir, name, events)
     run = run_tlc(name, f"{name}.cfg", workdir, mode="trace")
-    accepted = run.outcome == "invariant:TraceNotAccepted"
+    accepted = run.outcome == "invariant:NeverMatched"  # the witness of TraceMatched
     violated = run.outcome.split(":", 1)[1] if run.outcome.startswith("invariant:") and not accepted else ""
     if not accepted and not violated and run.outcome != "ok":
         raise RuntimeError(f"TLC could not check the trace ({run.outcome}):\n{run.output[-3000:]}")
@@ -251,7 +251,7 @@ def describe_rejection(
         e = events[n]
         mark = ">>" if n == k else "  "
         request = f", request {e.request!r}" if e.request else ""
-        lines.append(f"{mark} {n + 1:4} {e.action}(rank {e.rank}, holder {e.holder}, status {e.status}{request}) -> "
+        lines.append(f"{mark} {n + 1:4} {e.action}(rank {e.rank}, holder {e.holder}, argument {e.argument}{request}) -> "
                      f"{e.state}")  # fmt: skip
     return "\n".join(lines)
 

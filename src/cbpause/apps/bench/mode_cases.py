@@ -13,10 +13,11 @@ from __future__ import annotations
 import statistics
 import time
 
+from ...core import transitions as t
 from .cases import _generate, _perturb, _stop_restart
 from .harness import WAIT, Bench, Row, order, pause
 
-MODES = ("keep", "retract", "drain", "abort")
+MODE_NAMES = tuple(t.MODE_NAMES.values())  # keep, retract, drain, abort
 
 
 def _entries(bench: Bench, impl: str, mode: str, n: int) -> tuple[list[float], list[float]]:
@@ -42,7 +43,7 @@ def case_modes(bench: Bench, reps: int, quick: bool) -> list[Row]:
     rows = []
     restart = [_stop_restart(bench, n_req, max_new, every, updates)[0] for _ in range(reps)]
     rates: dict[str, list[float]] = {}
-    for mode in MODES:
+    for mode in MODE_NAMES:
         entry = Row("9", f"{mode}: pause entry, busy loop", "ms")
         resume = Row("9", f"{mode}: resume (last out to next step)", "ms")
         rate = Row("9", f"{mode}: tokens/s, {updates} updates", "tokens/s", higher_is_better=True,

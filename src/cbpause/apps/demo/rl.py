@@ -17,7 +17,9 @@ import argparse
 import time
 from pathlib import Path
 
-MODES = ("keep", "retract", "drain", "abort")
+from ...core import transitions as t
+
+MODE_NAMES = tuple(t.MODE_NAMES.values())  # keep, retract, drain, abort
 VOCAB = 16
 TARGET = 3  # the token the reward counts
 PROMPT_LEN = 3
@@ -30,13 +32,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=16, help="completions per update (default 16)")
     p.add_argument("--max-new-tokens", type=int, default=8, help="tokens per completion (default 8)")
     p.add_argument("--lr", type=float, default=1e-2, help="Adam's learning rate (default 0.01)")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated pause modes (default: all four)")
+    p.add_argument("--modes", default=",".join(MODE_NAMES), help="comma-separated pause modes (default: all four)")
     p.add_argument("--png", type=Path, default=Path("rl-demo.png"), help="where to write the plot")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar (for logs)")
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in args.modes if m not in MODES] or [n for n in ("updates", "batch", "max_new_tokens")
+    bad = [m for m in args.modes if m not in MODE_NAMES] or [n for n in ("updates", "batch", "max_new_tokens")
                                                           if getattr(args, n) < 1]  # fmt: skip
     if bad or not args.modes or args.lr <= 0:
         p.error(f"bad value(s): {bad or 'lr' if args.lr <= 0 else 'modes'}")
