@@ -272,8 +272,8 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         # The ids of the requests in flight (added, no terminal output delivered yet): a duplicate would make the
         # scheduler mix two requests up and fail the loop (upstream), so add_request refuses one.
         self._live_ids: set[str] = set()
-        self.weight_versions = weights.WeightVersions()  # the version in force, and each request's spans
-        self.output_router = admission.TrackingRouter(self._live_ids, self.weight_versions)
+        self.versions = weights.WeightVersions()  # the version in force, and each request's spans
+        self.output_router = admission.TrackingRouter(self._live_ids, self.versions)
         if self.is_tp_driver:  # the requests are the driver's; the other ranks' outputs are copies nobody reads
             self.output_router.status = status
 
@@ -355,7 +355,7 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
                 status.acquire_pause(self._wake_up_loop, timeout=timeout, into=holds, mode=mode)
                 entered = True
                 if not weights_changed:
-                    self.weight_versions.unchanged_entries += 1
+                    self.versions.unchanged_entries += 1
                 yield
             except GeneratorExit:  # the context manager was closed (collected) without its with block ending
                 if holds[0].state == "idle":  # its thread died, and the loop released it (P-RELEASE-DEAD-HOLDER)
@@ -570,7 +570,7 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
             processor.__class__ = PausableBatchProcessor
         processor._cbpause_model = self.model  # for the check at the resume (weights.check_model_unchanged)
         processor._cbpause_layout = weights.parameter_layout(self.model)  # each parameter's dtype and device, now
-        weights.never_share_stale_blocks(processor, self.weight_versions)
+        weights.never_share_stale_blocks(processor, self.versions)
         modes.hold_admission(processor.scheduler)
         scheduler = processor.scheduler
         if not getattr(scheduler, "_cbpause_delivers_cancellations", False):  # a reused processor has it

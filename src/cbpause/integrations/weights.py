@@ -110,13 +110,13 @@ def _equal(a: object, b: object) -> bool | None:
 class VersionedManager:
     """The weight-version calls of :class:`~cbpause.integrations.transformers.PausableContinuousBatchingManager`."""
 
-    weight_versions: WeightVersions
+    versions: WeightVersions  # (not each output's weight_versions spans: the book they are read from)
     background_thread_status: Any
 
     @property
     def weight_version(self) -> Hashable:
         """The version of the weights the loop generates with (R-VERSIONS): ``None`` until a holder sets one."""
-        return self.weight_versions.current
+        return self.versions.current
 
     def set_weight_version(self, version: Hashable) -> None:
         """Inside a pause: declare the weights the loop resumes with (any hashable).  Every token generated from the
@@ -128,7 +128,7 @@ class VersionedManager:
         s = self.background_thread_status.state
         if not (s.paused and s.inside):
             raise RuntimeError("set_weight_version() outside a pause: call it inside `with manager.pause():`")
-        self.weight_versions.set(version)
+        self.versions.set(version)
 
 
 def never_share_stale_blocks(processor: Any, versions: WeightVersions | None = None) -> None:
