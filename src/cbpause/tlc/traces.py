@@ -251,8 +251,8 @@ def describe_rejection(
         e = events[n]
         mark = ">>" if n == k else "  "
         request = f", request {e.request!r}" if e.request else ""
-        lines.append(f"{mark} {n + 1:4} {e.action}(rank {e.rank}, holder {e.holder}, argument {e.argument}{request}) -> "
-                     f"{e.state}")  # fmt: skip
+        step = f"{e.action}(rank {e.rank}, holder {e.holder}, argument {e.argument}{request})"
+        lines.append(f"{mark} {n + 1:4} {step} -> {e.state}")
     return "\n".join(lines)
 
 
