@@ -25,6 +25,7 @@ pytest.importorskip("transformers")
 
 from transformers.generation.continuous_batching.requests import RequestStatus  # noqa: E402
 
+import cbpause.core.dropin  # noqa: E402
 import cbpause.core.protocol  # noqa: E402
 from cbpause.integrations import transformers as cbt  # noqa: E402
 from cbpause.testing import JOIN_TIMEOUT, run_thread  # noqa: E402
@@ -165,7 +166,7 @@ def test_a_hold_left_by_another_thread_is_left_once(manager):
 # ------------------------------------------------------------------------------------------ point 2
 
 # The code an interrupt may land in: pause() and its context manager, and the protocol's holder calls.
-TRACED_FILES = {cbt.__file__, cbpause.core.protocol.__file__, contextlib.__file__}
+TRACED_FILES = {cbt.__file__, cbpause.core.protocol.__file__, cbpause.core.dropin.__file__, contextlib.__file__}
 
 
 @functools.cache

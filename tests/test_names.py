@@ -71,13 +71,20 @@ def python_names(src: Path) -> set[str]:
                         names.add(f"{node.name}.{item.target.id}")
                     elif isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store):
                         names.add(f"{node.name}.{item.attr}")
-    # PauseProtocol's methods include its mixins' (cbpause.core.loop.LoopSteps, cbpause.core.dropin.DropInLoop).
-    protocol = next(
-        node for node in ast.parse((src / "cbpause" / "core" / "protocol.py").read_text()).body
-        if isinstance(node, ast.ClassDef) and node.name == "PauseProtocol"
-    )  # fmt: skip
-    for base in (b.id for b in protocol.bases if isinstance(b, ast.Name)):
-        names |= {f"PauseProtocol.{n.split('.', 1)[1]}" for n in set(names) if n.startswith(base + ".")}
+    # A class's names include those it inherits (PauseProtocol <- RankProtocol <- the mixin LoopSteps).
+    bases = {
+        node.name: [b.id for b in node.bases if isinstance(b, ast.Name)]
+        for path in (src / "cbpause" / "core").glob("*.py")
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.ClassDef)
+    }  # fmt: skip
+
+    def ancestors(cls: str) -> list[str]:
+        return [b for base in bases.get(cls, []) for b in (base, *ancestors(base))]
+
+    for cls in bases:
+        for base in ancestors(cls):
+            names |= {f"{cls}.{n.split('.', 1)[1]}" for n in set(names) if n.startswith(base + ".")}
     return names
 
 

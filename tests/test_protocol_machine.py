@@ -173,7 +173,7 @@ class ProtocolComparison(RuleBasedStateMachine):
         """A loop step the model does not enable for this rank raises RuntimeError and changes nothing (one step
         in eight is preceded by one)."""
         # A rank whose drop-in AllReduce is pending takes the decision from the step it is given: no misuse there.
-        ranks = [r for r, p in enumerate(self.ranks) if r not in self.dead and p._pending is None]
+        ranks = [r for r, p in enumerate(self.ranks) if r not in self.dead and p._deferred is None]
         if not ranks:
             return
         r = data.draw(st.sampled_from(ranks), label="rank")
@@ -350,8 +350,8 @@ class ProtocolComparison(RuleBasedStateMachine):
             if r in self.dead:
                 continue
             state = p.state
-            if p._pending is not None:  # a drop-in update_with_tp_status(): its AllReduce waits for the decision
-                state = transitions.all_reduce(state, p._pending, 0)
+            if p._deferred is not None:  # a drop-in update_with_tp_status(): its AllReduce waits for the decision
+                state = transitions.all_reduce(state, p._deferred, 0)
             assert state == self.g.ranks[r], (r, state, self.g.ranks[r])
             assert (p.fatal_error is not None) == state.fatal, (r, p.fatal_error, state)
             m = p.metrics()

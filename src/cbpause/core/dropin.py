@@ -10,7 +10,7 @@ microsoft/CCF's ``Traceccfraft.tla`` composes ``UpdateTerm \\cdot HandleAppendEn
 
 * ``is_pause_requested()`` = [AllReduce(agreed, FALSE)] . [NoPause | Barrier] . [Idle | StartStep . EndStep]
   . Observe -- the pause decision of the last all-reduce is known to be FALSE, since the loop did not pause;
-* ``update_with_tp_status(tp)`` = [the same, up to Observe], then the agreed status is held, pending: its
+* ``update_with_tp_status(tp)`` = [the same, up to Observe], then the agreed status is held, deferred: its
   AllReduce is applied by the next call, which knows the pause decision (``local_status`` and ``tp_status``
   read it at once, as upstream's do);
 * ``pause_and_wait()`` = [Observe] . AllReduce(agreed, TRUE) . the window (``pause_window``);
@@ -25,22 +25,39 @@ status (``_unreported``).
 
 Between the loop's Idle and a forward step nothing tells them apart: a loop asked to flush is taken to have
 stepped (StartStep . EndStep), one that was not to have idled; the state after is the same.  The pure
-functions below plan those compositions; :class:`DropInLoop` applies them.  The class is mixed into
-:class:`~cbpause.PauseProtocol` and holds no state of its own.
+functions below plan those compositions; :class:`PauseProtocol` applies them.  It is
+:class:`~cbpause.core.protocol.RankProtocol` (the explicit holder and loop APIs) with the drop-in API on top,
+and it owns the state the drop-in loop leaves deferred: the agreed stop status of an AllReduce it reported and
+this object has not applied yet (``_deferred``), and the status it shows after a fatal error.  The explicit
+APIs know nothing of either: the methods here that override theirs first apply what was deferred.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import transitions as t
-from .condition import SafeCondition
-from .loop import dropin_decision, not_enabled
+from .arguments import check_mode, check_timeout
+from .loop import not_enabled
+from .protocol import PauseHold, RankProtocol
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankState
 
-__all__ = ["DropInLoop", "Plan", "plan_exit", "plan_fatal", "plan_to_read"]
+if TYPE_CHECKING:
+    from .recorder import TraceRecorder
+
+__all__ = ["PauseProtocol", "Plan", "plan_exit", "plan_fatal", "plan_to_read"]
+
+# The steps that follow an all-reduce that decided to pause (the others follow one that did not).
+_DECIDE_A_PAUSE = frozenset({t.open_window, t.skip_window, t.park_for_peer})
+
+
+def dropin_decision(s: RankState, pause: bool) -> int:
+    """The all-reduced pause request of a drop-in loop, which reports only whether the group pauses."""
+    return max(s.obs_pause, t.KEEP) if pause else 0
+
 
 Step = tuple[Callable[..., RankState], tuple]
 Plan = tuple[Step, ...]
@@ -51,23 +68,23 @@ def _walk(s: RankState, steps: list[Step], fn: Callable[..., RankState], *args: 
     return fn(s, *args)
 
 
-def _unreported(s: RankState, pending: int | None) -> int | None:
-    """The agreed status of the AllReduce the loop took since its last call: ``pending`` if the loop reported it
+def _unreported(s: RankState, deferred: int | None) -> int | None:
+    """The agreed status of the AllReduce the loop took since its last call: ``deferred`` if the loop reported it
     (``update_with_tp_status``); if it reported none since its Observe, the all-reduce of this rank alone (a
     loop at TP=1 that calls only ``is_pause_requested``, as transformers' unit tests write one)."""
-    if pending is None and t.can_all_reduce(s):
+    if deferred is None and t.can_all_reduce(s):
         return max(s.obs_status, s.tp_status)
-    return pending
+    return deferred
 
 
-def _settle(s: RankState, pending: int | None, pause: bool, steps: list[Step]) -> RankState:
+def _settle(s: RankState, deferred: int | None, pause: bool, steps: list[Step]) -> RankState:
     """The AllReduce a drop-in loop took since its last call, with the pause decision ``pause``.
 
     transformers' loop reports whether the group pauses, not in which mode: a pause is taken in this rank's own
     mode, at least KEEP (the loop applies no mode's effect on the requests: every mode acts as KEEP there).
     """
-    if pending is not None:
-        return _walk(s, steps, t.all_reduce, pending, dropin_decision(s, pause))
+    if deferred is not None:
+        return _walk(s, steps, t.all_reduce, deferred, dropin_decision(s, pause))
     return s
 
 
@@ -80,15 +97,15 @@ def _to_body(s: RankState, steps: list[Step]) -> RankState:
     return s
 
 
-def plan_to_read(s: RankState, pending: int | None) -> tuple[Plan, RankState]:
+def plan_to_read(s: RankState, deferred: int | None) -> tuple[Plan, RankState]:
     """The steps from where the loop's last call left it to the start of its next iteration (``read``).
 
     A loop that saw a pause requested (``obs_pause``) and asks again without reporting its all-reduce or its
     window has not gone round: nothing is planned (it has to open the window first)."""
     steps: list[Step] = []
     if not s.obs_pause:
-        pending = _unreported(s, pending)
-    s = _to_body(_settle(s, pending, False, steps), steps)
+        deferred = _unreported(s, deferred)
+    s = _to_body(_settle(s, deferred, False, steps), steps)
     if t.can_idle(s):
         s = _walk(s, steps, t.idle)
     elif t.can_start_step(s):
@@ -98,13 +115,13 @@ def plan_to_read(s: RankState, pending: int | None) -> tuple[Plan, RankState]:
     return tuple(steps), s
 
 
-def plan_fatal(s: RankState, pending: int | None) -> tuple[Plan, RankState]:
+def plan_fatal(s: RankState, deferred: int | None) -> tuple[Plan, RankState]:
     """The steps of a fatal error reported by a drop-in loop: RecordFatalError between two iterations'
     collectives, FailLoop elsewhere (nothing where the error is already recorded or a holder is inside)."""
     steps: list[Step] = []
     if s.fatal:
         return (), s
-    s = _to_body(_settle(s, _unreported(s, pending), s.obs_pause, steps), steps)
+    s = _to_body(_settle(s, _unreported(s, deferred), s.obs_pause, steps), steps)
     if t.can_record_fatal_error(s):
         s = _walk(s, steps, t.record_fatal_error)
     elif t.can_fail_loop(s):
@@ -112,13 +129,13 @@ def plan_fatal(s: RankState, pending: int | None) -> tuple[Plan, RankState]:
     return tuple(steps), s
 
 
-def plan_exit(s: RankState, pending: int | None) -> tuple[Plan, RankState]:
+def plan_exit(s: RankState, deferred: int | None) -> tuple[Plan, RankState]:
     """The steps of a drop-in loop's exit: ExitLoop after a stop, FailLoop after anything else (nothing where
     the loop has already stopped or a holder is inside)."""
     steps: list[Step] = []
     # An all-reduce not reported: the last one of the exit path (transformers' fatal-error path makes one), or
     # that of a loop that reports none.  At TP=1 its result is this rank's own contribution.
-    s = _to_body(_settle(s, _unreported(s, pending), s.obs_pause, steps), steps)
+    s = _to_body(_settle(s, _unreported(s, deferred), s.obs_pause, steps), steps)
     if not t.may_exit(s) and s.local_status in (FLUSH_AND_STOP, HARD_STOP) and s.phase in ("read", "body", "step"):
         # A stop asked since the last all-reduce: the loop went round once more, to the all-reduce that agreed
         # on it (at TP=1, its own status).
@@ -133,25 +150,87 @@ def plan_exit(s: RankState, pending: int | None) -> tuple[Plan, RankState]:
     return tuple(steps), s
 
 
-class DropInLoop:
-    """The drop-in loop-side methods (see the module's docstring)."""
+class PauseProtocol(RankProtocol):
+    """Pause, stop and fatal-error protocol of one rank's continuous-batching loop, with transformers' drop-in API.
 
-    if TYPE_CHECKING:  # provided by PauseProtocol
-        fatal_error: BaseException | None
-        _lock: threading.RLock  # SafeCondition's lock
-        _condition: SafeCondition
-        _state: RankState
-        _shown_status: int | None
-        _pending: int | None
-        _loop_thread: int | None
-        _observe_memo: tuple
+    A drop-in for transformers 5.23's ``BackgroundThreadStatus`` (same constants, methods and
+    ``fatal_error`` attribute), which fixes its defects: a withdrawn request never parks the loop (D1),
+    a stray ``release_pause()`` raises and changes nothing (D2), a rank parked for a peer's pause leaves
+    after ``peer_park_timeout`` seconds with :class:`~cbpause.PeerParkTimeout` (D3), and ``acquire_pause()``
+    from the loop's own thread raises (D4).  The explicit holder and loop APIs are those of
+    :class:`~cbpause.core.protocol.RankProtocol`; a loop may mix the two (see the module's docstring).
 
-        def _may_remember(self, before: RankState, after: RankState) -> bool: ...
+    Args:
+        peer_park_timeout: how long a rank parked for a peer's pause waits for its local holder before
+            failing (spec section 5).  ``None`` waits for ever, as upstream does.
+        clock: a monotonic clock, for the metrics and the timeouts (tests may pass a fake).
+        trace: a :class:`~cbpause.core.recorder.TraceRecorder` that records every transition (off by default).
+    """
 
-        def _apply(self, fn: Callable[..., RankState], *args: object) -> RankState: ...
-        def _run(self, plan: Plan) -> RankState: ...
-        def _thread_holds(self) -> list: ...
-        def pause_window(self) -> None: ...
+    def __init__(
+        self,
+        *,
+        peer_park_timeout: float | None = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+        trace: TraceRecorder | None = None,
+    ):
+        super().__init__(peer_park_timeout=peer_park_timeout, clock=clock, trace=trace)
+        self._deferred: int | None = None  # the agreed status of an AllReduce the loop reported, not applied yet
+        self._shown_status: int | None = None  # the loop's local_status after a fatal error, until it stops
+        self._observe_memo = (None, None, None, None)  # is_pause_requested()'s hot path (see LoopSteps._remember)
+
+    # ------------------------------------------------------------------------------ what the explicit APIs defer
+
+    def _forget_loop(self) -> None:
+        super()._forget_loop()
+        self._shown_status = None
+        self._observe_memo = (None, None, None, None)
+
+    def _apply_deferred(self, pause: bool) -> None:
+        """Apply the AllReduce a drop-in ``update_with_tp_status()`` deferred, with the pause decision ``pause`` (the
+        caller holds the lock): a loop that mixes the two APIs is recorded as it went (a pause in this rank's own
+        mode, at least KEEP: the drop-in reports no mode)."""
+        deferred = self._deferred
+        if deferred is not None:
+            self._deferred = None
+            self._apply(t.all_reduce, deferred, dropin_decision(self._state, pause))
+
+    def _step(self, fn: Callable[..., RankState], guard: Callable[[RankState], bool]) -> RankState:
+        """The explicit loop step ``fn`` after the AllReduce it shows the decision of, if one was deferred: the
+        step's guard is checked on the state that AllReduce leads to, and nothing changes when it fails."""
+        if self._deferred is not None:
+            with self._lock:
+                s = self._state
+                if self._deferred is not None and t.can_all_reduce(s):
+                    pause = fn in _DECIDE_A_PAUSE or (fn is t.exit_loop and s.obs_pause > 0)
+                    if not guard(t.all_reduce(s, self._deferred, dropin_decision(s, pause))):
+                        raise RuntimeError(not_enabled(fn.__name__, s))
+                    self._apply_deferred(pause)
+        return super()._step(fn, guard)
+
+    def pause_window(self) -> None:
+        with self._lock:
+            self._apply_deferred(True)
+        super().pause_window()
+
+    def fail_loop(self, error: BaseException) -> None:
+        with self._lock:
+            self._apply_deferred(self._state.obs_pause > 0)
+        super().fail_loop(error)
+
+    def request_stop(self, status: int, global_rank: int = 0) -> None:
+        super().request_stop(status, global_rank)
+        with self._lock:
+            if self._shown_status is not None and self._shown_status < status:
+                self._shown_status = status  # a failed loop not yet marked stopped shows the stop, as upstream's
+
+    def _run(self, plan: Plan) -> RankState:
+        """Apply the steps of ``plan`` in order (the caller holds the lock)."""
+        for fn, args in plan:
+            self._apply(fn, *args)
+        return self._state
+
+    # ------------------------------------------------------------------------------------------- the loop
 
     @property
     def local_status(self) -> int:
@@ -159,15 +238,15 @@ class DropInLoop:
         once the loop said so (``mark_as_stopped``), as transformers' object, even after a fatal error."""
         if self._shown_status is not None:
             return self._shown_status
-        pending = self._pending
+        deferred = self._deferred
         s = self._state
-        return s.local_status if pending is None or pending <= s.local_status else pending
+        return s.local_status if deferred is None or deferred <= s.local_status else deferred
 
     @property
     def tp_status(self) -> int:
         """The stop status last agreed by the TP group through its MAX all-reduce."""
-        pending = self._pending
-        return self._state.tp_status if pending is None else pending
+        deferred = self._deferred
+        return self._state.tp_status if deferred is None else deferred
 
     def is_pause_requested(self, local: bool = False) -> bool:
         """Whether a pause is requested and not released yet.
@@ -184,10 +263,10 @@ class DropInLoop:
         memo, lock = self._observe_memo, self._lock
         lock.acquire()  # the hot path, as LoopSteps._remember says
         try:
-            if memo[0] is self._state and memo[1] == self._pending and memo[2] == me == self._loop_thread:
+            if memo[0] is self._state and memo[1] == self._deferred and memo[2] == me == self._loop_thread:
                 # A steady loop cycles through the same state objects: the steps are the ones taken last time.
                 self._state = s = memo[3]
-                self._pending = None
+                self._deferred = None
                 return s.obs_pause
         finally:
             lock.release()
@@ -198,19 +277,19 @@ class DropInLoop:
             start = self._state
             if loop != me:
                 return start.count > 0
-            pending = self._pending
+            deferred = self._deferred
             s, observed = self._to_reduce()
             if not observed:  # (e.g. it asked again after seeing a pause, before its window)
                 return s.count > 0
             if self._may_remember(start, s):
-                self._observe_memo = (start, pending, me, s)
+                self._observe_memo = (start, deferred, me, s)
             return s.obs_pause
 
     def _to_reduce(self) -> tuple[RankState, bool]:
         """Observe, after the steps the drop-in loop took since its last call (the caller holds the lock); the
         state, and whether the Observe was taken."""
-        plan, end = plan_to_read(self._state, self._pending)
-        self._pending = None
+        plan, end = plan_to_read(self._state, self._deferred)
+        self._deferred = None
         self._run(plan)
         observed = t.can_observe(end)
         if observed:
@@ -240,13 +319,13 @@ class DropInLoop:
             try:
                 s = self._state
                 if (
-                    self._pending is None
+                    self._deferred is None
                     and t.can_all_reduce(s)
                     and s.obs_status <= tp_status
                     and s.tp_status <= tp_status
                     and self._loop_thread == me
                 ):
-                    self._pending = tp_status
+                    self._deferred = tp_status
                     return
             finally:
                 lock.release()
@@ -254,17 +333,17 @@ class DropInLoop:
             # Only the loop calls this: it settles which thread is the loop's, should another thread's
             # is_pause_requested() have come first.
             self._loop_thread = me
-            agreed = self._pending if self._pending is not None else self._state.tp_status
+            agreed = self._deferred if self._deferred is not None else self._state.tp_status
             if tp_status < agreed:
                 raise ValueError(f"TP communicated a lower stop status: {tp_status = }, tp_status = {agreed}")
             s = self._state
-            if not t.can_all_reduce(s) or self._pending is not None:
+            if not t.can_all_reduce(s) or self._deferred is not None:
                 s, _ = self._to_reduce()
             if not t.can_all_reduce(s):
                 raise RuntimeError(not_enabled("update_with_tp_status", s))
             if tp_status < s.obs_status:
                 raise ValueError(f"TP stop status {tp_status} is not a MAX including this rank's {s.obs_status}")
-            self._pending = tp_status
+            self._deferred = tp_status
 
     def pause_and_wait(self) -> None:
         """Drop-in pause window: the group decided to pause; park as the spec says, then return.
@@ -277,15 +356,15 @@ class DropInLoop:
         with self._lock:
             if self._loop_thread is None:
                 self._loop_thread = threading.get_ident()
-            pending, s = self._pending, self._state
-            if pending is None and not t.pause_decided(s):  # (an explicit all_reduce() decided it already)
+            deferred, s = self._deferred, self._state
+            if deferred is None and not t.pause_decided(s):  # (an explicit all_reduce() decided it already)
                 s, _ = self._to_reduce()
                 if not t.can_all_reduce(s):
                     raise RuntimeError(not_enabled("pause_and_wait", s))
-                pending = max(s.obs_status, s.tp_status)  # TP=1: the all-reduce of this rank alone
-            if pending is not None:
-                self._pending = None
-                s = self._apply(t.all_reduce, pending, dropin_decision(s, True))
+                deferred = max(s.obs_status, s.tp_status)  # TP=1: the all-reduce of this rank alone
+            if deferred is not None:
+                self._deferred = None
+                s = self._apply(t.all_reduce, deferred, dropin_decision(s, True))
             if not t.pause_decided(s):
                 return  # the group is hard-stopping: no window; the loop exits
         self.pause_window()
@@ -299,12 +378,12 @@ class DropInLoop:
         with self._lock:
             if self.fatal_error is None:
                 self.fatal_error = error
-            plan, after = plan_fatal(self._state, self._pending)
+            plan, after = plan_fatal(self._state, self._deferred)
             if after.local_status == STOPPED and self._shown_status is None:
                 # FailLoop stops the rank at once in the spec; transformers' object keeps the status the loop
                 # asked until the loop says it stopped (issue 26, point 14): show that until mark_as_stopped().
                 self._shown_status = self.local_status
-            self._pending = None
+            self._deferred = None
             self._run(plan)
             self._condition.notify_all()
 
@@ -313,9 +392,107 @@ class DropInLoop:
         took since its last call; P-FAIL-LOOP for an exit without a stop (the loop's thread ended)."""
         with self._lock:
             self._shown_status = None
-            plan, end = plan_exit(self._state, self._pending)
+            plan, end = plan_exit(self._state, self._deferred)
             if plan and plan[-1][0] is t.fail_loop and self.fatal_error is None:
                 self.fatal_error = RuntimeError("the generation loop exited without a stop agreed by its group")
-            self._pending = None
+            self._deferred = None
             self._run(plan)
             self._condition.notify_all()
+
+    # ------------------------------------------------------------------------------------------- the holders
+
+    def _thread_holds(self) -> list[PauseHold]:
+        """The drop-in holds of the calling thread (``acquire_pause`` ... ``release_pause``)."""
+        local = self._local
+        try:
+            return local.holds
+        except AttributeError:
+            local.holds = []
+            return local.holds
+
+    def _refuse_self_wait(self, mode: int, holds: list[PauseHold]) -> None:
+        """R-NO-SELF-WAIT (the caller holds the lock): a thread inside the open window through ``acquire_pause`` (its
+        ``holds``) that asks for a stronger mode than the window's would wait for the next window, which its own pause
+        keeps from opening (nothing else ends a drop-in hold but this thread, short of an explicit ``leave_pause``).
+        The explicit API's holds may be ended by any thread, so ``enter_pause`` waits (with its timeout)."""
+        s = self._state
+        if s.paused and mode > s.tp_pause and any(h.state == "inside" for h in holds):
+            raise RuntimeError(
+                f"pause(mode={t.MODE_NAMES[mode]!r}) from a thread inside a {t.MODE_NAMES[s.tp_pause]!r} pause: it "
+                "would wait for the next window, which this thread's own pause keeps closed; nothing was changed"
+            )
+
+    def acquire_pause(
+        self,
+        wake_up_loop: threading.Event | None = None,
+        timeout: float | None = None,
+        *,
+        into: list[PauseHold] | None = None,
+        mode: str | int = "keep",
+    ) -> PauseHold:
+        """Drop-in: P-REQUEST-PAUSE, then wait for P-ENTER-PAUSE, P-PAUSE-FAILS, P-INTERRUPT or P-PAUSE-TIMEOUT.
+
+        Returns the hold once this thread is inside the pause: :meth:`release_pause` on the same thread leaves
+        it, and so does :meth:`leave_pause` with the hold, from any thread (once: a second leave raises).  The
+        hold counts as this thread's for ``is_pause_requested(local=True)`` until it leaves.  Raises as
+        :meth:`request_pause` and :meth:`enter_pause` do.  The request and the wait happen under one
+        acquisition of the lock, so an interrupt anywhere in between withdraws exactly the request that went
+        in, and an exception that lands just after the entry leaves again: an exception from this call means no
+        pause is held.
+
+        A window already open in a mode that covers ``mode`` is entered at once, under the same acquisition,
+        without setting ``wake_up_loop`` (the loop is parked in its window), unless a holder has left it already:
+        that window is closing, and this call waits for it to close and asks for the next (R-WINDOW-CLOSES; the
+        wait counts against ``timeout``).  A thread already inside pauses again at once (its pauses nest).
+        ``into``, a list, gets the hold appended the moment it is requested, for a caller that must find it even
+        when an asynchronous exception lands after this returns and before the caller stored the result.  ``mode``
+        is the pause mode (R-MODES; as :meth:`request_pause`).
+        """
+        timeout = check_timeout(timeout)
+        number = check_mode(mode)
+        self._refuse_loop_thread()
+        holds = self._thread_holds()
+        if holds:
+            holds[:] = [h for h in holds if h.state != "idle"]  # left from another thread (leave_pause)
+        with self._lock:
+            self._refuse_self_wait(number, holds)
+            timeout = self._wait_while_closing(timeout)
+            hold = self._new_hold(threading.get_ident(), number)
+            try:
+                self._apply(t.request_pause, number, hold=hold)
+                holds.append(hold)
+                if into is not None:
+                    into.append(hold)
+                s = self._state
+                if s.paused and number <= s.tp_pause:
+                    # The fast path: a window that covers the hold is open, so it enters now, with no wait and no
+                    # wake-up (the loop is parked in the window, not in its idle wait).
+                    self._enter(hold)
+                    return hold
+                if wake_up_loop is not None:
+                    wake_up_loop.set()
+                self._wait_for_window(hold, timeout)
+            except BaseException:
+                self._withdraw(hold)  # P-INTERRUPT (D1), or P-LEAVE-PAUSE just after the entry
+                if hold in holds:
+                    holds.remove(hold)
+                raise
+            return hold
+
+    def release_pause(self) -> None:
+        """Drop-in P-LEAVE-PAUSE (``LeavePause``): this thread's last pause ends; the last holder out lets the
+        loop resume.
+
+        Raises ``RuntimeError`` and changes nothing if this thread holds no pause (D2, CountsInv).
+        """
+        holds = self._thread_holds()
+        holds[:] = [h for h in holds if h.state != "idle"]  # left from another thread (leave_pause)
+        with self._lock:
+            inside = [h for h in holds if h.state == "inside"]
+            if not inside:
+                raise RuntimeError(
+                    "release_pause() without a matching acquire_pause() on this thread: nothing was changed"
+                )
+            hold = inside[-1]
+            self._apply(t.leave_pause, hold.mode, hold=hold)
+            holds.remove(hold)

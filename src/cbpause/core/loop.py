@@ -7,7 +7,7 @@ A loop that reports each step of its iteration calls these, in the order of ``tl
 ``RuntimeError`` and changes nothing.  None of them waits, except :meth:`LoopSteps.pause_window`, which is
 the whole window (open, or park and join, then close) as a loop that does not step through it calls it.
 
-The class is mixed into :class:`~cbpause.PauseProtocol`; it holds no state of its own.
+The class is mixed into :class:`~cbpause.core.protocol.RankProtocol`; it holds the memos of its hot steps.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .condition import SafeCondition
 from .errors import PeerParkTimeout
 from .transitions import STOPPED, RankState
 
-__all__ = ["HOLDER_CHECK_S", "LoopSteps", "dropin_decision", "not_enabled", "quiet"]
+__all__ = ["HOLDER_CHECK_S", "LoopSteps", "not_enabled", "quiet"]
 
 # A loop parked in its pause window wakes at least this often to look for holders whose thread died without
 # leaving (P-RELEASE-DEAD-HOLDER), so that it resumes within this bound of the death (spec section 4.4).
@@ -49,19 +49,11 @@ def quiet(before: RankState, after: RankState) -> bool:
 _HOT = ("observe", "no_pause", "start_step", "end_step", "idle")
 _NO_MEMO = (None, None, None, None)
 
-# The steps that follow an all-reduce that decided to pause (the others follow one that did not).
-_DECIDE_A_PAUSE = frozenset({t.open_window, t.skip_window, t.park_for_peer})
-
-
-def dropin_decision(s: RankState, pause: bool) -> int:
-    """The all-reduced pause request of a drop-in loop, which reports only whether the group pauses."""
-    return max(s.obs_pause, t.KEEP) if pause else 0
-
 
 class LoopSteps:
     """The explicit loop API (see the module's docstring)."""
 
-    if TYPE_CHECKING:  # provided by PauseProtocol
+    if TYPE_CHECKING:  # provided by RankProtocol
         fatal_error: BaseException | None
         _lock: threading.RLock  # SafeCondition's lock
         _condition: SafeCondition
@@ -77,32 +69,15 @@ class LoopSteps:
         _memo_start_step: tuple
         _memo_end_step: tuple
         _memo_idle: tuple
-        _pending: int | None
 
         def _apply(self, fn: Callable[..., RankState], *args: object) -> RankState: ...
         def _release_dead_holders(self) -> int: ...
-
-    def _settle_pending(self, pause: bool) -> None:
-        """The AllReduce of a drop-in ``update_with_tp_status()`` that this step shows the decision of (the caller
-        holds the lock): a loop that mixes the two APIs is recorded as it went (a pause in this rank's own mode, at
-        least KEEP: the drop-in reports no mode)."""
-        pending = self._pending
-        if pending is not None:
-            self._pending = None
-            self._apply(t.all_reduce, pending, dropin_decision(self._state, pause))
 
     def _step(self, fn: Callable[..., RankState], guard: Callable[[RankState], bool]) -> RankState:
         """One loop step, the slow path: ``fn`` if ``guard`` holds (checked under the lock), else ``RuntimeError``
         and no change; remembers the step for the hot path (see :meth:`_remember`)."""
         with self._lock:
             s = self._state
-            pending = self._pending
-            if pending is not None and t.can_all_reduce(s):
-                pause = fn in _DECIDE_A_PAUSE or (fn is t.exit_loop and s.obs_pause > 0)
-                if not guard(t.all_reduce(s, pending, dropin_decision(s, pause))):
-                    raise RuntimeError(not_enabled(fn.__name__, s))
-                self._settle_pending(pause)
-                s = self._state
             if not guard(s):
                 raise RuntimeError(not_enabled(fn.__name__, s))
             after = self._apply(fn)
@@ -143,7 +118,11 @@ class LoopSteps:
         for action in _HOT:
             setattr(self, "_memo_" + action, _NO_MEMO)
         self._memo_all_reduce = (None,) * 10
-        self._observe_memo = (None, None, None, None)  # the drop-in is_pause_requested()'s (DropInLoop)
+
+    def _forget_loop(self) -> None:
+        """Forget the loop's thread and its memos (the caller holds the lock; ``clear()``, before Restart)."""
+        self._loop_thread = None
+        self._forget_memos()
 
     def observe(self) -> tuple[int, int]:
         """P-OBSERVE (``Observe``): what this rank sends to the all-reduce: (stop status, pause request), the request
@@ -178,16 +157,11 @@ class LoopSteps:
         memo, lock = self._memo_all_reduce, self._lock
         lock.acquire()
         try:
-            if (
-                memo[0] is self._state and memo[1] == tp_status and memo[2] == tp_pause and memo[3] == busy
-                and self._pending is None
-            ):  # fmt: skip
+            if memo[0] is self._state and memo[1] == tp_status and memo[2] == tp_pause and memo[3] == busy:
                 self._state = memo[4]
                 return
-            if (
-                memo[5] is self._state and memo[6] == tp_status and memo[7] == tp_pause and memo[8] == busy
-                and self._pending is None
-            ):  # fmt: skip  (the other of the last two, see _remember)
+            if memo[5] is self._state and memo[6] == tp_status and memo[7] == tp_pause and memo[8] == busy:
+                # the other of the last two (see _remember)
                 self._state = memo[9]
                 self._memo_all_reduce = (*memo[5:], *memo[:5])
                 return
@@ -206,8 +180,7 @@ class LoopSteps:
             if tp_pause < s.obs_pause:
                 raise ValueError(f"all-reduced pause request {tp_pause} is below this rank's {s.obs_pause}")
             after = self._apply(t.all_reduce, tp_status, tp_pause, busy)
-            if self._pending is None:
-                self._remember("all_reduce", s, after, tp_status, tp_pause, busy)
+            self._remember("all_reduce", s, after, tp_status, tp_pause, busy)
 
     def open_window(self) -> None:
         """P-OPEN-WINDOW (``OpenWindow``): a local holder is pending; open the window (does not wait)."""
@@ -275,8 +248,6 @@ class LoopSteps:
         within ``peer_park_timeout`` seconds.
         """
         with self._lock:
-            if self._pending is not None:
-                self._settle_pending(True)
             s = self._state
             # The common case first, with as little as possible before the holders are woken (every line here costs
             # a microsecond or more, the loop's caches being cold after the forward step): SkipWindow needs no
@@ -409,7 +380,6 @@ class LoopSteps:
         (around the pause window, or in a way that ends the thread); record ``error`` (the first fatal error
         wins) and stop.  No further collective: the peers find out by their own collective timeout."""
         with self._lock:
-            self._settle_pending(self._state.obs_pause)
             s = self._state
             if not t.can_fail_loop(s):
                 raise RuntimeError(not_enabled("fail_loop", s))

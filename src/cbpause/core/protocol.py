@@ -1,4 +1,4 @@
-"""``PauseProtocol``: one rank's side of the protocol, thread-safe, standard library only.
+"""``RankProtocol``: one rank's side of the protocol, thread-safe, standard library only.
 
 Every state change is a pure function of :mod:`cbpause.core.transitions` (one per TLA+ action of
 ``tla/PauseProtocol.tla``) applied under ``self._lock``; this module adds what pure functions cannot:
@@ -9,15 +9,15 @@ of the TLA+ invariants, :func:`cbpause.core.transitions.rank_invariant`):
 * ``SameWindowInv``: a holder is inside only while ``phase == "window"`` and ``paused``.
 * ``MonotoneStopInv``: ``local_status`` and ``tp_status`` only grow, except in ``clear()``.
 
-Three APIs:
+Two APIs here, one method per TLA+ action each:
 
-* the drop-in API of transformers 5.23's ``BackgroundThreadStatus`` (``acquire_pause``, ``release_pause``,
-  ``is_pause_requested``, ``update_with_tp_status``, ``pause_and_wait``, ``mark_as_stopped``, ...), with
-  which transformers' own ``ContinuousBatchingManager`` works unchanged;
-* the explicit loop API (``observe``, ``all_reduce``, ``open_window``, ..., ``barrier``, ``start_step``), in
-  which the loop reports each step of its iteration, one method per TLA+ action;
-* the explicit holder API (``request_pause`` returns a :class:`PauseHold`; ``enter_pause``,
-  ``leave_pause``, ``interrupt`` take it), one method per TLA+ action of a holder.
+* the explicit holder API (``request_pause`` returns a :class:`PauseHold`; ``enter_pause``, ``leave_pause``,
+  ``interrupt`` take it), with the stops (``request_stop``) and ``clear()``;
+* the explicit loop API (``observe``, ``all_reduce``, ``open_window``, ..., ``barrier``, ``start_step``; the
+  mixin :class:`~cbpause.core.loop.LoopSteps`), in which the loop reports each step of its iteration.
+
+:class:`cbpause.PauseProtocol` (:mod:`cbpause.core.dropin`) is this object with the drop-in API of
+transformers 5.23's ``BackgroundThreadStatus`` on top, and the state that adapter defers.
 
 Waiting holders are woken by ``notify_all`` on every change that can enable them (``_wakes``), which is the weak
 fairness the spec assumes for ``HolderWakes`` (``EnterPause`` or ``PauseFails``; spec section 4.4).
@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING
 from . import transitions as t
 from .arguments import check_mode, check_timeout
 from .condition import SafeCondition, thread_alive
-from .dropin import DropInLoop, Plan
 from .group import HOLDER_ACTIONS, python_name
 from .loop import HOLDER_CHECK_S, LoopSteps
 from .metrics import PauseMetrics
@@ -45,7 +44,7 @@ from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankStat
 if TYPE_CHECKING:
     from .recorder import TraceRecorder
 
-__all__ = ["HOLDER_CHECK_S", "PauseHold", "PauseMetrics", "PauseProtocol"]
+__all__ = ["HOLDER_CHECK_S", "PauseHold", "PauseMetrics", "RankProtocol"]
 
 logger = logging.getLogger("cbpause")
 
@@ -59,18 +58,18 @@ _HOLD_AFTER = {python_name(action): after for action, (_, after) in HOLDER_ACTIO
 
 
 class PauseHold:
-    """One holder's pause on one rank, from :meth:`PauseProtocol.request_pause` to its end.
+    """One holder's pause on one rank, from :meth:`RankProtocol.request_pause` to its end.
 
     ``state`` is the holder's TLA+ state ``hs[h]``: ``"waiting"``, ``"inside"``, then ``"idle"`` once it
     left, failed, timed out, was interrupted, or was released because ``thread`` died (P-RELEASE-DEAD-HOLDER).
     ``mode`` is the pause mode it asked for (TLA+ ``hmode[h]``: ``transitions.KEEP`` ... ``ABORT``).
-    A hold belongs to the protocol object that issued it; any thread may end it (:meth:`PauseProtocol.leave_pause`),
+    A hold belongs to the protocol object that issued it; any thread may end it (:meth:`RankProtocol.leave_pause`),
     but it lives only as long as ``thread``, the thread that asked for it.
     """
 
     __slots__ = ("_protocol", "holder", "mode", "requested_at", "state", "thread")
 
-    def __init__(self, protocol: PauseProtocol, holder: Hashable, requested_at: float, mode: int = t.KEEP):
+    def __init__(self, protocol: RankProtocol, holder: Hashable, requested_at: float, mode: int = t.KEEP):
         self._protocol = protocol
         self.holder = holder  # who holds it, for traces: a thread of the drop-in API, or this hold
         self.mode = mode
@@ -82,14 +81,10 @@ class PauseHold:
         return f"<PauseHold {self.state} ({t.MODE_NAMES[self.mode]}) of thread {self.thread.name!r}>"
 
 
-class PauseProtocol(LoopSteps, DropInLoop):
-    """Pause, stop and fatal-error protocol of one rank's continuous-batching loop.
-
-    A drop-in for transformers 5.23's ``BackgroundThreadStatus`` (same constants, methods and
-    ``fatal_error`` attribute), which fixes its defects: a withdrawn request never parks the loop (D1),
-    a stray ``release_pause()`` raises and changes nothing (D2), a rank parked for a peer's pause leaves
-    after ``peer_park_timeout`` seconds with :class:`~cbpause.PeerParkTimeout` (D3), and ``acquire_pause()``
-    from the loop's own thread raises (D4).
+class RankProtocol(LoopSteps):
+    """Pause, stop and fatal-error protocol of one rank's continuous-batching loop: the explicit holder and loop
+    APIs.  :class:`cbpause.PauseProtocol` adds transformers' drop-in API; use that one unless the loop reports
+    every step itself and no caller uses ``acquire_pause``.
 
     Args:
         peer_park_timeout: how long a rank parked for a peer's pause waits for its local holder before
@@ -122,8 +117,6 @@ class PauseProtocol(LoopSteps, DropInLoop):
         self._condition = SafeCondition()
         self._lock = self._condition.lock
         self._state = RankState()  # TLA+'s Init: a loop about to start
-        self._pending: int | None = None  # a drop-in loop's agreed status, its AllReduce not applied yet
-        self._shown_status: int | None = None  # a drop-in loop's local_status after a fatal error (dropin.py)
         self._local = threading.local()
         self._serial = itertools.count()
         self._loop_thread: int | None = None
@@ -247,21 +240,6 @@ class PauseProtocol(LoopSteps, DropInLoop):
             self._total_paused += self._last_paused
             self._window_opened_at = None
 
-    def _run(self, plan: Plan) -> RankState:
-        """Apply the steps of ``plan`` in order (the caller holds the lock)."""
-        for fn, args in plan:
-            self._apply(fn, *args)
-        return self._state
-
-    def _thread_holds(self) -> list[PauseHold]:
-        """The drop-in holds of the calling thread (``acquire_pause`` ... ``release_pause``)."""
-        local = self._local
-        try:
-            return local.holds
-        except AttributeError:
-            local.holds = []
-            return local.holds
-
     def bind_loop_thread(self) -> None:
         """Declare the calling thread the generation loop's, until the next ``clear()``.
 
@@ -305,7 +283,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
         """
         with self._lock:
             s = self._state
-            if self._loop_thread is None and s.phase == "read" and self._pending is None:
+            if self._loop_thread is None and s.phase == "read":
                 return
             if s.phase == "stopped":
                 self._release_dead_holders()
@@ -318,9 +296,7 @@ class PauseProtocol(LoopSteps, DropInLoop):
             if s.phase != "stopped":
                 raise RuntimeError(f"clear() while the generation loop runs (phase {s.phase!r}): stop it first")
             self.fatal_error = None
-            self._shown_status = None
-            self._loop_thread = None
-            self._forget_memos()
+            self._forget_loop()
             self._apply(t.restart)
 
     def request_stop(self, status: int, global_rank: int = 0) -> None:
@@ -334,8 +310,6 @@ class PauseProtocol(LoopSteps, DropInLoop):
             s = self._state
             if t.live(s) and s.local_status < status:
                 self._apply(t.request_stop, status)
-            elif self._shown_status is not None and self._shown_status < status:
-                self._shown_status = status  # a failed loop not yet marked stopped shows the stop, as upstream's
 
     # ------------------------------------------------------------------------------------------- holders
 
@@ -367,18 +341,6 @@ class PauseProtocol(LoopSteps, DropInLoop):
                     self._apply(t.interrupt, hold.mode, hold=hold)
                 raise
             return hold
-
-    def _refuse_self_wait(self, mode: int, holds: list[PauseHold]) -> None:
-        """R-NO-SELF-WAIT (the caller holds the lock): a thread inside the open window through ``acquire_pause`` (its
-        ``holds``) that asks for a stronger mode than the window's would wait for the next window, which its own pause
-        keeps from opening (nothing else ends a drop-in hold but this thread, short of an explicit ``leave_pause``).
-        The explicit API's holds may be ended by any thread, so ``enter_pause`` waits (with its timeout)."""
-        s = self._state
-        if s.paused and mode > s.tp_pause and any(h.state == "inside" for h in holds):
-            raise RuntimeError(
-                f"pause(mode={t.MODE_NAMES[mode]!r}) from a thread inside a {t.MODE_NAMES[s.tp_pause]!r} pause: it "
-                "would wait for the next window, which this thread's own pause keeps closed; nothing was changed"
-            )
 
     def _wait_while_closing(self, timeout: float | None) -> float | None:
         """R-WINDOW-CLOSES (the caller holds the lock): while the rank's window is closing, a newcomer waits for it
@@ -508,80 +470,6 @@ class PauseProtocol(LoopSteps, DropInLoop):
             self._own(hold, "inside", "leave_pause")
             self._apply(t.leave_pause, hold.mode, hold=hold)
 
-    def acquire_pause(
-        self,
-        wake_up_loop: threading.Event | None = None,
-        timeout: float | None = None,
-        *,
-        into: list[PauseHold] | None = None,
-        mode: str | int = "keep",
-    ) -> PauseHold:
-        """Drop-in: P-REQUEST-PAUSE, then wait for P-ENTER-PAUSE, P-PAUSE-FAILS, P-INTERRUPT or P-PAUSE-TIMEOUT.
-
-        Returns the hold once this thread is inside the pause: :meth:`release_pause` on the same thread leaves
-        it, and so does :meth:`leave_pause` with the hold, from any thread (once: a second leave raises).  The
-        hold counts as this thread's for ``is_pause_requested(local=True)`` until it leaves.  Raises as
-        :meth:`request_pause` and :meth:`enter_pause` do.  The request and the wait happen under one
-        acquisition of the lock, so an interrupt anywhere in between withdraws exactly the request that went
-        in, and an exception that lands just after the entry leaves again: an exception from this call means no
-        pause is held.
-
-        A window already open in a mode that covers ``mode`` is entered at once, under the same acquisition,
-        without setting ``wake_up_loop`` (the loop is parked in its window), unless a holder has left it already:
-        that window is closing, and this call waits for it to close and asks for the next (R-WINDOW-CLOSES; the
-        wait counts against ``timeout``).  A thread already inside pauses again at once (its pauses nest).
-        ``into``, a list, gets the hold appended the moment it is requested, for a caller that must find it even
-        when an asynchronous exception lands after this returns and before the caller stored the result.  ``mode``
-        is the pause mode (R-MODES; as :meth:`request_pause`).
-        """
-        timeout = check_timeout(timeout)
-        number = check_mode(mode)
-        self._refuse_loop_thread()
-        holds = self._thread_holds()
-        if holds:
-            holds[:] = [h for h in holds if h.state != "idle"]  # left from another thread (leave_pause)
-        with self._lock:
-            self._refuse_self_wait(number, holds)
-            timeout = self._wait_while_closing(timeout)
-            hold = self._new_hold(threading.get_ident(), number)
-            try:
-                self._apply(t.request_pause, number, hold=hold)
-                holds.append(hold)
-                if into is not None:
-                    into.append(hold)
-                s = self._state
-                if s.paused and number <= s.tp_pause:
-                    # The fast path: a window that covers the hold is open, so it enters now, with no wait and no
-                    # wake-up (the loop is parked in the window, not in its idle wait).
-                    self._enter(hold)
-                    return hold
-                if wake_up_loop is not None:
-                    wake_up_loop.set()
-                self._wait_for_window(hold, timeout)
-            except BaseException:
-                self._withdraw(hold)  # P-INTERRUPT (D1), or P-LEAVE-PAUSE just after the entry
-                if hold in holds:
-                    holds.remove(hold)
-                raise
-            return hold
-
-    def release_pause(self) -> None:
-        """Drop-in P-LEAVE-PAUSE (``LeavePause``): this thread's last pause ends; the last holder out lets the
-        loop resume.
-
-        Raises ``RuntimeError`` and changes nothing if this thread holds no pause (D2, CountsInv).
-        """
-        holds = self._thread_holds()
-        holds[:] = [h for h in holds if h.state != "idle"]  # left from another thread (leave_pause)
-        with self._lock:
-            inside = [h for h in holds if h.state == "inside"]
-            if not inside:
-                raise RuntimeError(
-                    "release_pause() without a matching acquire_pause() on this thread: nothing was changed"
-                )
-            hold = inside[-1]
-            self._apply(t.leave_pause, hold.mode, hold=hold)
-            holds.remove(hold)
 
 
 # Phases a waiter may wait for (besides an open window, a stop, and a failure): a park for a peer, the barrier after

@@ -36,7 +36,8 @@ from typing import Any
 
 from ..core import transitions as t
 from ..core.condition import SafeEvent
-from ..core.protocol import PauseHold, PauseProtocol
+from ..core.dropin import PauseProtocol
+from ..core.protocol import PauseHold
 
 SUPPORTED = "5.23"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ..core.protocol import PauseProtocol
+from ..core.dropin import PauseProtocol
 from .threads import JOIN_TIMEOUT
 
 __all__ = ["FakeLoop", "Group", "end_leftover_loops"]

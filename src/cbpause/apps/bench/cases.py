@@ -33,7 +33,7 @@ def case_overhead(bench: Bench, reps: int, quick: bool) -> list[Row]:
     """
     from transformers.generation.continuous_batching.continuous_api import BackgroundThreadStatus
 
-    from ...core.protocol import PauseProtocol
+    from ...core.dropin import PauseProtocol
 
     def upstream_calls(status) -> Callable[[], None]:
         def one():

@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from ...core.protocol import PauseProtocol
+from ...core.dropin import PauseProtocol
 from ...core.recorder import TraceRecorder
 from ...testing import JOIN_TIMEOUT, Group, call_interrupted
 from ...tlc.manifest import default_tla_dir
