@@ -45,9 +45,6 @@ def quiet(before: RankState, after: RankState) -> bool:
     )
 
 
-# The steps a steady loop takes every iteration, which replay a memo (LoopSteps._remember).
-_HOT = ("observe", "no_pause", "start_step", "end_step", "idle")
-_NO_MEMO = (None, None, None, None)
 
 
 class LoopSteps:
@@ -81,7 +78,7 @@ class LoopSteps:
             if not guard(s):
                 raise RuntimeError(not_enabled(fn.__name__, s))
             after = self._apply(fn)
-            if fn.__name__ in _HOT:
+            if fn.__name__ in self._MEMO_WIDTHS:
                 self._remember(fn.__name__, s, after)
             return after
 
@@ -97,8 +94,9 @@ class LoopSteps:
         each window cost the slow path twice per step, after it and in the next iteration. A step with holders is not
         remembered: it must wake them (``protocol._wakes``). The replay takes the lock with
         ``acquire()`` and ``try``/``finally`` rather than ``with``, which costs twice as much on CPython 3.11, and
-        several steps run every iteration; for the same reason the replay is written out in each hot method rather than
-        shared (a helper would add a call to every step). Between ``acquire()`` and ``try`` a signal handler could raise
+        several steps run every iteration; for the same reason the replay is generated into each hot method
+        (``scripts/gen_hot_steps.py``, the one place it is written) rather than shared (a helper would add a call to
+        every step). Between ``acquire()`` and ``try`` a signal handler could raise
         and leave the lock held; signal handlers run only on the main thread, so a loop there gets no memos, and neither
         does a step that can wake a waiter (:func:`quiet`: the replay notifies nobody) or a protocol that records a
         trace (the replay records nothing). ``clear()`` forgets every memo.
@@ -115,58 +113,22 @@ class LoopSteps:
         return self._trace is None and quiet(before, after) and threading.get_ident() != threading.main_thread().ident
 
     def _forget_memos(self) -> None:
-        for action in _HOT:
-            setattr(self, "_memo_" + action, _NO_MEMO)
-        self._memo_all_reduce = (None,) * 10
+        for action, width in self._MEMO_WIDTHS.items():
+            setattr(self, "_memo_" + action, (None,) * (2 * width))
 
     def _forget_loop(self) -> None:
         """Forget the loop's thread and its memos (the caller holds the lock; ``clear()``, before Restart)."""
         self._loop_thread = None
         self._forget_memos()
 
-    def observe(self) -> tuple[int, int]:
-        """P-OBSERVE (``Observe``): what this rank sends to the all-reduce: (stop status, pause request), the request
-        being the strongest mode this rank's holders asked for (``transitions.KEEP`` ... ``ABORT``), 0 for none."""
-        memo, lock = self._memo_observe, self._lock
-        lock.acquire()
-        try:
-            if memo[0] is self._state:
-                self._state = s = memo[1]
-                return s.obs_status, s.obs_pause
-            if memo[2] is self._state:  # the other of the last two (see _remember)
-                self._state = s = memo[3]
-                self._memo_observe = (*memo[2:], *memo[:2])
-                return s.obs_status, s.obs_pause
-        finally:
-            lock.release()
+    def _observe_slow(self) -> tuple[int, int]:
         if self._loop_thread != threading.get_ident():
             with self._lock:
                 self._loop_thread = threading.get_ident()  # the thread of the first observe() after clear()
         s = self._step(t.observe, t.can_observe)
         return s.obs_status, s.obs_pause
 
-    def all_reduce(self, tp_status: int, tp_pause: int, busy: bool = False) -> None:
-        """P-ALL-REDUCE (``AllReduce``): the group's MAX of stop statuses and pause requests (modes; a ``bool`` is
-        read as 0 or KEEP).  ``busy``: this rank's batch has requests in flight, so that a DRAIN decision drains
-        first (``state.draining``; :meth:`drain_first`).
-
-        Raises ``ValueError`` if the result cannot be a MAX that includes this rank's contribution.
-        """
-        tp_pause = int(tp_pause)
-        busy = bool(busy) and tp_pause == t.DRAIN
-        memo, lock = self._memo_all_reduce, self._lock
-        lock.acquire()
-        try:
-            if memo[0] is self._state and memo[1] == tp_status and memo[2] == tp_pause and memo[3] == busy:
-                self._state = memo[4]
-                return
-            if memo[5] is self._state and memo[6] == tp_status and memo[7] == tp_pause and memo[8] == busy:
-                # the other of the last two (see _remember)
-                self._state = memo[9]
-                self._memo_all_reduce = (*memo[5:], *memo[:5])
-                return
-        finally:
-            lock.release()
+    def _all_reduce_slow(self, tp_status: int, tp_pause: int, busy: bool) -> None:
         with self._lock:
             s = self._state
             if not t.can_all_reduce(s):
@@ -181,6 +143,15 @@ class LoopSteps:
                 raise ValueError(f"all-reduced pause request {tp_pause} is below this rank's {s.obs_pause}")
             after = self._apply(t.all_reduce, tp_status, tp_pause, busy)
             self._remember("all_reduce", s, after, tp_status, tp_pause, busy)
+
+    def _start_step_slow(self) -> None:
+        with self._lock:
+            if self._state.inside:
+                error = RuntimeError("a forward step was about to start while a holder is inside a pause (R-EXCLUSION)")
+                if self.fatal_error is None:
+                    self.fatal_error = error
+                raise error
+        self._step(t.start_step, t.can_start_step)
 
     def open_window(self) -> None:
         """P-OPEN-WINDOW (``OpenWindow``): a local holder is pending; open the window (does not wait)."""
@@ -297,80 +268,6 @@ class LoopSteps:
         """P-BARRIER (``Barrier``), this rank's part: the group left the pause window together."""
         self._step(t.barrier, t.can_barrier)
 
-    def no_pause(self) -> None:
-        """P-NO-PAUSE (``NoPause``)."""
-        memo, lock = self._memo_no_pause, self._lock
-        lock.acquire()
-        try:
-            if memo[0] is self._state:
-                self._state = memo[1]
-                return
-            if memo[2] is self._state:  # the other of the last two (see _remember)
-                self._state = memo[3]
-                self._memo_no_pause = (*memo[2:], *memo[:2])
-                return
-        finally:
-            lock.release()
-        self._step(t.no_pause, t.can_no_pause)
-
-    def start_step(self) -> None:
-        """P-START-STEP (``StartStep``): a forward step is about to run.
-
-        Enforces ExclusionInv where the step runs: with a holder inside (which the invariants rule out) it
-        records a fatal error and raises instead.
-        """
-        memo, lock = self._memo_start_step, self._lock
-        lock.acquire()
-        try:
-            if memo[0] is self._state:  # a state the step was taken from, so one with no holder inside
-                self._state = memo[1]
-                return
-            if memo[2] is self._state:  # the other of the last two (see _remember)
-                self._state = memo[3]
-                self._memo_start_step = (*memo[2:], *memo[:2])
-                return
-        finally:
-            lock.release()
-        with self._lock:
-            if self._state.inside:
-                error = RuntimeError("a forward step was about to start while a holder is inside a pause (R-EXCLUSION)")
-                if self.fatal_error is None:
-                    self.fatal_error = error
-                raise error
-        self._step(t.start_step, t.can_start_step)
-
-    def end_step(self) -> None:
-        """P-END-STEP (``EndStep``)."""
-        memo, lock = self._memo_end_step, self._lock
-        lock.acquire()
-        try:
-            if memo[0] is self._state:
-                self._state = memo[1]
-                return
-            if memo[2] is self._state:  # the other of the last two (see _remember)
-                self._state = memo[3]
-                self._memo_end_step = (*memo[2:], *memo[:2])
-                return
-        finally:
-            lock.release()
-        self._step(t.end_step, t.can_end_step)
-
-    def idle(self) -> None:
-        """P-IDLE (``Idle``): no work and no stop; go round."""
-        memo, lock = self._memo_idle, self._lock
-        lock.acquire()
-        try:
-            if memo[0] is self._state:
-                self._state = memo[1]
-                return
-            if memo[2] is self._state:  # the other of the last two (see _remember)
-                self._state = memo[3]
-                self._memo_idle = (*memo[2:], *memo[:2])
-                return
-        finally:
-            lock.release()
-        self._step(t.idle, t.can_idle)
-
     def exit_loop(self) -> None:
         """P-EXIT-LOOP (``ExitLoop``): hard stop before any window, or a flush with nothing left."""
         self._step(t.exit_loop, t.may_exit)
@@ -397,3 +294,118 @@ class LoopSteps:
             if self.fatal_error is None:
                 self.fatal_error = error
             self._apply(t.collective_timeout)
+
+    # ---- generated by scripts/gen_hot_steps.py: do not edit (tests/test_generated.py checks it) ----
+    # The hot steps, and the width of one memo of each: (before, *keys, after).
+    _MEMO_WIDTHS = {"observe": 2, "all_reduce": 5, "no_pause": 2, "start_step": 2, "end_step": 2, "idle": 2}
+
+    def observe(self) -> tuple[int, int]:
+        """P-OBSERVE (``Observe``): what this rank sends to the all-reduce: (stop status, pause request), the request
+        being the strongest mode this rank's holders asked for (``transitions.KEEP`` ... ``ABORT``), 0 for none."""
+        memo, lock = self._memo_observe, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state:
+                self._state = s = memo[1]
+                return s.obs_status, s.obs_pause
+            if memo[2] is self._state:  # the other of the last two
+                self._state = s = memo[3]
+                self._memo_observe = (*memo[2:], *memo[:2])
+                return s.obs_status, s.obs_pause
+        finally:
+            lock.release()
+        return self._observe_slow()
+
+    def all_reduce(self, tp_status: int, tp_pause: int, busy: bool = False) -> None:
+        """P-ALL-REDUCE (``AllReduce``): the group's MAX of stop statuses and pause requests (modes; a ``bool`` is
+        read as 0 or KEEP).  ``busy``: this rank's batch has requests in flight, so that a DRAIN decision drains
+        first (``state.draining``; :meth:`drain_first`).
+
+        Raises ``ValueError`` if the result cannot be a MAX that includes this rank's contribution."""
+        tp_pause = int(tp_pause)
+        busy = bool(busy) and tp_pause == t.DRAIN
+        memo, lock = self._memo_all_reduce, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state and memo[1] == tp_status and memo[2] == tp_pause and memo[3] == busy:
+                self._state = memo[4]
+                return
+            if (
+                memo[5] is self._state and memo[6] == tp_status and memo[7] == tp_pause and memo[8] == busy
+            ):  # the other of the last two
+                self._state = memo[9]
+                self._memo_all_reduce = (*memo[5:], *memo[:5])
+                return
+        finally:
+            lock.release()
+        self._all_reduce_slow(tp_status, tp_pause, busy)
+
+    def no_pause(self) -> None:
+        """P-NO-PAUSE (``NoPause``)."""
+        memo, lock = self._memo_no_pause, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state:
+                self._state = memo[1]
+                return
+            if memo[2] is self._state:  # the other of the last two
+                self._state = memo[3]
+                self._memo_no_pause = (*memo[2:], *memo[:2])
+                return
+        finally:
+            lock.release()
+        self._step(t.no_pause, t.can_no_pause)
+
+    def start_step(self) -> None:
+        """P-START-STEP (``StartStep``): a forward step is about to run.
+
+        Enforces ExclusionInv where the step runs: with a holder inside (which the invariants rule out) it
+        records a fatal error and raises instead.  (A memo starts from a state the step was taken from, so one
+        with no holder inside.)"""
+        memo, lock = self._memo_start_step, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state:
+                self._state = memo[1]
+                return
+            if memo[2] is self._state:  # the other of the last two
+                self._state = memo[3]
+                self._memo_start_step = (*memo[2:], *memo[:2])
+                return
+        finally:
+            lock.release()
+        self._start_step_slow()
+
+    def end_step(self) -> None:
+        """P-END-STEP (``EndStep``)."""
+        memo, lock = self._memo_end_step, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state:
+                self._state = memo[1]
+                return
+            if memo[2] is self._state:  # the other of the last two
+                self._state = memo[3]
+                self._memo_end_step = (*memo[2:], *memo[:2])
+                return
+        finally:
+            lock.release()
+        self._step(t.end_step, t.can_end_step)
+
+    def idle(self) -> None:
+        """P-IDLE (``Idle``): no work and no stop; go round."""
+        memo, lock = self._memo_idle, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state:
+                self._state = memo[1]
+                return
+            if memo[2] is self._state:  # the other of the last two
+                self._state = memo[3]
+                self._memo_idle = (*memo[2:], *memo[:2])
+                return
+        finally:
+            lock.release()
+        self._step(t.idle, t.can_idle)
+
+    # ---- end of the generated hot steps ----
