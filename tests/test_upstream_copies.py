@@ -5,6 +5,10 @@ copy`` (``, with model for self`` where a method became a function).  The copy, 
 comment lines, no trailing comments, the integration's module aliases ``_api.`` and ``_dist.`` read as
 upstream's names), must stand as consecutive lines in upstream's function, normalised the same way.
 Should a transformers release change the original, this fails and names the copy.
+
+Beyond the copies: every upstream function the integration overrides, wraps or copies from has a fingerprint
+(``cbpause.integrations.upstream``), so that a change anywhere in one of them fails here, and so does upstream
+ceasing to call a method the integration wraps.
 """
 
 from __future__ import annotations
@@ -94,3 +98,73 @@ def test_a_changed_original_is_noticed():
     line, file, function, renames, lines = copies()[0]
     changed = [ln.replace("payload", "load") for ln in upstream_source(file, function)]
     assert not contains(normalise(changed), normalise(lines, renames))
+
+
+# ------------------------------------------------------------------------------ fingerprints (issue 27, point 5)
+
+
+def overridden() -> set[str]:
+    """Every upstream function a class of the integration overrides (a method or property its class or a mixin
+    defines, which an upstream base defines too), as ``module.Class.function``."""
+    from cbpause.integrations import admission, modes
+    from cbpause.integrations import transformers as cbt
+
+    package = "transformers.generation.continuous_batching."
+    ours = [cbt.PausableContinuousBatchingManager, cbt.PausableBatchProcessor, admission.TrackingRouter,
+            modes.RetractedRequestState]  # fmt: skip
+    found = set()
+    for cls in ours:
+        for klass in (k for k in cls.__mro__ if k.__module__.startswith("cbpause")):
+            for name, value in vars(klass).items():
+                if not (inspect.isfunction(value) or isinstance(value, property)):
+                    continue
+                upstream = [b for b in cls.__mro__ if b.__module__.startswith("transformers") and name in vars(b)]
+                base = upstream[0] if upstream else None
+                if base is not None:
+                    found.add(f"{base.__module__.removeprefix(package)}.{base.__qualname__}.{name}")
+    return found
+
+
+def test_every_override_wrap_and_copy_of_upstream_has_a_fingerprint():
+    from cbpause.integrations import upstream
+
+    callers = {c for cs in upstream.WRAPPED.values() for c in cs}
+    copied = {f"{file.removesuffix('.py')}.{function}" for _, file, function, _, _ in copies()}
+    assert overridden() | set(upstream.WRAPPED) | callers | copied == set(upstream.FINGERPRINTS)
+
+
+def test_upstream_is_the_transformers_the_integration_was_checked_against():
+    """A change anywhere in an upstream function the integration overrides, wraps or copies fails here, naming
+    it; ``python -m cbpause.integrations.upstream`` prints the new table once the change has been reviewed."""
+    from cbpause.integrations import upstream
+
+    changed = [name for name, digest in upstream.FINGERPRINTS.items() if upstream.fingerprint(name) != digest]
+    assert changed == [], f"changed upstream since transformers {upstream.CHECKED_WITH}: {changed}"
+
+
+def test_upstream_still_calls_what_the_integration_wraps():
+    from cbpause.integrations import upstream
+
+    for wrapped, callers in upstream.WRAPPED.items():
+        method = wrapped.rsplit(".", 1)[1]
+        for caller in callers:
+            source = inspect.getsource(upstream.upstream_function(caller))
+            assert re.search(rf"\.{method}\(", source), f"{caller} no longer calls {method}"
+
+
+def test_the_stamps_on_upstream_objects_are_the_table_s():
+    stamped = set()
+    for path in (ROOT / "src" / "cbpause" / "integrations").glob("*.py"):
+        stamped |= set(re.findall(r"\._cbpause_(\w+)\s*=", path.read_text()))
+    from cbpause.integrations import upstream
+
+    assert {f"_cbpause_{name}" for name in stamped} == set(upstream.STAMPS)
+
+
+def test_a_changed_upstream_function_fails_its_fingerprint(monkeypatch):
+    from cbpause.integrations import upstream
+
+    name = "continuous_api.ContinuousBatchingManager.stop"
+    real = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj: real(obj) + "\n    pass\n")
+    assert upstream.fingerprint(name) != upstream.FINGERPRINTS[name]
