@@ -21,7 +21,7 @@ from ..core.errors import LoopPausedError
 
 __all__ = [
     "Admission", "TrackingRouter", "cache_capacity", "checked_while_paused", "check_fits", "fail_in_hand",
-    "checked_max_new_tokens", "checked_prompt", "deliver_cancellations", "refuse_what_cannot_fit",
+    "checked_max_new_tokens", "checked_prompt",
 ]  # fmt: skip
 
 
@@ -280,40 +280,6 @@ def check_fits(n_tokens: int, capacity: int | None) -> None:
             f"the prompt plus max_new_tokens ({n_tokens} tokens) cannot fit the KV cache, which holds {capacity} "
             "tokens per request (ContinuousBatchingConfig.num_blocks x page_size)"
         )
-
-
-def refuse_what_cannot_fit(scheduler: Any, processor: Any) -> None:
-    """A request too long for the cache fails alone when the loop takes it (``ValueError``, the request's error),
-    instead of failing the loop and every request in flight once it cannot be scheduled (upstream's "No requests
-    can be scheduled").  ``add_request`` refuses it at the door once the cache exists; one added before comes here.
-    The scheduler's method is wrapped on the instance: its caller (``_update_tp_group_state``'s upstream loop over
-    new requests) fails the one request whose ``add_waiting_request`` raises, and goes on."""
-    add = scheduler.add_waiting_request
-
-    def add_waiting_request(state: Any) -> None:
-        check_fits(len(state.initial_tokens) + (state.max_new_tokens or 0), cache_capacity(processor))
-        add(state)
-
-    scheduler.add_waiting_request = add_waiting_request
-
-
-def deliver_cancellations(scheduler: Any, router: Any) -> None:
-    """Give each cancelled request a terminal output: FAILED, error ``"cancelled by cancel_request()"``.
-
-    Upstream removes a cancelled request from the scheduler and delivers nothing, so a caller waiting for
-    it (``get_result``, ``request_id_iter``) waits for ever (R-NOTHING-LOST-DELIVERED).  The scheduler's
-    own method is wrapped on the instance, since its caller (``prepare_next_batch``) is upstream's.
-    """
-    clear = scheduler.clear_cancelled_requests
-
-    def clear_cancelled_requests() -> list:
-        states = clear()
-        for state in states:
-            router.fail_and_deliver(state, RuntimeError("cancelled by cancel_request()"))
-        return states
-
-    scheduler.clear_cancelled_requests = clear_cancelled_requests
-    scheduler._cbpause_delivers_cancellations = True
 
 
 def fail_in_hand(processor: Any, states: list, error: Exception) -> None:

@@ -13,7 +13,8 @@ before any window opens, so that the batches of a TP group stay copies of each o
   weights of then, before its next token: nothing lost, nothing repeated.  The copy keeps the request's metadata
   (:func:`soft_reset`): its created time, the start of its lifespan and its tokens' timestamps.
 * ``drain``: while the batch has requests in flight (:func:`busy`) the decision is ``DrainFirst``: the loop steps the
-  batch and admits no waiting request (:func:`hold_admission`); the window opens once the batch is empty.
+  batch and admits no waiting request (:func:`cbpause.integrations.upstream.hold_admission`); the window opens
+  once the batch is empty.
 * ``abort`` (:func:`abort`): every request the rank holds (the batch, the waiting queue, what the loop took from
   the input queue this iteration and what is still in it) ends with one terminal output: status ``FAILED``, its
   partial tokens, and an error that starts with :data:`ABORTED_BY_PAUSE`.  Callers may resubmit.
@@ -27,7 +28,7 @@ from transformers.generation.continuous_batching import continuous_api as _api
 
 from ..core import transitions as t
 
-__all__ = ["ABORTED_BY_PAUSE", "abort", "at_decision", "busy", "hold_admission", "retract"]
+__all__ = ["ABORTED_BY_PAUSE", "abort", "at_decision", "busy", "retract"]
 
 ABORTED_BY_PAUSE = "aborted by a pause (mode='abort')"
 
@@ -42,22 +43,6 @@ def busy(processor: Any) -> bool:
     """The batch has requests in flight (what a drain waits for)."""
     scheduler = processor.scheduler
     return bool(scheduler.active_requests) or any(in_flight(s) for s in scheduler.waiting_requests.values())
-
-
-def hold_admission(scheduler: Any) -> None:
-    """Wrap the scheduler's choice of waiting requests on the instance: while ``scheduler._cbpause_draining``, only
-    requests in flight (:func:`in_flight`) are candidates, so a drain admits no new request into the batch.
-    Idempotent."""
-    if hasattr(scheduler, "_cbpause_draining"):
-        return
-    scheduler._cbpause_draining = False
-    candidates = scheduler._get_waiting_candidates
-
-    def _get_waiting_candidates() -> list:
-        states = candidates()
-        return [s for s in states if in_flight(s)] if scheduler._cbpause_draining else states
-
-    scheduler._get_waiting_candidates = _get_waiting_candidates
 
 
 class RetractedRequestState(_api.RequestState):

@@ -69,7 +69,7 @@ from transformers import ContinuousBatchingConfig, GenerationConfig  # noqa: E40
 from transformers.generation.continuous_batching import continuous_api as _api  # noqa: E402
 from transformers.generation.continuous_batching.distributed import dist as _dist  # noqa: E402
 
-from . import admission, modes, weights  # noqa: E402
+from . import admission, modes, upstream, weights  # noqa: E402
 
 __all__ = ["PausableBatchProcessor", "PausableContinuousBatchingManager", "init_continuous_batching"]
 
@@ -565,19 +565,8 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         # end of copy
 
     def _create_batch_processor(self) -> _api.ContinuousBatchProcessor:
-        processor = super()._create_batch_processor()
-        if type(processor) is _api.ContinuousBatchProcessor:
-            # Same object, our TP group step; the class adds no state.  Avoids copying upstream's constructor.
-            processor.__class__ = PausableBatchProcessor
-        processor._cbpause_model = self.model  # for the check at the resume (weights.check_model_unchanged)
-        processor._cbpause_layout = weights.parameter_layout(self.model)  # each parameter's dtype and device, now
-        weights.never_share_stale_blocks(processor, self.versions)
-        modes.hold_admission(processor.scheduler)
-        scheduler = processor.scheduler
-        if not getattr(scheduler, "_cbpause_delivers_cancellations", False):  # a reused processor has it
-            admission.deliver_cancellations(scheduler, processor.output_router)
-            admission.refuse_what_cannot_fit(scheduler, processor)
-        return processor
+        return upstream.patch_processor(super()._create_batch_processor(), PausableBatchProcessor, self.model,
+                                        self.versions)  # fmt: skip
 
 
 def init_continuous_batching(

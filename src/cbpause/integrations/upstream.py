@@ -1,4 +1,5 @@
-"""What the integration changes in transformers, in one table, with a fingerprint of each upstream function.
+"""What the integration changes in transformers, in one module: the patches, and a fingerprint of each upstream
+function they touch.
 
 The integration changes transformers' continuous batching in three ways: subclasses whose methods override
 upstream's (``PausableContinuousBatchingManager``, ``PausableBatchProcessor``, which the manager swaps in with
@@ -11,6 +12,9 @@ wrapped method, has a fingerprint here (:data:`FINGERPRINTS`: a hash of its sour
 integration was checked against), and ``tests/test_upstream_copies.py`` fails when the installed transformers
 differs anywhere in one of them, or when an override or a wrap is missing from the table.
 
+The patches themselves are here too (:func:`patch_processor`, which the manager applies to every batch processor
+upstream builds, and the wraps it installs); the subclasses' overrides live with their classes.
+
 ``python -m cbpause.integrations.upstream`` prints the table for the installed transformers (to review the
 changes of a new release, then update :data:`FINGERPRINTS`).
 """
@@ -20,8 +24,14 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+from typing import Any
 
-__all__ = ["CHECKED_WITH", "FINGERPRINTS", "STAMPS", "WRAPPED", "fingerprint", "upstream_function"]
+from . import admission, modes, weights
+
+__all__ = [
+    "CHECKED_WITH", "FINGERPRINTS", "STAMPS", "WRAPPED", "deliver_cancellations", "fingerprint", "hold_admission",
+    "never_share_stale_blocks", "patch_processor", "refuse_what_cannot_fit", "upstream_function",
+]  # fmt: skip
 
 CHECKED_WITH = "5.23.0"
 _PACKAGE = "transformers.generation.continuous_batching."
@@ -84,6 +94,100 @@ FINGERPRINTS = {
     "scheduler.Scheduler.add_waiting_request": "9ef098f71ace6777",
     "scheduler.Scheduler.clear_cancelled_requests": "c3c5dd503929ae64",
 }
+
+
+# ------------------------------------------------------------------------------------------------ the patches
+
+
+def patch_processor(processor: Any, cls: type, model: Any, versions: weights.WeightVersions) -> Any:
+    """Every change the integration makes to a batch processor upstream built (``_create_batch_processor``), in one
+    place: its class becomes ``cls`` (the integration's ``PausableBatchProcessor``, which adds no state, so that
+    upstream's constructor is not copied), the stamps the resume check reads, and the wraps of :data:`WRAPPED`.
+    A processor reused for the next session keeps its wraps (each is idempotent)."""
+    if type(processor) is cls.__base__:
+        processor.__class__ = cls
+    processor._cbpause_model = model  # for the check at the resume (weights.check_model_unchanged)
+    processor._cbpause_layout = weights.parameter_layout(model)  # each parameter's dtype and device, now
+    never_share_stale_blocks(processor, versions)
+    hold_admission(processor.scheduler)
+    scheduler = processor.scheduler
+    if not getattr(scheduler, "_cbpause_delivers_cancellations", False):  # a reused processor has it
+        deliver_cancellations(scheduler, processor.output_router)
+        refuse_what_cannot_fit(scheduler, processor)
+    return processor
+
+
+def hold_admission(scheduler: Any) -> None:
+    """Wrap the scheduler's choice of waiting requests on the instance: while ``scheduler._cbpause_draining``, only
+    requests in flight (:func:`~cbpause.integrations.modes.in_flight`) are candidates, so a drain admits no new
+    request into the batch.  Idempotent."""
+    if hasattr(scheduler, "_cbpause_draining"):
+        return
+    scheduler._cbpause_draining = False
+    candidates = scheduler._get_waiting_candidates
+
+    def _get_waiting_candidates() -> list:
+        states = candidates()
+        return [s for s in states if modes.in_flight(s)] if scheduler._cbpause_draining else states
+
+    scheduler._get_waiting_candidates = _get_waiting_candidates
+
+
+def refuse_what_cannot_fit(scheduler: Any, processor: Any) -> None:
+    """A request too long for the cache fails alone when the loop takes it (``ValueError``, the request's error),
+    instead of failing the loop and every request in flight once it cannot be scheduled (upstream's "No requests
+    can be scheduled").  ``add_request`` refuses it at the door once the cache exists; one added before comes here.
+    The scheduler's method is wrapped on the instance: its caller (``_update_tp_group_state``'s upstream loop over
+    new requests) fails the one request whose ``add_waiting_request`` raises, and goes on."""
+    add = scheduler.add_waiting_request
+
+    def add_waiting_request(state: Any) -> None:
+        n_tokens = len(state.initial_tokens) + (state.max_new_tokens or 0)
+        admission.check_fits(n_tokens, admission.cache_capacity(processor))
+        add(state)
+
+    scheduler.add_waiting_request = add_waiting_request
+
+
+def deliver_cancellations(scheduler: Any, router: Any) -> None:
+    """Give each cancelled request a terminal output: FAILED, error ``"cancelled by cancel_request()"``.
+
+    Upstream removes a cancelled request from the scheduler and delivers nothing, so a caller waiting for
+    it (``get_result``, ``request_id_iter``) waits for ever (R-NOTHING-LOST-DELIVERED).  The scheduler's
+    own method is wrapped on the instance, since its caller (``prepare_next_batch``) is upstream's.
+    """
+    clear = scheduler.clear_cancelled_requests
+
+    def clear_cancelled_requests() -> list:
+        states = clear()
+        for state in states:
+            router.fail_and_deliver(state, RuntimeError("cancelled by cancel_request()"))
+        return states
+
+    scheduler.clear_cancelled_requests = clear_cancelled_requests
+    scheduler._cbpause_delivers_cancellations = True
+
+
+def never_share_stale_blocks(processor: Any, versions: weights.WeightVersions | None = None) -> None:
+    """Wrap the cache's ``mark_complete_blocks`` on the instance (upstream calls it after each forward step for every
+    request of the batch): blocks that a request written with earlier weights completes are not registered for
+    sharing, and ``versions`` labels the request's new token.  Idempotent (a reused processor keeps its wrapper)."""
+    cache = processor.cache
+    if hasattr(cache, "_cbpause_stale"):
+        return
+    cache._cbpause_stale = set()  # ids of the requests in flight at the last pause window (ids are unique in flight)
+    mark = cache.mark_complete_blocks
+
+    def mark_complete_blocks(state: Any, complete_blocks: dict[str, int]) -> None:
+        if versions is not None:
+            versions.note(state)
+        if state.request_id not in cache._cbpause_stale:
+            mark(state, complete_blocks)
+
+    cache.mark_complete_blocks = mark_complete_blocks
+
+
+# ----------------------------------------------------------------------------------------- the fingerprints
 
 
 def upstream_function(name: str) -> object:

@@ -34,7 +34,7 @@ from collections.abc import Hashable
 from typing import Any
 
 __all__ = [
-    "VersionedManager", "WeightVersions", "check_model_unchanged", "forget_shared_prefixes", "never_share_stale_blocks",
+    "VersionedManager", "WeightVersions", "check_model_unchanged", "forget_shared_prefixes",
     "agree_versions", "parameter_layout", "version_digest", "window_changed_weights",
 ]  # fmt: skip
 
@@ -129,25 +129,6 @@ class VersionedManager:
         if not (s.paused and s.inside):
             raise RuntimeError("set_weight_version() outside a pause: call it inside `with manager.pause():`")
         self.versions.set(version)
-
-
-def never_share_stale_blocks(processor: Any, versions: WeightVersions | None = None) -> None:
-    """Wrap the cache's ``mark_complete_blocks`` on the instance (upstream calls it after each forward step for every
-    request of the batch): blocks that a request written with earlier weights completes are not registered for
-    sharing, and ``versions`` labels the request's new token.  Idempotent (a reused processor keeps its wrapper)."""
-    cache = processor.cache
-    if hasattr(cache, "_cbpause_stale"):
-        return
-    cache._cbpause_stale = set()  # ids of the requests in flight at the last pause window (ids are unique in flight)
-    mark = cache.mark_complete_blocks
-
-    def mark_complete_blocks(state: Any, complete_blocks: dict[str, int]) -> None:
-        if versions is not None:
-            versions.note(state)
-        if state.request_id not in cache._cbpause_stale:
-            mark(state, complete_blocks)
-
-    cache.mark_complete_blocks = mark_complete_blocks
 
 
 def window_changed_weights(versions: WeightVersions, pauses_taken: int) -> bool:
