@@ -1,19 +1,15 @@
-"""Every block the integration copied from transformers is still what the installed transformers says.
+"""The integration is tied to the transformers it was checked against by fingerprints, and copies none of it.
 
-The integration marks each copy: ``# copied from transformers (<file>, <Class.function>)`` ... ``# end of
-copy`` (``, with model for self`` where a method became a function).  The copy, normalised (no blank or
-comment lines, no trailing comments, the integration's module aliases ``_api.`` and ``_dist.`` read as
-upstream's names), must stand as consecutive lines in upstream's function, normalised the same way.
-Should a transformers release change the original, this fails and names the copy.
-
-Beyond the copies: every upstream function the integration overrides, wraps or copies from has a fingerprint
-(``cbpause.integrations.upstream``), so that a change anywhere in one of them fails here, and so does upstream
-ceasing to call a method the integration wraps.
+Every upstream function the integration overrides, wraps or restates has a fingerprint
+(``cbpause.integrations.upstream``): a change anywhere in one of them fails here, and so does upstream ceasing to
+call a method the integration wraps.  And no four consecutive lines of the project (normalised: no blank or
+comment lines, no trailing comments, no signatures -- an override has its upstream's --, module aliases read as
+upstream's names) are four consecutive lines of one of those upstream functions: the behaviour is reached by
+calling upstream or said in the project's own words.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
 
@@ -23,81 +19,65 @@ pytest.importorskip("transformers")
 
 from .conftest import ROOT  # noqa: E402
 
-INTEGRATION = ROOT / "src" / "cbpause" / "integrations" / "transformers.py"
-_MARK = re.compile(r"^\s*# copied from transformers \(([\w/.]+), ([\w.]+)\)(, with (\w+) for (\w+))?\s*$")
+SRC = ROOT / "src" / "cbpause"
+RUN = 4  # consecutive lines that make a copy
 
 
-def normalise(lines: list[str], renames: dict[str, str] | None = None) -> list[str]:
-    out = []
+def normalise(lines: list[str]) -> list[str]:
+    out, signature = [], False
     for line in lines:
         line = re.sub(r"\s+#\s.*$", "", line).strip()
+        if line.startswith("def ") and not line.endswith(":"):
+            signature = True  # an override's signature is its upstream's, by necessity: left out
+        if signature:
+            signature = not line.endswith(":")
+            continue
         if not line or line.startswith("#"):
             continue
         line = re.sub(r"\b_api\.", "", line)
         line = re.sub(r"\b_dist\.", "dist.", line)
-        for ours, theirs in (renames or {}).items():
-            line = re.sub(rf"\b{ours}(?=\.\w|[,)])", theirs, line)  # code, not prose in strings
         out.append(line)
     return out
 
 
-def copies() -> list[tuple[int, str, str, dict[str, str], list[str]]]:
-    """(line, upstream file, upstream function, renames, the copied lines) for every marked block."""
-    lines = INTEGRATION.read_text().splitlines()
-    found, start = [], None
-    for n, line in enumerate(lines, 1):
-        m = _MARK.match(line)
-        if m:
-            assert start is None, f"line {n}: a copy starts inside the copy of line {start[0]}"
-            renames = {m.group(4): m.group(5)} if m.group(3) else {}
-            start = (n, m.group(1), m.group(2), renames)
-        elif line.strip() == "# end of copy":
-            assert start is not None, f"line {n}: an end of copy with no start"
-            found.append((*start, lines[start[0] : n - 1]))
-            start = None
-    assert start is None, f"the copy of line {start[0]} never ends"
+def runs(lines: list[str]) -> set[tuple[str, ...]]:
+    """Every ``RUN`` consecutive lines, but those made of short lines only (``)``, ``else:``, ``return False``)."""
+    found = set()
+    for i in range(len(lines) - RUN + 1):
+        run = tuple(lines[i : i + RUN])
+        if sum(len(line) > 16 for line in run) >= 2:
+            found.add(run)
     return found
 
 
-def upstream_source(file: str, function: str) -> list[str]:
-    module = importlib.import_module("transformers.generation.continuous_batching." + file.removesuffix(".py"))
-    obj = module
-    for part in function.split("."):
-        obj = getattr(obj, part)
-    return inspect.getsource(obj).splitlines()
+def upstream_runs() -> dict[tuple[str, ...], str]:
+    from cbpause.integrations import upstream
+
+    found = {}
+    for name in upstream.FINGERPRINTS:
+        obj = upstream.upstream_function(name)
+        source = inspect.getsource(obj.fget if isinstance(obj, property) else obj).splitlines()
+        for run in runs(normalise(source)):
+            found[run] = name
+    return found
 
 
-def contains(haystack: list[str], needle: list[str]) -> bool:
-    return any(haystack[i : i + len(needle)] == needle for i in range(len(haystack) - len(needle) + 1))
+def copied(text: str, theirs: dict[tuple[str, ...], str]) -> list[str]:
+    return [f"{theirs[run]}: {' / '.join(run)}" for run in runs(normalise(text.splitlines())) if run in theirs]
 
 
-def test_the_integration_marks_its_copies():
-    found = copies()
-    assert len(found) >= 8
-    assert {function for _, _, function, _, _ in found} >= {
-        "ContinuousBatchProcessor._update_tp_group_state",
-        "ContinuousBatchingManager.stop",
-        "ContinuousBatchingManager._handle_critical_error",
-        "ContinuousMixin.init_continuous_batching",
-    }
+def test_no_line_of_transformers_is_copied_into_the_project():
+    theirs = upstream_runs()
+    found = {str(path.relative_to(ROOT)): copied(path.read_text(), theirs) for path in sorted(SRC.rglob("*.py"))}
+    assert {path: runs for path, runs in found.items() if runs} == {}
 
 
-@pytest.mark.parametrize("copy", copies(), ids=lambda c: f"line{c[0]}")
-def test_each_copy_still_matches_the_installed_transformers(copy):
-    line, file, function, renames, lines = copy
-    ours = normalise(lines, renames)
-    assert ours, f"line {line}: an empty copy"
-    theirs = normalise(upstream_source(file, function))
-    assert contains(theirs, ours), (
-        f"the copy at src/cbpause/integrations/transformers.py:{line} no longer matches transformers' "
-        f"{file} {function}: review the change upstream and update the copy\nours:\n" + "\n".join(ours)
-    )
+def test_a_copy_would_be_noticed():
+    from cbpause.integrations import upstream
 
-
-def test_a_changed_original_is_noticed():
-    line, file, function, renames, lines = copies()[0]
-    changed = [ln.replace("payload", "load") for ln in upstream_source(file, function)]
-    assert not contains(normalise(changed), normalise(lines, renames))
+    source = inspect.getsource(upstream.upstream_function("continuous_api.ContinuousBatchingManager.stop"))
+    planted = (SRC / "integrations" / "transformers.py").read_text() + "\n".join(source.splitlines()[-6:])
+    assert copied(planted, upstream_runs())
 
 
 # ------------------------------------------------------------------------------ fingerprints (issue 27, point 5)
@@ -125,16 +105,15 @@ def overridden() -> set[str]:
     return found
 
 
-def test_every_override_wrap_and_copy_of_upstream_has_a_fingerprint():
+def test_every_override_wrap_and_restatement_of_upstream_has_a_fingerprint():
     from cbpause.integrations import upstream
 
     callers = {c for cs in upstream.WRAPPED.values() for c in cs}
-    copied = {f"{file.removesuffix('.py')}.{function}" for _, file, function, _, _ in copies()}
-    assert overridden() | set(upstream.WRAPPED) | callers | copied == set(upstream.FINGERPRINTS)
+    assert overridden() | set(upstream.WRAPPED) | callers | set(upstream.RESTATED) == set(upstream.FINGERPRINTS)
 
 
 def test_upstream_is_the_transformers_the_integration_was_checked_against():
-    """A change anywhere in an upstream function the integration overrides, wraps or copies fails here, naming
+    """A change anywhere in an upstream function the integration overrides, wraps or restates fails here, naming
     it; ``python -m cbpause.integrations.upstream`` prints the new table once the change has been reviewed."""
     from cbpause.integrations import upstream
 

@@ -104,11 +104,10 @@ class Admission:
             order = list(zip(ids, checked, strict=True))
             if self._use_prefix_sharing:  # upstream's order, for cache hits
                 order.sort(key=lambda x: x[1][0], reverse=True)
-            # copied from transformers (continuous_api.py, ContinuousBatchingManager.add_requests)
-            eos_token_id = self.generation_config.eos_token_id
-            eos_token_id = self.model.config.eos_token_id if eos_token_id is None else eos_token_id
-            eos_token_id = -1 if eos_token_id is None else eos_token_id
-            # end of copy
+            # The end-of-sequence token: the generation config's, else the model's, else none (-1).
+            eos_token_id = next(
+                (e for e in (self.generation_config.eos_token_id, self.model.config.eos_token_id) if e is not None), -1
+            )
             for request_id, (prompt, new_tokens) in order:
                 self.enqueue(prompt, request_id, new_tokens, streaming=streaming, record_timestamps=record_timestamps,
                              eos_token_id=eos_token_id, **logit_processor_kwargs)  # fmt: skip

@@ -18,10 +18,11 @@ of cbpause that knows transformers' internals.  It returns transformers' own
   comes from the loop's own thread asks for the stop and returns; the loop's exit path tears down.
 
 Everything else is upstream's: the queues, the scheduler, ``DistributedHelper`` with its
-``tp_all_reduce_state`` MAX all-reduce, its CPU (gloo) group and its monitored barrier.  Each block copied
-from transformers sits between ``# copied from transformers (<file>, <function>)`` and ``# end of copy``
-(with ``, with model for self`` where a method became a function); ``tests/test_upstream_copies.py``
-compares every such block with the installed transformers, so a change upstream fails loudly.
+``tp_all_reduce_state`` MAX all-reduce, its CPU (gloo) group and its monitored barrier.  No line is copied from
+transformers: where an override must do what upstream's function did, it calls upstream's (``super()``, as the
+teardown does) or says it in its own words; :mod:`cbpause.integrations.upstream` holds a fingerprint of every
+upstream function overridden, wrapped or restated, so that a change upstream fails ``tests/test_upstream_copies.py``
+until it is reviewed.
 """
 
 from __future__ import annotations
@@ -93,12 +94,12 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         lost, when anything fails before they are admitted or the group hard-stops (D5; the broadcast, issue 24).
         """
         status = self.background_thread_status
-        # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
-        if self.input_queue is not None and self.cancel_queue is not None:
-            payload = (_api.drain_queue(self.input_queue), _api.drain_queue(self.cancel_queue))
+        # The driver empties its two queues (what was submitted, then what was cancelled, since its last group step);
+        # a rank without queues brings nothing.
+        if self.input_queue is None or self.cancel_queue is None:
+            payload: tuple[list, list] = ([], [])
         else:
-            payload = ([], [])
-        # end of copy
+            payload = (_api.drain_queue(self.input_queue), _api.drain_queue(self.cancel_queue))
         in_hand = payload[0]  # an abort at the decision empties it
         for state in in_hand:  # TracePauseProtocol's Drain, just before the Observe
             status.record_request("Drain", state.request_id)
@@ -107,33 +108,32 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             if hard_stopping:
                 admission.fail_in_hand(self, in_hand, RuntimeError("The loop hard-stopped before this request ran."))
                 return True
-            # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
-            if payload_size == 0:
+            if not payload_size:  # the driver's payload size, all-reduced with the decision: nothing to hand out
                 return False
-            new_states, cancellations = self.distributed_helper.tp_broadcast_object_from_rank_0(payload)
-            # end of copy
-            in_hand = list(new_states)
+            broadcast = self.distributed_helper.tp_broadcast_object_from_rank_0(payload)  # P-BROADCAST
+            in_hand, cancellations = list(broadcast[0]), broadcast[1]
             if in_hand:
                 status.record_request("Broadcast")  # P-BROADCAST, on every rank once its collective returned
             while in_hand:  # each leaves the hand once the scheduler has it, or once it failed alone (as upstream)
-                state = in_hand[0]
-                # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
-                try:
-                    self.logit_processor.check_kwargs(state.logit_processor_kwargs)
-                    self.scheduler.add_waiting_request(state)
-                except Exception as e:
-                    _api.logger.error(f"Error processing new request: {e}", exc_info=True)
-                    self._handle_request_error(e, state)
-                # end of copy
+                self._admit(in_hand[0])
                 in_hand.pop(0)
         except BaseException as error:
             admission.fail_in_hand(self, in_hand, error if isinstance(error, Exception) else RuntimeError(repr(error)))
             raise
-        # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
-        for request_id in cancellations:
-            self.scheduler.set_request_cancellation(request_id)
+        for cancelled in cancellations:  # every rank marks the driver's cancellations, in its order
+            self.scheduler.set_request_cancellation(cancelled)
         return False
-        # end of copy
+
+    def _admit(self, state: Any) -> None:
+        """Give one request of the broadcast to the scheduler.  One it cannot take (logits-processor arguments it
+        refuses, a prompt too long for the cache) fails alone, its error in its output (``_handle_request_error``),
+        and is logged: the loop and the other requests go on, as upstream's do."""
+        try:
+            self.logit_processor.check_kwargs(state.logit_processor_kwargs)
+            self.scheduler.add_waiting_request(state)
+        except Exception as error:
+            _api.logger.error("request %s cannot be admitted: %s", state.request_id, error, exc_info=True)
+            self._handle_request_error(error, state)
 
     def _group_decision(self, status: PauseProtocol, payload_size: int, taken: list) -> tuple[int, bool]:
         """Observe, AllReduce, then ExitLoop, or the pause window with its Barrier (DrainFirst in a drain that found
@@ -161,10 +161,9 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         if busy:
             status.drain_first()  # P-DRAIN-FIRST: step the batch, admitting nothing, and ask again
         elif tp_pause:
-            # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
-            if self.inputs_and_outputs.compute_stream is not None:
-                self.inputs_and_outputs.compute_stream.synchronize()
-            # end of copy
+            stream = self.inputs_and_outputs.compute_stream
+            if stream is not None:  # the GPU's work of the last step ends before any holder touches the model
+                stream.synchronize()
             status.pause_window()  # P-OPEN-WINDOW / P-SKIP-WINDOW / P-PARK-FOR-PEER, P-CLOSE-WINDOW; raises on D3
             changed = weights.window_changed_weights(self.output_router.versions, status.pauses_taken)
             if self.distributed_helper.cpu_comm_group is not None:
@@ -177,13 +176,11 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
                     digest = weights.version_digest(versions.current)
                     top, low, changed = self.distributed_helper.tp_all_reduce_state(digest, -digest, int(changed))
                     changed = weights.agree_versions(versions, self.distributed_helper, top, -low, bool(changed))
-                    # copied from transformers (continuous_api.py, ContinuousBatchProcessor._update_tp_group_state)
-                    _dist.monitored_barrier(
-                        group=self.distributed_helper.cpu_comm_group,
-                        timeout=timedelta(seconds=timeout) if timeout is not None else None,
-                        wait_all_ranks=True,
-                    )
-                    # end of copy
+                    # P-BARRIER's collective, on the group's CPU channel, bounded by its timeout (None: for ever);
+                    # wait_all_ranks names every rank that did not come.
+                    bound = None if timeout is None else timedelta(seconds=timeout)
+                    _dist.monitored_barrier(group=self.distributed_helper.cpu_comm_group, timeout=bound,
+                                            wait_all_ranks=True)  # fmt: skip
                 except Exception as error:
                     _collective_failed(status, error)
                     raise
@@ -383,11 +380,9 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         a script that ends (or raises) without ``stop()`` exits instead of waiting for ever on a loop that idles, and
         the requests in flight get their terminal output (failed) first, within ``EXIT_STOP_TIMEOUT`` seconds.
         """
-        # copied from transformers (continuous_api.py, ContinuousBatchingManager.start)
         if self.is_running():
-            _api.logger.warning("Manager thread is already running.")
-            return None
-        # end of copy
+            _api.logger.warning("start(): the generation loop runs already; nothing to do")
+            return
         with _DRIVER_LOCK:
             ref = _DRIVER_OF.get(self.model)
             other = ref() if ref is not None else None
@@ -402,9 +397,7 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         if not self._stop_at_exit_registered:
             atexit.register(_stop_at_exit, weakref.ref(self))
             self._stop_at_exit_registered = True
-        # copied from transformers (continuous_api.py, ContinuousBatchingManager.start)
-        self.background_thread_status.clear()
-        # end of copy
+        self.background_thread_status.clear()  # P-RESTART (a no-op before the first start)
         self._generation_thread = threading.Thread(
             target=self._run_generation_loop, name="cbpause-generation-loop", daemon=True
         )
@@ -451,13 +444,11 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
                          hard_stop=hard_stop)  # fmt: skip
             return
         status = self.background_thread_status
-        # copied from transformers (continuous_api.py, ContinuousBatchingManager.stop)
-        if self.background_thread_status.is_pause_requested(local=True):
+        if status.is_pause_requested(local=True):  # the loop cannot exit while this thread keeps it paused
             raise RuntimeError(
-                "Cannot stop the manager from inside a pause: the generation loop is paused and cannot exit, so "
-                "this would wait forever. Leave the `pause` context before calling `stop`."
+                "stop() from inside a pause would wait for ever: the loop cannot exit while this thread holds it "
+                "paused. Leave the pause first; nothing was changed."
             )
-        # end of copy
         stop_status = status.HARD_STOP if hard_stop else status.FLUSH_AND_STOP
         status.request_stop(stop_status, self.distributed_helper.global_rank)
         if block and threading.current_thread() is not thread:
@@ -469,20 +460,9 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         self._teardown(keep_for_next_session)
 
     def _teardown(self, keep_for_next_session: bool) -> None:
-        """What upstream's ``stop`` does once the loop has exited."""
-        # copied from transformers (continuous_api.py, ContinuousBatchingManager.stop)
-        if not keep_for_next_session:
-            self.batch_processor = None
-        else:
-            _api.logger.info("Continuous batching manager will be kept for next session.")
-            self.model._cached_continuous_batching_manager = self  # type: ignore
-        if self._original_attn_impl is not None:
-            self.model.set_attn_implementation(self._original_attn_impl)
-            self._original_attn_impl = None
-        _api.gc.collect()
-        if hasattr(device_module := _api.torch.get_device_module(), "empty_cache"):
-            device_module.empty_cache()
-        # end of copy
+        """What upstream's ``stop`` does once the loop has exited: upstream's own ``stop``, on a loop that has stopped
+        (its stop request changes nothing there, and it does not wait), so that its teardown is upstream's."""
+        super().stop(block=False, keep_for_next_session=keep_for_next_session)
 
     def _generation_loop_body(self, batch_processor: Any, bootstrapping: bool) -> bool:
         """Upstream's loop body, with the steps the spec names around the forward step reported:
@@ -503,15 +483,10 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
 
     def _loop_body(self, batch_processor: Any, bootstrapping: bool) -> bool:
         status = self.background_thread_status
-        # copied from transformers (continuous_api.py, ContinuousBatchingManager._generation_loop_body)
-        requests_available = batch_processor.prepare_next_batch()
-        if requests_available:
-            # end of copy
+        if batch_processor.prepare_next_batch():  # a batch to step
             status.start_step()
-            # copied from transformers (continuous_api.py, ContinuousBatchingManager._generation_loop_body)
             self._generation_step()
-            self.current_batch += 1
-            # end of copy
+            self.current_batch += 1  # (upstream's count of forward steps)
             if not bootstrapping:  # no update when bootstrapping an async batching generation
                 batch_processor.update_batch()
             status.end_step()
@@ -526,11 +501,10 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         else:
             status.start_step()
             status.end_step()
-        # copied from transformers (continuous_api.py, ContinuousBatchingManager._generation_loop_body)
-        self._wake_up_loop.wait(timeout=0.1)  # wait for new requests instead of busy-spinning.
+        # Nothing to step: sleep until a request (or a pause, a stop) wakes the loop, at most 0.1 s (P-IDLE's wait).
+        self._wake_up_loop.wait(timeout=0.1)
         self._wake_up_loop.clear()
         return True
-        # end of copy
 
     def _handle_critical_error(self, error: Exception, batch_processor: Any) -> None:
         """Upstream's fatal-error path, reported to the protocol, without its group all-reduce where the group is
@@ -560,9 +534,7 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
             status.fail_loop(error)
         else:
             status.record_fatal_error(error)  # recorded; the rank has stopped already
-        # copied from transformers (continuous_api.py, ContinuousBatchingManager._handle_critical_error)
-        self._fail_all_remaining_requests(error, batch_processor)
-        # end of copy
+        self._fail_all_remaining_requests(error, batch_processor)  # every request still held gets its output
 
     def _create_batch_processor(self) -> _api.ContinuousBatchProcessor:
         return upstream.patch_processor(super()._create_batch_processor(), PausableBatchProcessor, self.model,
@@ -593,38 +565,17 @@ def init_continuous_batching(
     if not all(hasattr(model, a) for a in ("config", "device", "dtype", "_get_logits_processor")):
         raise TypeError(f"expected a transformers generative model (PreTrainedModel), got {type(model).__name__}")
 
-    # copied from transformers (continuous_api.py, ContinuousMixin.init_continuous_batching), with model for self
-    cached_manager = getattr(model, "_cached_continuous_batching_manager", None)
-    # end of copy
-    if isinstance(cached_manager, PausableContinuousBatchingManager):
-        # copied from transformers (continuous_api.py, ContinuousMixin.init_continuous_batching), with model for self
-        auto_switch_to_flash = cached_manager.continuous_batching_config.auto_switch_to_flash
-        cached_manager.switch_to_cb_friendly_attn(model, auto_switch_to_flash)  # might have switched in .stop
-        return cached_manager
-        # end of copy
-    if cached_manager is not None:
+    cached = getattr(model, "_cached_continuous_batching_manager", None)  # stop(keep_for_next_session=True)
+    if isinstance(cached, PausableContinuousBatchingManager):
+        # Reused as upstream reuses its own, with the attention implementation stop() may have switched back.
+        cached.switch_to_cb_friendly_attn(model, cached.continuous_batching_config.auto_switch_to_flash)
+        return cached
+    if cached is not None:
         raise ValueError(
             "the model caches an upstream ContinuousBatchingManager (stop(keep_for_next_session=True)); call "
             "model.destroy_cached_continuous_batching_manager() first"
         )
-
-    # copied from transformers (continuous_api.py, ContinuousMixin.init_continuous_batching), with model for self
-    gen_config = generation_config if generation_config is not None else model.generation_config
-    if gen_config is None:
-        raise ValueError("A GenerationConfig must be provided or set in the model.")
-    if gen_config.eos_token_id is None:
-        _api.logger.warning("`eos_token_id` not set in GenerationConfig. Setting to -1 (disabled).")
-        gen_config.eos_token_id = -1
-    if continuous_batching_config is None:
-        if isinstance(getattr(gen_config, "continuous_batching_config", None), ContinuousBatchingConfig):
-            _api.logger.warning(
-                "Passing ContinuousBatchingConfig through GenerationConfig is deprecated. Please pass it separately"
-                " using the continuous_batching_config kwarg."
-            )
-            continuous_batching_config = gen_config.continuous_batching_config
-        else:
-            continuous_batching_config = ContinuousBatchingConfig()
-    # end of copy
+    gen_config, continuous_batching_config = _configs(model, generation_config, continuous_batching_config)
     return PausableContinuousBatchingManager(
         model,
         gen_config,
@@ -634,3 +585,26 @@ def init_continuous_batching(
         trace=kwargs.get("trace"),
         while_paused=kwargs.get("while_paused", "queue"),
     )
+
+
+def _configs(
+    model: Any, generation_config: GenerationConfig | None, continuous_batching_config: ContinuousBatchingConfig | None
+) -> tuple[GenerationConfig, ContinuousBatchingConfig]:
+    """The generation and batching configs a manager runs with, as ``model.init_continuous_batching`` settles them:
+    the model's generation config unless one is given (``ValueError`` if there is none; no end-of-sequence token
+    means none, ``-1``, with a warning), and the batching config given, else the deprecated one the generation
+    config carries (with upstream's warning), else the default."""
+    gen_config = model.generation_config if generation_config is None else generation_config
+    if gen_config is None:
+        raise ValueError("no generation config: pass generation_config= or set the model's generation_config")
+    if gen_config.eos_token_id is None:
+        _api.logger.warning("the generation config has no eos_token_id: requests end at max_new_tokens only (-1)")
+        gen_config.eos_token_id = -1
+    carried = getattr(gen_config, "continuous_batching_config", None)
+    if continuous_batching_config is None and isinstance(carried, ContinuousBatchingConfig):
+        _api.logger.warning("a ContinuousBatchingConfig inside the GenerationConfig is deprecated (transformers): "
+                            "pass it as continuous_batching_config=")  # fmt: skip
+        continuous_batching_config = carried
+    if continuous_batching_config is None:
+        continuous_batching_config = ContinuousBatchingConfig()
+    return gen_config, continuous_batching_config

@@ -5,12 +5,14 @@ The integration changes transformers' continuous batching in three ways: subclas
 upstream's (``PausableContinuousBatchingManager``, ``PausableBatchProcessor``, which the manager swaps in with
 ``__class__``, ``TrackingRouter``, ``RetractedRequestState``), methods wrapped on an instance
 (:data:`WRAPPED`: the wrapper calls upstream's, and upstream's own caller must still call it), and the
-``_cbpause_*`` attributes those wrappers keep on the instance (:data:`STAMPS`).  A copy check can prove that
-copied lines are unchanged; it cannot see a line upstream adds around them, nor upstream ceasing to call a method
-the integration wrapped.  So every upstream function the integration overrides or wraps, and every caller of a
-wrapped method, has a fingerprint here (:data:`FINGERPRINTS`: a hash of its source in the transformers version the
-integration was checked against), and ``tests/test_upstream_copies.py`` fails when the installed transformers
-differs anywhere in one of them, or when an override or a wrap is missing from the table.
+``_cbpause_*`` attributes those wrappers keep on the instance (:data:`STAMPS`).  No line of transformers is copied
+into the project; where the integration must do what an upstream function does, it calls it or restates it in its
+own words (:data:`RESTATED`).  So every upstream function the integration overrides, wraps or restates, and every
+caller of a wrapped method, has a fingerprint here (:data:`FINGERPRINTS`: a hash of its source in the
+transformers version the integration was checked against), and ``tests/test_upstream_copies.py`` fails when the
+installed transformers differs anywhere in one of them (a copy check could not see a line upstream adds around
+copied lines, nor upstream ceasing to call a method the integration wrapped), or when an override, a wrap or a
+stamp is missing from the tables.
 
 The patches themselves are here too (:func:`patch_processor`, which the manager applies to every batch processor
 upstream builds, and the wraps it installs); the subclasses' overrides live with their classes.
@@ -29,8 +31,8 @@ from typing import Any
 from . import admission, modes, weights
 
 __all__ = [
-    "CHECKED_WITH", "FINGERPRINTS", "STAMPS", "WRAPPED", "deliver_cancellations", "fingerprint", "hold_admission",
-    "never_share_stale_blocks", "patch_processor", "refuse_what_cannot_fit", "upstream_function",
+    "CHECKED_WITH", "FINGERPRINTS", "RESTATED", "STAMPS", "WRAPPED", "deliver_cancellations", "fingerprint",
+    "hold_admission", "never_share_stale_blocks", "patch_processor", "refuse_what_cannot_fit", "upstream_function",
 ]  # fmt: skip
 
 CHECKED_WITH = "5.23.0"
@@ -51,6 +53,11 @@ WRAPPED = {
         "continuous_api.ContinuousBatchProcessor.update_batch",
     ),
 }  # fmt: skip
+
+# Upstream functions whose behaviour the integration restates in its own words without overriding them.
+RESTATED = {
+    "continuous_api.ContinuousMixin.init_continuous_batching": "init_continuous_batching and _configs",
+}
 
 # The attributes the integration keeps on upstream's objects, and who sets them.
 STAMPS = {
