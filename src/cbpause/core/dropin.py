@@ -209,16 +209,22 @@ class PauseProtocol(RankProtocol):
         return super()._step(fn, guard)
 
     def pause_window(self) -> None:
+        """:meth:`RankProtocol.pause_window <cbpause.core.loop.LoopSteps.pause_window>`, after the AllReduce a
+        drop-in ``update_with_tp_status()`` deferred (its decision: pause)."""
         with self._lock:
             self._apply_deferred(True)
         super().pause_window()
 
     def fail_loop(self, error: BaseException) -> None:
+        """:meth:`RankProtocol.fail_loop <cbpause.core.loop.LoopSteps.fail_loop>`, after the AllReduce a drop-in
+        ``update_with_tp_status()`` deferred (its decision: this rank's own request)."""
         with self._lock:
             self._apply_deferred(self._state.obs_pause > 0)
         super().fail_loop(error)
 
     def request_stop(self, status: int, global_rank: int = 0) -> None:
+        """:meth:`RankProtocol.request_stop`; a failed loop not yet marked stopped shows the stop asked, as
+        upstream's object does."""
         super().request_stop(status, global_rank)
         with self._lock:
             if self._shown_status is not None and self._shown_status < status:

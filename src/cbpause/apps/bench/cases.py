@@ -6,6 +6,7 @@ Cases 1-6 and 8; case 7 (TP=2) is in :mod:`cbpause.apps.bench.tp`.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import statistics
 import threading
 import time
@@ -118,17 +119,7 @@ def case_entry_and_resume(bench: Bench, reps: int, quick: bool) -> list[Row]:
                 beyond(beyond_busy, impl, pairs, forward_rest)
                 busy.add(impl, [1e3 * x for x in entries])
                 resume.add(impl, [1e3 * x for x in resumes])
-            with bench.running(impl, busy=False) as manager:
-                entries, pairs = [], []
-                for _ in range(n):
-                    time.sleep(0.005)  # let the loop get back to its idle wait: the case is an idle loop
-                    asked = time.perf_counter()
-                    with pause(manager, impl):
-                        entered = time.perf_counter()
-                        entries.append(entered - asked)
-                        pairs.append((asked, entered))
-                beyond(beyond_idle, impl, pairs)
-                idle.add(impl, [1e3 * x for x in entries])
+        _idle_alternating(bench, n, idle, beyond_idle, beyond)
     step_ms = statistics.median(step.samples["upstream"] + step.samples["cbpause"])
     for row in (busy, idle):
         row.note = "p99 / median iteration ({:.2f} ms): upstream {:.2f}, cbpause {:.2f}".format(
@@ -141,6 +132,32 @@ def case_entry_and_resume(bench: Bench, reps: int, quick: bool) -> list[Row]:
             percentile(row.samples["cbpause"], 50), percentile(row.samples["cbpause"], 99)
         )
     return [busy, idle, resume, step, beyond_busy, beyond_idle, forward_rest]
+
+
+def _idle_alternating(bench: Bench, n: int, idle: Row, beyond_idle: Row, beyond) -> None:
+    """One repetition of the idle loop's entry: both loops run at once, idle, and are paused in turn, pause by
+    pause (upstream first on even pauses), so that a drift of the machine weighs on both alike (issue 27: measured
+    one loop after the other, the ratio moved 0.5-3.4 between repetitions)."""
+    managers, steps = {}, {}
+    with contextlib.ExitStack() as stack:
+        for impl in IMPLS:
+            bench.group_steps = steps[impl] = []  # each loop's group steps, for the split beyond the step in flight
+            managers[impl] = stack.enter_context(bench.running(impl, busy=False))
+        entries: dict[str, list[float]] = {impl: [] for impl in IMPLS}
+        pairs: dict[str, list[tuple[float, float]]] = {impl: [] for impl in IMPLS}
+        for k in range(2 * n):
+            impl = IMPLS[(k + k // 2) % 2]  # ABBA, pause by pause
+            time.sleep(0.005)  # let the loop get back to its idle wait: the case is an idle loop
+            asked = time.perf_counter()
+            with pause(managers[impl], impl):
+                entered = time.perf_counter()
+            entries[impl].append(entered - asked)
+            pairs[impl].append((asked, entered))
+    for impl in IMPLS:
+        bench.group_steps = steps[impl]
+        beyond(beyond_idle, impl, pairs[impl])
+        idle.add(impl, [1e3 * x for x in entries[impl]])
+    bench.group_steps = []
 
 
 def case_contention(bench: Bench, reps: int, quick: bool) -> list[Row]:
