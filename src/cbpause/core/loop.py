@@ -1,4 +1,4 @@
-"""The explicit loop API of :class:`~cbpause.PauseProtocol`: one method per TLA+ action of the loop.
+"""The explicit loop API of :class:`~cbpause.RankProtocol`: one method per TLA+ action of the loop.
 
 A loop that reports each step of its iteration calls these, in the order of ``tla/PauseProtocol.tla``
 (``observe``, ``all_reduce``, then ``open_window``/``skip_window``/``park_for_peer`` or ``no_pause``, ...,
@@ -43,8 +43,6 @@ def quiet(before: RankState, after: RankState) -> bool:
         and before.fatal == after.fatal
         and (before.local_status == STOPPED) == (after.local_status == STOPPED)
     )
-
-
 
 
 class LoopSteps:
@@ -96,10 +94,10 @@ class LoopSteps:
         ``acquire()`` and ``try``/``finally`` rather than ``with``, which costs twice as much on CPython 3.11, and
         several steps run every iteration; for the same reason the replay is generated into each hot method
         (``scripts/gen_hot_steps.py``, the one place it is written) rather than shared (a helper would add a call to
-        every step). Between ``acquire()`` and ``try`` a signal handler could raise
-        and leave the lock held; signal handlers run only on the main thread, so a loop there gets no memos, and neither
-        does a step that can wake a waiter (:func:`quiet`: the replay notifies nobody) or a protocol that records a
-        trace (the replay records nothing). ``clear()`` forgets every memo.
+        every step). Between ``acquire()`` and ``try`` a signal handler could raise and leave the lock held; signal
+        handlers run only on the main thread, so a loop there gets no memos, and neither does a step that can wake a
+        waiter (:func:`quiet`: the replay notifies nobody) or a protocol that records a trace (the replay records
+        nothing). ``clear()`` forgets every memo.
         """
         if before.count:
             return  # a step with holders wakes them (protocol._wakes): the memos replay the steady loop's only
