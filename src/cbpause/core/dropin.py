@@ -422,7 +422,7 @@ class PauseProtocol(RankProtocol):
         keeps from opening (nothing else ends a drop-in hold but this thread, short of an explicit ``leave_pause``).
         The explicit API's holds may be ended by any thread, so ``enter_pause`` waits (with its timeout)."""
         s = self._state
-        if s.paused and mode > s.tp_pause and any(h.state == "inside" for h in holds):
+        if s.paused and not t.can_enter_window(s, mode) and any(h.state == "inside" for h in holds):
             raise RuntimeError(
                 f"pause(mode={t.MODE_NAMES[mode]!r}) from a thread inside a {t.MODE_NAMES[s.tp_pause]!r} pause: it "
                 "would wait for the next window, which this thread's own pause keeps closed; nothing was changed"
@@ -470,7 +470,7 @@ class PauseProtocol(RankProtocol):
                 if into is not None:
                     into.append(hold)
                 s = self._state
-                if s.paused and number <= s.tp_pause:
+                if t.can_enter_window(s, number):
                     # The fast path: a window that covers the hold is open, so it enters now, with no wait and no
                     # wake-up (the loop is parked in the window, not in its idle wait).
                     self._enter(hold)

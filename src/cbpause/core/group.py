@@ -29,7 +29,6 @@ from .transitions import (
     MODES,
     PARKED_PHASES,
     PHASES,
-    STOPPED,
     RankState,
 )  # fmt: skip
 
@@ -248,11 +247,11 @@ def _holder_steps(
     if state == "idle" and t.can_request_pause(s) and not s.closing:
         for m in sorted(modes):
             yield "RequestPause" + tag, _set_holder(_set_rank(g, r, t.request_pause(s, m)), h, "waiting", m)
-    if state == "waiting" and s.paused and mode <= s.tp_pause:
+    if state == "waiting" and t.can_enter_window(s, mode):
         yield "EnterPause" + tag, _set_holder(_set_rank(g, r, t.enter_pause(s)), h, "inside")
     if state == "inside":
         yield "LeavePause" + tag, _set_holder(_set_rank(g, r, t.leave_pause(s, mode)), h, "idle")
-    if state == "waiting" and not s.paused and (s.local_status == STOPPED or s.fatal):
+    if state == "waiting" and t.can_pause_fails(s):
         yield "PauseFails" + tag, _set_holder(_set_rank(g, r, t.pause_fails(s, mode)), h, "idle")
     if state.startswith("dead:") and t.dead_holder_releasable(s):
         released = t.release_dead_holder(s, state == "dead:inside", mode)
@@ -309,7 +308,7 @@ def _environment_steps(g: GroupState, bounds: Bounds | None) -> Iterator[tuple[s
         tag = f"({tla_number(r)})"
         if allowed("stop"):
             for status in (FLUSH_AND_STOP, HARD_STOP):
-                if t.live(s) and s.local_status < status:
+                if t.can_request_stop(s, status):
                     yield f"RequestStop({tla_number(r)}, {status})", _set_rank(g, r, t.request_stop(s, status))
         if allowed("error") and t.can_record_fatal_error(s):
             yield "RecordFatalError" + tag, _fail_remaining(_set_rank(g, r, t.record_fatal_error(s)), r)

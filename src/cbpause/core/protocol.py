@@ -308,7 +308,7 @@ class RankProtocol(LoopSteps):
             raise ValueError(f"Invalid stop status {status!r} from rank {global_rank}")
         with self._lock:
             s = self._state
-            if t.live(s) and s.local_status < status:
+            if t.can_request_stop(s, status):
                 self._apply(t.request_stop, status)
 
     # ------------------------------------------------------------------------------------------- holders
@@ -428,10 +428,10 @@ class RankProtocol(LoopSteps):
                 raise RuntimeError(f"this pause was released while waiting: {hold.thread.name!r}, the thread that "
                                    "requested it, ended (a hold lives as long as the thread that requested it)")
             s = self._state
-            if s.paused and hold.mode <= s.tp_pause:  # a window in a mode that covers the hold's (R-MODES)
+            if t.can_enter_window(s, hold.mode):  # a window in a mode that covers the hold's (R-MODES)
                 self._enter(hold)
                 return
-            if (s.local_status == STOPPED or s.fatal) and not s.paused:
+            if t.can_pause_fails(s):
                 self._apply(t.pause_fails, hold.mode, hold=hold)
                 raise RuntimeError("The generation loop stopped before it could pause.") from self.fatal_error
             if on_main is None:

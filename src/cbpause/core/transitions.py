@@ -243,6 +243,19 @@ def can_record_fatal_error(s: RankState) -> bool:
     return s.phase in ("read", "body", "step")
 
 
+# The holders' guards that depend on a holder's mode (the rank-level part is each action's pre:).
+def can_enter_window(s: RankState, mode: int) -> bool:  # EnterPause: the open window covers the mode (R-MODES)
+    return s.paused and mode <= s.tp_pause
+
+
+def can_pause_fails(s: RankState) -> bool:  # PauseFails: no window, and the loop has stopped or failed
+    return not s.paused and (s.local_status == STOPPED or s.fatal)
+
+
+def can_request_stop(s: RankState, status: int) -> bool:  # RequestStop: a stop above the one asked, on a live loop
+    return live(s) and s.local_status < status
+
+
 # ----------------------------------------------------------------------------------------------------- the loop
 
 
@@ -531,7 +544,7 @@ def pause_fails(s: RankState, mode: int = KEEP) -> RankState:
     """P-PAUSE-FAILS (``PauseFails``): the loop is gone; the waiting holder (of ``mode``) raises.
 
     pre: rank_invariant(s)
-    pre: can_drop_waiting(s, mode) and not s.paused and (s.local_status == STOPPED or s.fatal)
+    pre: can_drop_waiting(s, mode) and can_pause_fails(s)
     post: __return__.count == s.count - 1
     post: rank_invariant(__return__)
     """
@@ -591,7 +604,7 @@ def request_stop(s: RankState, status: int) -> RankState:
 
     pre: rank_invariant(s)
     pre: status in (FLUSH_AND_STOP, HARD_STOP)
-    pre: live(s) and s.local_status < status
+    pre: can_request_stop(s, status)
     post: __return__.local_status == max(status, s.tp_status) and __return__.local_status >= s.local_status
     post: rank_invariant(__return__)
     """
@@ -633,12 +646,4 @@ def restart(s: RankState) -> RankState:
     return RankState(phase="read")
 
 
-__all__ = [
-    "DONT_STOP", "FLUSH_AND_STOP", "HARD_STOP", "STOPPED", "STOP_STATUSES", "PHASES", "LIVE_PHASES",
-    "PARKED_PHASES", "KEEP", "RETRACT", "DRAIN", "ABORT", "MODES", "MODE_NAMES", "RankState", "rank_invariant",
-    "live", "pause_decided", "pending", "asked", "may_exit", "can_request_pause", "can_drop_waiting", "can_leave",
-    "observe", "all_reduce", "open_window", "drain_first", "skip_window", "park_for_peer", "join_peer_pause",
-    "fail_loop", "peer_park_timeout", "collective_timeout", "close_window", "barrier", "no_pause", "start_step",
-    "end_step",    "idle", "exit_loop", "request_pause", "enter_pause", "leave_pause", "pause_fails", "interrupt",
-    "pause_timeout", "release_dead_holder", "request_stop", "record_fatal_error", "crash", "restart",
-]  # fmt: skip
+__all__ = [name for name in dir() if not name.startswith("_") and name not in ("annotations", "NamedTuple")]
