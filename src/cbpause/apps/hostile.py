@@ -436,6 +436,37 @@ def start_stop_cycles() -> None:
         manager.start()
 
 
+# ------------------------------------------------------------------------------------------------ issue 27
+
+
+def deferred_all_reduce_under_explicit_steps() -> None:
+    """A loop that reports its all-reduce through the drop-in API, then steps explicitly (PauseProtocol's
+    deferred state, apart from RankProtocol since issue 27): a step its guard refuses changes nothing, the
+    deferred all-reduce included; a failure then ends a holder's wait at once."""
+    from cbpause import PauseProtocol
+
+    status = PauseProtocol(peer_park_timeout=WAIT)
+    box: dict = {}
+
+    def loop() -> None:
+        status.is_pause_requested()  # Observe, from this thread: the loop's
+        status.update_with_tp_status(PauseProtocol.DONT_STOP)  # deferred until a step shows the decision
+        before = status.state
+        try:
+            status.open_window()  # no holder: refused
+        except RuntimeError:
+            box["refused"] = status.state is before and status.tp_status == PauseProtocol.DONT_STOP
+        status.no_pause()  # the deferred AllReduce (no pause), then NoPause
+        box["body"] = status.state.phase
+        status.fail_loop(RuntimeError("injected"))
+
+    thread, ended = _thread(loop, "mixed-loop")
+    thread.join(WAIT)
+    if "error" in ended or thread.is_alive() or box != {"refused": True, "body": "body"}:
+        raise Wrong(f"the mixed loop: {box}, {ended}")
+    _expect(RuntimeError, lambda: status.acquire_pause(timeout=WAIT), "Cannot pause")
+
+
 PROBES: dict[str, Callable[[], None]] = {
     f.__name__: f
     for f in (
@@ -444,7 +475,7 @@ PROBES: dict[str, Callable[[], None]] = {
         max_new_tokens_none, retract_keeps_metadata, full_queue_inside_ones_pause, float64_lm_head,
         dropin_status_before_mark_as_stopped, dead_holder_inside, stop_without_blocking_keeps_requests,
         bad_requests_at_the_door, many_holders_many_requests, start_stop_cycles, dead_holders_in_every_mode,
-        numeric_timeouts, pause_after_every_step, exit_without_stop,
+        numeric_timeouts, pause_after_every_step, exit_without_stop, deferred_all_reduce_under_explicit_steps,
     )
 }  # fmt: skip
 
