@@ -356,3 +356,11 @@ def test_a_retracted_request_keeps_its_timestamps_created_time_and_lifespan(plai
         assert out.created_time == created[out.request_id]
         assert out.lifespan[0] == started[out.request_id] and out.lifespan[0] >= 0 and out.lifespan[1] > 0
         assert out.timestamps == sorted(out.timestamps) and out.timestamps[0] >= out.lifespan[0]
+
+
+def test_a_drop_in_all_reduce_deferred_under_explicit_steps_changes_nothing_when_refused():
+    """Issue 27: the drop-in adapter owns its deferred all-reduce; a loop that mixes the APIs keeps the contract
+    (the probe raises ``Wrong`` or ``Silent`` otherwise)."""
+    from cbpause.apps import hostile
+
+    hostile.deferred_all_reduce_under_explicit_steps()
