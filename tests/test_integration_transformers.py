@@ -291,6 +291,32 @@ def test_a_cancelled_request_gets_one_terminal_output(manager):
     assert manager.get_result(timeout=0.2) is None  # exactly one
 
 
+def test_a_stop_tears_down_as_upstream_once_the_loop_has_exited(manager):
+    """After a stop that waited (the loop's thread joined): the batch processor is dropped, or with
+    ``keep_for_next_session`` the manager stays cached on the model; upstream's warning "Manager not started" (its
+    own ``stop`` called on a joined loop, which then tears nothing down) is never logged."""
+    import logging
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("ContinuousBatchingLogger").addHandler(handler)
+    try:
+        manager.start()
+        results(manager, submit(manager, 1))
+        manager.stop(block=True, timeout=WAIT)
+        assert manager.batch_processor is None and manager._generation_thread is None
+        manager.start()
+        results(manager, submit(manager, 1))
+        manager.stop(block=True, timeout=WAIT, keep_for_next_session=True)
+        assert manager.batch_processor is not None
+        assert manager.model._cached_continuous_batching_manager is manager
+        manager.model.destroy_cached_continuous_batching_manager()
+    finally:
+        logging.getLogger("ContinuousBatchingLogger").removeHandler(handler)
+    assert not [r for r in records if "not started" in r], records
+
+
 def test_a_request_is_refused_or_delivered_never_lost_around_a_stop(manager):
     manager.start()
     ids = submit(manager, 3)

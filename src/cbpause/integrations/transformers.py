@@ -460,9 +460,22 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         self._teardown(keep_for_next_session)
 
     def _teardown(self, keep_for_next_session: bool) -> None:
-        """What upstream's ``stop`` does once the loop has exited: upstream's own ``stop``, on a loop that has stopped
-        (its stop request changes nothing there, and it does not wait), so that its teardown is upstream's."""
-        super().stop(block=False, keep_for_next_session=keep_for_next_session)
+        """What upstream's ``stop`` does once the loop has exited (upstream's own cannot be called for it: once the
+        loop's thread is joined it only warns "Manager not started"): give the model back the attention
+        implementation it had, keep this manager cached on the model for the next session or drop its batch
+        processor, and free what the session held."""
+        if self._original_attn_impl is not None:
+            self.model.set_attn_implementation(self._original_attn_impl)
+            self._original_attn_impl = None
+        if keep_for_next_session:
+            _api.logger.info("this continuous-batching manager stays cached on the model for the next session")
+            self.model._cached_continuous_batching_manager = self  # type: ignore[attr-defined]
+        else:
+            self.batch_processor = None
+        _api.gc.collect()
+        device = _api.torch.get_device_module()
+        if hasattr(device, "empty_cache"):
+            device.empty_cache()
 
     def _generation_loop_body(self, batch_processor: Any, bootstrapping: bool) -> bool:
         """Upstream's loop body, with the steps the spec names around the forward step reported:
