@@ -79,7 +79,7 @@ RANK_LOCAL_STEPS = (
 
 # Loop steps the system takes with the one explicit call of the same name, in snake case.
 PLAIN_LOOP_STEPS = {
-    "OpenWindow", "DrainFirst", "ParkForPeer", "JoinPeerPause", "CloseWindow", "NoPause", "StartStep", "EndStep",
+    "OpenWindow", "ParkForPeer", "JoinPeerPause", "CloseWindow", "NoPause", "StartStep", "EndStep",
     "Idle",
 }  # fmt: skip
 
@@ -206,6 +206,15 @@ class ProtocolComparison(RuleBasedStateMachine):
                 on_loop(p.update_with_tp_status, s.tp_status)
             else:
                 on_loop(p.all_reduce, s.tp_status, s.tp_pause, s.draining)
+
+    def do_DrainFirst(self, label, data):
+        """``drain_first()`` also releases the holds of its rank's dead holders (a drain never parks, so each drain
+        step is where the loop looks: issue 26): the model takes their ReleaseDeadHolder steps too.  (Found by a
+        100,000-step campaign, seed 2027: a DRAIN holder that died before the decision.)"""
+        r = index(label)
+        on_loop(self.ranks[r].drain_first)
+        for other in [x for x, state in enumerate(self.g.hs) if state.startswith("dead:") and self.g.rank_of[x] == r]:
+            self.settle(other, "ReleaseDeadHolder")
 
     def do_SkipWindow(self, label, data):
         p = self.rank(label)
@@ -430,3 +439,35 @@ def test_fuzzing_finds_a_planted_bug(monkeypatch):
     monkeypatch.setattr(transitions, "leave_pause", leave_pause)
     with pytest.raises(AssertionError, match="CountsInv|SameWindowInv|RankState"):
         run_campaign(20_000, master_seed=1, shrink=False)  # shrinking threads is slow; finding is the point
+
+
+def test_a_drain_step_releases_a_dead_drain_holder_as_the_model_does():
+    """Regression (fuzz campaign, seed 2027): a holder asks for a drain, its thread ends before the decision; the
+    group decides a drain with a request in flight.  ``drain_first()`` is DrainFirst then ReleaseDeadHolder
+    (issue 26, point 4), and the rank ends where the model's two steps end."""
+    g = gr.initial_group(1, (0,), 1)
+
+    def take(label: str, want=lambda succ: True) -> None:
+        nonlocal g
+        g = next(succ for lbl, succ in gr.next_steps(g) if lbl == label and want(succ))
+
+    p = PauseProtocol(peer_park_timeout=None)
+    p.clear()
+    for label in ("Submit(1)", "Observe(1)", "AllReduce", "NoPause(1)", "Broadcast", "StartStep(1)", "EndStep(1)"):
+        take(label)
+    for call in (p.observe, lambda: p.all_reduce(0, 0), p.no_pause, p.start_step, p.end_step):
+        on_loop(call)
+    assert p.state == g.ranks[0] and g.req == ("active",)
+    hold = p.request_pause(None, "drain")
+    take("RequestPause(1)", lambda succ: succ.hmode[0] == transitions.DRAIN)
+    hold.thread = FINISHED_THREAD
+    take("HolderDies(1)")
+    for label in ("Observe(1)", "AllReduce"):
+        take(label)
+    on_loop(p.observe)
+    on_loop(p.all_reduce, 0, transitions.DRAIN, True)
+    assert p.state == g.ranks[0] and p.state.draining
+    on_loop(p.drain_first)
+    take("DrainFirst(1)")
+    take("ReleaseDeadHolder(1)")
+    assert hold.state == "idle" and p.state == g.ranks[0]
