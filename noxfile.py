@@ -36,8 +36,8 @@ def tlc_deep(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The test suite (includes the fast TLC models and the mutation checks)."""
-    # transformers (and the CPU torch 2.13.0 its pin admits) for the upstream side-by-side tests.
-    session.install("-e", ".[dev,transformers]")
+    # transformers (and the CPU torch 2.13.0 its pin admits) for the upstream side-by-side tests; TRL for its trainer.
+    session.install("-e", ".[dev,transformers,trl]")
     session.run("pytest", *session.posargs)
 
 

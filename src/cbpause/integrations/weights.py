@@ -34,12 +34,16 @@ from collections.abc import Hashable
 from typing import Any
 
 __all__ = [
-    "VersionedManager", "WeightVersions", "check_model_unchanged", "forget_shared_prefixes",
+    "STALE", "VersionedManager", "WeightVersions", "check_model_unchanged", "forget_shared_prefixes",
     "agree_versions", "parameter_layout", "version_digest", "window_changed_weights",
 ]  # fmt: skip
 
 
 logger = logging.getLogger("cbpause")
+
+# The error of a request ended by the staleness bound (``max_staleness=``, ``on_stale="abort"``): its output's error
+# starts with it.
+STALE = "stale: its oldest token is more than max_staleness weight versions behind"
 
 
 def generated_count(state: Any) -> int:

@@ -1,0 +1,276 @@
+"""TRL 1.16's AsyncGRPOTrainer trains through a cbpause engine on the CPU (issue 28): PauseWeightSync as its
+weight_transfer, CBRolloutWorker as its rollout_worker, in every pause mode; a failing sync and a dead loop make
+train() raise, never hang, and leave a manager that stops cleanly."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+if not os.environ.get("CI"):
+    pytest.importorskip("trl")  # CI installs the extra: there a missing TRL fails
+
+import torch  # noqa: E402
+from trl.experimental.async_grpo import AsyncGRPOTrainer  # noqa: E402
+
+from cbpause.integrations.transformers import init_continuous_batching  # noqa: E402
+from cbpause.integrations.trl import (  # noqa: E402
+    CBRolloutWorker,
+    PartialSync,
+    PauseWeightSync,
+    check_trl_version,
+    engine_name,
+)
+from cbpause.testing import JOIN_TIMEOUT  # noqa: E402
+from cbpause.testing.trl_cpu import tiny_task, trl_on_cpu, varlen_attention  # noqa: E402
+
+
+@pytest.fixture
+def task(tmp_path):
+    return tiny_task(tmp_path, steps=20)
+
+
+def engine_for(task):
+    from transformers import AutoModelForCausalLM
+
+    engine = AutoModelForCausalLM.from_pretrained(task.model_dir).eval()
+    manager = init_continuous_batching(engine, task.generation_config, task.batching_config)
+    manager.start()
+    return engine, manager
+
+
+def trainer_for(task, sync, worker):
+    return AsyncGRPOTrainer(model=str(task.model_dir), reward_funcs=task.reward, args=task.args,
+                            train_dataset=task.dataset, processing_class=task.tokenizer, rollout_worker=worker,
+                            weight_transfer=sync)  # fmt: skip
+
+
+def worker_for(task, manager, **kwargs):
+    return CBRolloutWorker(manager, task.dataset, task.reward, num_generations=task.num_generations,
+                           max_new_tokens=task.max_new_tokens, processing_class=task.tokenizer, **kwargs)  # fmt: skip
+
+
+def first_logged(trainer, key):
+    return next(h[key] for h in trainer.state.log_history if key in h)
+
+
+@pytest.mark.parametrize("mode, steps", [("keep", 20), ("retract", 20), ("drain", 6), ("abort", 6)])
+def test_async_grpo_trains_through_the_paused_loop(tmp_path, mode, steps):
+    task = tiny_task(tmp_path, steps=steps)
+    engine, manager = engine_for(task)
+    sync = PauseWeightSync(manager, mode=mode, timeout=60)
+    worker = worker_for(task, manager)
+    try:
+        with trl_on_cpu():
+            trainer = trainer_for(task, sync, worker)
+            initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+            trainer.train()
+        assert trainer.state.global_step == steps
+        # the cold sync at train begin, then one per step: the trainer's version, the syncs and the engine's agree
+        assert trainer.model_version == sync.syncs == manager.weight_version == steps + 1
+        policy = dict(trainer.model.named_parameters())
+        assert set(policy) == {n for n, _ in engine.named_parameters()}
+        assert all(torch.equal(p, policy[n]) for n, p in engine.named_parameters())
+        assert any(not torch.equal(initial[n], p) for n, p in policy.items())  # it trained
+        # step 1 trains on samples of the policy it scores: the engine's log-probabilities are the trainer's
+        assert abs(first_logged(trainer, "ratio") - 1.0) < 1e-4
+        assert first_logged(trainer, "kl") == pytest.approx(0.0, abs=1e-4)
+        if mode == "abort":
+            assert worker.resubmitted > 0  # the pauses ended requests in flight; the worker sampled them again
+        assert not worker._thread.is_alive()  # TRL's train() ends with rollout_worker.stop()
+        assert manager.is_running() and not manager.background_thread_status.state.paused
+    finally:
+        manager.stop(block=True, timeout=JOIN_TIMEOUT)
+    assert not manager.is_running()
+
+
+def test_the_reward_rises_from_chance(tmp_path):
+    task = tiny_task(tmp_path, steps=24)
+    _, manager = engine_for(task)
+    try:
+        with trl_on_cpu():
+            trainer = trainer_for(task, PauseWeightSync(manager), worker_for(task, manager))
+            trainer.train()
+    finally:
+        manager.stop(block=True, timeout=JOIN_TIMEOUT)
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    assert sum(rewards[-4:]) / 4 > 3 * (1 / 16)  # chance is 1 in 16; the tiny task is learnt within 24 steps
+
+
+class FailingSync(PauseWeightSync):
+    """A transfer whose third sync fails after copying one parameter."""
+
+    def send_weights(self, iterator):
+        if self.syncs < 2:
+            return super().send_weights(iterator)
+
+        def broken():
+            for i, item in enumerate(iterator):
+                if i == 1:
+                    raise OSError("the transfer broke")
+                yield item
+
+        return super().send_weights(broken())
+
+
+def test_a_failing_weight_sync_makes_train_raise_and_the_manager_stops_cleanly(task):
+    _, manager = engine_for(task)
+    sync, worker = FailingSync(manager, timeout=60), worker_for(task, manager)
+    done = threading.Event()
+    try:
+        with trl_on_cpu(), pytest.raises(OSError, match="the transfer broke"):
+            trainer_for(task, sync, worker).train()
+        done.set()
+        assert sync.syncs == 2 and manager.weight_version == PartialSync(3)  # never a policy's number
+        assert not manager.background_thread_status.state.paused  # destroy() released the pause
+        assert not worker._thread.is_alive()
+    finally:
+        manager.stop(block=True, timeout=JOIN_TIMEOUT)
+    assert done.is_set() and not manager.is_running() and manager.background_thread_status.fatal_error is None
+
+
+def test_a_dead_loop_makes_train_raise(task):
+    _, manager = engine_for(task)
+    sync, worker = PauseWeightSync(manager, timeout=30), worker_for(task, manager)
+
+    class StopAtSecondSync(PauseWeightSync):
+        def pause(self):
+            if self.syncs == 2:
+                manager.stop(block=True, timeout=JOIN_TIMEOUT)
+            super().pause()
+
+    sync = StopAtSecondSync(manager, timeout=30)
+    with trl_on_cpu(), pytest.raises(RuntimeError, match="no generation loop is running"):
+        trainer_for(task, sync, worker).train()
+    assert sync.syncs == 2 and not manager.is_running() and not worker._thread.is_alive()
+
+
+def test_a_pause_that_times_out_raises(task):
+    _, manager = engine_for(task)
+    inside, leave = threading.Event(), threading.Event()
+
+    def other_holder():  # keeps the loop paused in keep mode...
+        with manager.pause(timeout=30):
+            inside.set()
+            leave.wait(JOIN_TIMEOUT)
+
+    holder = threading.Thread(target=other_holder)
+    holder.start()
+    try:
+        assert inside.wait(JOIN_TIMEOUT)
+        sync = PauseWeightSync(manager, mode="abort", timeout=0.2)  # ...so a stronger mode waits, then gives up
+        with pytest.raises(TimeoutError):
+            sync.pause()
+        assert sync._pause is None
+    finally:
+        leave.set()
+        holder.join(JOIN_TIMEOUT)
+        manager.stop(block=True, timeout=JOIN_TIMEOUT)
+    assert not holder.is_alive()
+
+
+def test_the_weight_sync_refuses_misuse_and_copies_nothing_after_a_bad_parameter(task):
+    engine, manager = engine_for(task)
+    try:
+        sync = PauseWeightSync(manager)
+        for call in (lambda: sync.send_weights([]), sync.resume):
+            with pytest.raises(RuntimeError):
+                call()
+        sync.destroy()  # nothing held: nothing to do
+        params = dict(engine.named_parameters())
+        names = list(params)
+        before = {n: p.detach().clone() for n, p in params.items()}
+        sync.pause()
+        with pytest.raises(RuntimeError, match="holds a pause already"):
+            sync.pause()
+        sent = [("module." + names[0], params[names[0]] + 1), ("nowhere.weight", params[names[1]]),
+                (names[2], params[names[2]] + 1)]  # fmt: skip
+        with pytest.raises(KeyError, match="nowhere.weight"):
+            sync.send_weights(iter(sent))
+        assert torch.equal(params[names[0]], before[names[0]] + 1)  # the prefix was stripped, the copy made
+        assert torch.equal(params[names[2]], before[names[2]])  # nothing after the faulty name
+        assert manager.weight_version == PartialSync(1)
+        with pytest.raises(ValueError, match="engine's is"):
+            sync.send_weights([(names[1], params[names[1]].double())])
+        with pytest.raises(ValueError, match="engine's is"):
+            sync.send_weights([(names[1], params[names[1]][:1])])
+        sync.send_weights([(n, p.detach().clone()) for n, p in params.items()])
+        assert manager.weight_version == 1 and sync.syncs == 1
+        sync.destroy()  # releases the pause
+        assert not manager.background_thread_status.state.paused
+        for bad in (dict(mode="pause"), dict(timeout=-1)):
+            with pytest.raises(ValueError):
+                PauseWeightSync(manager, **bad)
+    finally:
+        manager.stop(block=True, timeout=JOIN_TIMEOUT)
+    with pytest.raises(RuntimeError, match="start the manager"):
+        PauseWeightSync(manager).init_weight_transfer()
+
+
+def test_engine_names_strip_the_trainers_wrappers():
+    assert engine_name("module._orig_mod.model.layers.0._checkpoint_wrapped_module.mlp.weight") == (
+        "model.layers.0.mlp.weight"
+    )
+    assert engine_name("lm_head.weight") == "lm_head.weight"
+
+
+def test_the_rollout_worker_refuses_bad_arguments_and_reports_its_failure(task):
+    _, manager = engine_for(task)
+    try:
+        for bad in (dict(num_generations=0), dict(max_new_tokens=True), dict(max_inflight_groups=-1)):
+            with pytest.raises(ValueError):
+                CBRolloutWorker(manager, task.dataset, task.reward, **{"num_generations": 2, "max_new_tokens": 2,
+                                                                       **bad})  # fmt: skip
+        with pytest.raises(ValueError, match="empty"):
+            CBRolloutWorker(manager, [], task.reward, num_generations=2, max_new_tokens=2)
+
+        def broken_reward(**_):
+            raise ZeroDivisionError("the reward broke")
+
+        worker = CBRolloutWorker(manager, task.dataset, broken_reward, num_generations=2, max_new_tokens=2)
+        worker.start()
+        worker._thread.join(JOIN_TIMEOUT)
+        with pytest.raises(RuntimeError, match="see the chained exception") as raised:
+            worker.check_health(stale_after_s=60)
+        assert isinstance(raised.value.__cause__, ZeroDivisionError)
+        worker.stop()
+        assert worker._in_flight == {}
+
+        idle = CBRolloutWorker(manager, task.dataset, task.reward, num_generations=2, max_new_tokens=2)
+        with pytest.raises(RuntimeError, match="produced nothing"):
+            idle.check_health(stale_after_s=-1)
+    finally:
+        manager.stop(block=True, timeout=JOIN_TIMEOUT)
+
+
+def test_the_rollout_worker_needs_log_probabilities(task):
+    from transformers import AutoModelForCausalLM
+
+    from cbpause.testing import batching_config
+
+    manager = init_continuous_batching(AutoModelForCausalLM.from_pretrained(task.model_dir), task.generation_config,
+                                       batching_config())  # fmt: skip
+    with pytest.raises(ValueError, match="return_logprobs=True"):
+        CBRolloutWorker(manager, task.dataset, task.reward, num_generations=2, max_new_tokens=2)
+
+
+def test_only_the_tested_trl_minor_version_is_accepted():
+    check_trl_version("1.16.3")
+    for other in ("1.15.0", "1.17.0", "2.16.0"):
+        with pytest.raises(ImportError, match="1.16"):
+            check_trl_version(other)
+
+
+def test_the_cpu_attention_is_flash_attentions_bottom_right_causal_varlen():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(5, 4, 8), torch.randn(7, 2, 8), torch.randn(7, 2, 8)
+    cu_q, cu_k = torch.tensor([0, 2, 5]), torch.tensor([0, 3, 7])
+    out = varlen_attention(q, k, v, cu_q, cu_k, softmax_scale=0.5)
+    # segment 1: its 3 queries see keys 3..7 bottom-right aligned: query j sees the first j + 2 of the 4 keys
+    for j in range(3):
+        keys = k[3 : 3 + j + 2].repeat_interleave(2, 1)
+        values = v[3 : 3 + j + 2].repeat_interleave(2, 1)
+        weights = torch.softmax((q[2 + j][None] * keys).sum(-1) * 0.5, 0)
+        assert torch.allclose(out[2 + j], (weights[..., None] * values).sum(0), atol=1e-5)
