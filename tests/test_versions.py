@@ -52,7 +52,11 @@ def test_set_weight_version_only_inside_a_pause_and_only_hashable(plain_manager)
 @pytest.mark.parametrize("mode", ["keep", "retract"])
 def test_spans_start_exactly_at_the_first_token_of_each_version(plain_manager, mode):
     """Two updates while three requests run: every output's spans cover its tokens, each starting at the token
-    count the request had when the window opened.  A retracted request's recomputed prefix keeps its labels."""
+    count the request had when the window opened.  A retracted request's recomputed prefix keeps its labels.
+
+    R-KV-VERSIONS: in keep mode every token attends to the KV computed before any version was set (its prompt's),
+    so its ``kv_versions`` stay at the first version; a retract recomputes the KV with the new weights, so after it
+    they follow the weight versions."""
     manager = plain_manager
     ids = submit(manager, 3)
     gate = StepGate(manager.background_thread_status, "end_step")
@@ -66,9 +70,11 @@ def test_spans_start_exactly_at_the_first_token_of_each_version(plain_manager, m
         i = out.request_id
         assert 0 < first[i] < second[i] < MAX_NEW, (first, second)
         assert out.weight_versions == [(0, None), (first[i], 1), (second[i], 2)], out.weight_versions
+        expected_kv = [(0, None)] if mode == "keep" else out.weight_versions
+        assert out.kv_versions == expected_kv, out.kv_versions
         assert len(out.generated_tokens) == MAX_NEW
     later = results(manager, submit(manager, 1))[0]
-    assert later.weight_versions == [(0, 2)]
+    assert later.weight_versions == later.kv_versions == [(0, 2)]
 
 
 def cached_prefix_blocks(manager) -> int:
@@ -96,3 +102,61 @@ def test_prefix_blocks_survive_only_a_window_whose_holders_left_the_weights_alon
     with manager.pause(weights_changed=False):
         manager.set_weight_version("new")  # a new version is a change, whatever the holder said
     assert cached_prefix_blocks(manager) == 0
+
+
+class _State:
+    """The fields of transformers' RequestState that WeightVersions reads."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id, self.initial_tokens, self._true_initial_tokens, self.generated_tokens = request_id, [1], 0, []
+
+
+def test_a_step_launched_before_a_window_is_labelled_with_the_version_that_computed_it():
+    """Async batching reads a step's tokens back one iteration later, after a window that may have set a new version:
+    the tokens carry the version of the step that computed them (R-VERSIONS), and the KV label follows."""
+    from cbpause.integrations.weights import WeightVersions
+
+    versions, state = WeightVersions(), _State("r")
+    versions.launch()  # step 1 (async: not read back yet)
+    versions.read_back()  # (the bootstrap's read-back is of nothing)
+    versions.launch()  # step 2, launched with the version of before the window
+    versions.set(1)  # the window, between the launch and the read-back
+    versions.read_back()
+    state.generated_tokens.append(7)
+    versions.note(state)
+    versions.launch()  # step 3, after the window
+    versions.read_back()
+    state.generated_tokens.append(8)
+    versions.note(state)
+    assert versions.spans("r", finished=True) == ([(0, None), (1, 1)], [(0, None)])
+
+
+ASYNC_ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (async batching needs one)")
+
+
+@pytest.mark.cuda
+@ASYNC_ON_CUDA
+def test_async_batching_never_labels_a_token_computed_before_a_window_with_its_version():
+    """On CUDA with async batching (batch k+1 launched before batch k's tokens are read back): at a window, the step
+    in flight was computed with the old weights, so each request's first token of the new version comes one token
+    after the count read back when the window opened."""
+    from cbpause.integrations import transformers as cbt
+    from cbpause.testing import batching_config, greedy_config, tiny_llama
+
+    manager = cbt.init_continuous_batching(tiny_llama("cuda"), greedy_config(MAX_NEW),
+                                           batching_config(use_async_batching=True))  # fmt: skip
+    try:
+        ids = submit(manager, 3)
+        gate = StepGate(manager.background_thread_status, "end_step")
+        manager.start()
+        assert gate.reached.wait(WAIT)
+        gate.release()
+        counts = window_after_a_step(manager, 1)
+        outs = results(manager, ids)
+    finally:
+        manager.stop(block=True, timeout=WAIT)
+    for out in outs:
+        first = counts[out.request_id]
+        assert 0 < first < MAX_NEW
+        assert out.weight_versions == [(0, None), (first + 1, 1)], (first, out.weight_versions)
+        assert out.kv_versions == [(0, None)]

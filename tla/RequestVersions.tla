@@ -17,6 +17,19 @@
 (* at the end of a window that changed the weights, D6's fix) and FALSE   *)
 (* for transformers 5.23 (they are kept): the model of today's behaviour,  *)
 (* which must break NoStalePrefixInv.  Modes is {KEEP} there too.          *)
+(*                                                                         *)
+(* Issue 28 adds three things.  Each token carries two labels: the version *)
+(* that computed it (lab) and the oldest version of the KV it attended to  *)
+(* (kvLab, R-KV-VERSIONS).  With Async, a forward step is launched         *)
+(* (Launch) and its tokens read back later (Land), and a window may open   *)
+(* in between, as transformers' async batching does; LabelAtLaunch says    *)
+(* the tokens carry the version of their launch (cbpause) rather than the  *)
+(* one in force when they are read back (which LabelProp must catch).      *)
+(* And a staleness bound (R-STALENESS): at the close of a window that set  *)
+(* a new version, a request whose oldest label or KV is more than          *)
+(* MaxStaleness versions behind is restarted from its prompt (OnStale =    *)
+(* "restart") or ended with an error ("abort"); MaxStaleness = 99 (NONE)  *)
+(* is no bound.                                                            *)
 (***************************************************************************)
 EXTENDS Naturals, Sequences, FiniteSets
 
@@ -27,7 +40,11 @@ CONSTANTS
     MaxWindows,   \* how many pause windows the holders open
     Modes,        \* the modes the windows are opened in (PauseProtocol's)
     Forget,       \* the loop forgets its shared prefix blocks after an update
-    Reject        \* add_request refuses requests while a pause is held
+    Reject,       \* add_request refuses requests while a pause is held
+    Async,        \* a step's tokens are read back after the next decision
+    LabelAtLaunch,\* they carry the version of the step's launch
+    MaxStaleness, \* the staleness bound, NONE (99) for none
+    OnStale       \* "restart" or "abort"
 
 KEEP == 1
 RETRACT == 2
@@ -45,12 +62,17 @@ VARIABLES
     kv,         \* [Requests -> version of the oldest KV the request reads, NONE if none]
     adm,        \* [Requests -> the version in force when the request was (last) admitted]
     lab,        \* [Requests -> Seq(versions)]: the label of each token it generated
+    kvLab,      \* [Requests -> Seq(versions)]: the oldest KV version each token attended to
+    flight,     \* the version of the step launched and not read back, NONE if none (Async)
+    inFlight,   \* the requests of that step
     outputs,    \* [Requests -> terminal outputs]
     aborted,    \* [Requests -> BOOLEAN]
     windows,    \* how many windows were opened (the model's bound)
     last        \* the mode of the last window opened, 0 before any
 
-vars == <<wv, win, drainAsked, changed, prefix, st, kv, adm, lab, outputs, aborted, windows, last>>
+vars == <<wv, win, drainAsked, changed, prefix, st, kv, adm, lab, kvLab, flight, inFlight, outputs, aborted,
+          windows, last>>
+steps == <<flight, inFlight, kvLab>>
 
 Versions == 0..MaxVersion
 InBatch == {i \in Requests : st[i] = "batch"}
@@ -66,6 +88,9 @@ TypeOK ==
     /\ kv \in [Requests -> Versions \cup {NONE}]
     /\ adm \in [Requests -> Versions]
     /\ \A i \in Requests : Len(lab[i]) <= Tokens /\ \A k \in 1..Len(lab[i]) : lab[i][k] \in Versions
+    /\ \A i \in Requests : Len(kvLab[i]) = Len(lab[i]) /\ \A k \in 1..Len(kvLab[i]) : kvLab[i][k] \in Versions
+    /\ flight \in Versions \cup {NONE}
+    /\ inFlight \subseteq Requests
     /\ outputs \in [Requests -> 0..2]
     /\ aborted \in [Requests -> BOOLEAN]
     /\ windows \in 0..MaxWindows
@@ -81,6 +106,9 @@ Init ==
     /\ kv = [i \in Requests |-> NONE]
     /\ adm = [i \in Requests |-> 0]
     /\ lab = [i \in Requests |-> << >>]
+    /\ kvLab = [i \in Requests |-> << >>]
+    /\ flight = NONE
+    /\ inFlight = {}
     /\ outputs = [i \in Requests |-> 0]
     /\ aborted = [i \in Requests |-> FALSE]
     /\ windows = 0
@@ -92,12 +120,14 @@ Submit(i) ==
     /\ st[i] = "new"
     /\ st' = [st EXCEPT ![i] = IF Reject /\ (win # 0 \/ drainAsked) THEN "rejected" ELSE "waiting"]
     /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, kv, adm, lab, outputs, aborted, windows, last>>
+    /\ UNCHANGED steps
 
 \* A rejected caller retries.
 Retry(i) ==
     /\ st[i] = "rejected"
     /\ st' = [st EXCEPT ![i] = "new"]
     /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, kv, adm, lab, outputs, aborted, windows, last>>
+    /\ UNCHANGED steps
 
 \* The scheduler admits a waiting request into the batch (not in a window,
 \* not while draining).  Its prefill reads the shared prompt blocks if any
@@ -113,18 +143,46 @@ Admit(i) ==
     /\ prefix' = IF prefix = NONE THEN wv ELSE prefix
     /\ adm' = [adm EXCEPT ![i] = wv]
     /\ UNCHANGED <<wv, win, drainAsked, changed, lab, outputs, aborted, windows, last>>
+    /\ UNCHANGED steps
+
+\* The requests of S get one token each, labelled v, its KV label the
+\* oldest KV it reads; one that has all its tokens finishes.
+Produce(S, v) ==
+    /\ lab' = [i \in Requests |-> IF i \in S THEN Append(lab[i], v) ELSE lab[i]]
+    /\ kvLab' = [i \in Requests |-> IF i \in S THEN Append(kvLab[i], kv[i]) ELSE kvLab[i]]
+    /\ st' = [i \in Requests |->
+                IF i \in S /\ Len(lab[i]) + 1 = Tokens THEN "done" ELSE st[i]]
+    /\ outputs' = [i \in Requests |->
+                IF i \in S /\ Len(lab[i]) + 1 = Tokens THEN outputs[i] + 1 ELSE outputs[i]]
+    /\ kv' = [i \in Requests |-> IF i \in S /\ Len(lab[i]) + 1 = Tokens THEN NONE ELSE kv[i]]
 
 \* A forward step: every request of the batch gets one token, labelled with
-\* the version in force; one that has all its tokens finishes.
+\* the version in force.
 Step ==
+    /\ ~Async
     /\ win = 0
     /\ InBatch # {}
-    /\ lab' = [i \in Requests |-> IF i \in InBatch THEN Append(lab[i], wv) ELSE lab[i]]
-    /\ st' = [i \in Requests |->
-                IF i \in InBatch /\ Len(lab[i]) + 1 = Tokens THEN "done" ELSE st[i]]
-    /\ outputs' = [i \in Requests |->
-                IF i \in InBatch /\ Len(lab[i]) + 1 = Tokens THEN outputs[i] + 1 ELSE outputs[i]]
-    /\ kv' = [i \in Requests |-> IF i \in InBatch /\ Len(lab[i]) + 1 = Tokens THEN NONE ELSE kv[i]]
+    /\ Produce(InBatch, wv)
+    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, adm, aborted, windows, last, flight, inFlight>>
+
+\* Async: a step is launched with the weights in force ...
+Launch ==
+    /\ Async
+    /\ win = 0
+    /\ flight = NONE
+    /\ InBatch # {}
+    /\ flight' = wv
+    /\ inFlight' = InBatch
+    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, st, kv, adm, lab, kvLab, outputs, aborted, windows, last>>
+
+\* ... and its tokens are read back later, perhaps after a window (those of
+\* a request the window retracted, aborted or restarted are dropped).
+Land ==
+    /\ flight # NONE
+    /\ win = 0
+    /\ Produce(inFlight \cap InBatch, IF LabelAtLaunch THEN flight ELSE wv)
+    /\ flight' = NONE
+    /\ inFlight' = {}
     /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, adm, aborted, windows, last>>
 
 \* The group decides a pause in mode m (PauseProtocol's AllReduce).  A drain
@@ -134,6 +192,7 @@ Effect(m) ==
     CASE m = RETRACT ->
             /\ st' = [i \in Requests |-> IF i \in InBatch THEN "waiting" ELSE st[i]]
             /\ kv' = [i \in Requests |-> IF i \in InBatch THEN NONE ELSE kv[i]]
+            /\ inFlight' = {}
             /\ UNCHANGED <<outputs, aborted>>
       [] m = ABORT ->
             LET ended == {i \in Requests : st[i] \in {"waiting", "batch"}} IN
@@ -141,7 +200,8 @@ Effect(m) ==
             /\ outputs' = [i \in Requests |-> IF i \in ended THEN outputs[i] + 1 ELSE outputs[i]]
             /\ aborted' = [i \in Requests |-> aborted[i] \/ i \in ended]
             /\ kv' = [i \in Requests |-> IF i \in ended THEN NONE ELSE kv[i]]
-      [] OTHER -> UNCHANGED <<st, kv, outputs, aborted>>
+            /\ inFlight' = {}
+      [] OTHER -> UNCHANGED <<st, kv, outputs, aborted, inFlight>>
 
 OpenWindow(m) ==
     /\ win = 0
@@ -150,13 +210,13 @@ OpenWindow(m) ==
     /\ ~drainAsked \/ m \in {DRAIN, ABORT}   \* while a drain is asked, only as strong a mode
     /\ IF m = DRAIN /\ InBatch # {}
        THEN /\ drainAsked' = TRUE
-            /\ UNCHANGED <<win, st, kv, outputs, aborted, windows, last>>
+            /\ UNCHANGED <<win, st, kv, outputs, aborted, windows, last, inFlight>>
        ELSE /\ win' = m
             /\ drainAsked' = FALSE
             /\ windows' = windows + 1
             /\ last' = m
             /\ Effect(m)
-    /\ UNCHANGED <<wv, changed, prefix, adm, lab>>
+    /\ UNCHANGED <<wv, changed, prefix, adm, lab, kvLab, flight>>
 
 \* The holder inside updates the weights (set_weight_version).
 Update ==
@@ -165,21 +225,44 @@ Update ==
     /\ wv' = wv + 1
     /\ changed' = TRUE
     /\ UNCHANGED <<win, drainAsked, prefix, st, kv, adm, lab, outputs, aborted, windows, last>>
+    /\ UNCHANGED steps
+
+\* How far behind the version in force a request in flight is: its oldest
+\* token label, and the version of the KV it holds (0 when it has neither).
+Behind(i) ==
+    LET olds == {lab[i][k] : k \in 1..Len(lab[i])} \cup (IF kv[i] = NONE THEN {} ELSE {kv[i]}) IN
+    IF olds = {} THEN 0 ELSE wv - CHOOSE o \in olds : \A p \in olds : o <= p
+
+Stale(i) == MaxStaleness # NONE /\ st[i] \in {"waiting", "batch"} /\ Behind(i) > MaxStaleness
 
 \* The last holder leaves: the window closes; after an update the loop
-\* forgets the blocks kept for sharing (cbpause), or keeps them (upstream).
+\* forgets the blocks kept for sharing (cbpause), or keeps them (upstream),
+\* and applies the staleness bound (R-STALENESS).
 CloseWindow ==
+    LET stale == IF changed THEN {i \in Requests : Stale(i)} ELSE {} IN
     /\ win # 0
     /\ win' = 0
     /\ changed' = FALSE
     /\ prefix' = IF Forget /\ changed THEN NONE ELSE prefix
-    /\ UNCHANGED <<wv, drainAsked, st, kv, adm, lab, outputs, aborted, windows, last>>
+    /\ inFlight' = inFlight \ stale
+    /\ kv' = [i \in Requests |-> IF i \in stale THEN NONE ELSE kv[i]]
+    /\ IF OnStale = "restart"
+       THEN /\ st' = [i \in Requests |-> IF i \in stale THEN "waiting" ELSE st[i]]
+            /\ lab' = [i \in Requests |-> IF i \in stale THEN << >> ELSE lab[i]]
+            /\ kvLab' = [i \in Requests |-> IF i \in stale THEN << >> ELSE kvLab[i]]
+            /\ UNCHANGED <<outputs, aborted>>
+       ELSE /\ st' = [i \in Requests |-> IF i \in stale THEN "done" ELSE st[i]]
+            /\ outputs' = [i \in Requests |-> IF i \in stale THEN outputs[i] + 1 ELSE outputs[i]]
+            /\ aborted' = [i \in Requests |-> aborted[i] \/ i \in stale]
+            /\ UNCHANGED <<lab, kvLab>>
+    /\ UNCHANGED <<wv, drainAsked, adm, windows, last, flight>>
 
 \* P-DELIVER.
 Deliver(i) ==
     /\ st[i] = "done"
     /\ st' = [st EXCEPT ![i] = "delivered"]
     /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, kv, adm, lab, outputs, aborted, windows, last>>
+    /\ UNCHANGED steps
 
 \* Every request delivered: the behaviour may stutter.
 Finished ==
@@ -188,7 +271,7 @@ Finished ==
 
 Next ==
     \/ \E i \in Requests : Submit(i) \/ Retry(i) \/ Admit(i) \/ Deliver(i)
-    \/ Step
+    \/ Step \/ Launch \/ Land
     \/ \E m \in Modes : OpenWindow(m)
     \/ Update \/ CloseWindow
     \/ Finished
@@ -197,7 +280,7 @@ Next ==
 \* PauseProtocol's liveness, HoldersLeave); a pause once asked opens
 \* (PauseProtocol's R-PAUSE-RETURNS).  Callers and holders choose freely.
 Fairness ==
-    /\ WF_vars(Step)
+    /\ WF_vars(Step) /\ WF_vars(Launch) /\ WF_vars(Land)
     /\ \A i \in Requests : WF_vars(Admit(i)) /\ WF_vars(Deliver(i))
     /\ WF_vars(CloseWindow)
     /\ WF_vars(drainAsked /\ OpenWindow(DRAIN))
@@ -222,8 +305,29 @@ LabelInv ==
         /\ \A k \in 1..(Len(lab[i]) - 1) : lab[i][k] <= lab[i][k + 1]
         /\ (st[i] \in {"done", "delivered"} /\ ~aborted[i]) => Len(lab[i]) = Tokens
 
-\* Each token's label is the version in force at the step that produced it.
-LabelProp == [][\A i \in Requests : Len(lab'[i]) = Len(lab[i]) + 1 => lab'[i][Len(lab'[i])] = wv]_vars
+\* Each token's label is the version of the weights that computed it: the
+\* version in force at its step, or at its launch (Async).
+LabelProp == [][\A i \in Requests : Len(lab'[i]) = Len(lab[i]) + 1 =>
+                    lab'[i][Len(lab'[i])] = IF Async THEN flight ELSE wv]_vars
+
+\* R-KV-VERSIONS: each token's KV label is the oldest version of the KV it
+\* attended to (the request's, which its own step only adds newer rows to).
+KvLabelProp == [][\A i \in Requests : Len(kvLab'[i]) = Len(kvLab[i]) + 1 => kvLab'[i][Len(kvLab'[i])] = kv[i]]_vars
+
+\* The KV a token attends to is never newer than the weights that computed
+\* it, and never older than the request's admission (after a retract, the
+\* recomputed KV is the new version's); along a request the KV labels only
+\* grow.
+KvLabelInv ==
+    \A i \in Requests :
+        /\ \A k \in 1..Len(kvLab[i]) : kvLab[i][k] <= lab[i][k]
+        /\ \A k \in 1..(Len(kvLab[i]) - 1) : kvLab[i][k] <= kvLab[i][k + 1]
+
+\* R-STALENESS: outside a window, no request in flight is more than
+\* MaxStaleness versions behind (the bound is applied as a window closes;
+\* the versions change only inside windows).
+StalenessInv ==
+    win = 0 => \A i \in Requests : ~Stale(i)
 
 \* R-NO-STALE-PREFIX (D6): no request reads KV computed with weights older
 \* than those in force when it was admitted.
@@ -261,4 +365,10 @@ NeverStaleInFlightWitness == \A i \in Requests : st[i] = "batch" => kv[i] = NONE
 NeverRetractedWitness ==
     ~(last = RETRACT /\ wv > 0 /\ \E i \in InBatch : Len(lab[i]) > 0 /\ lab[i][1] < wv)
 NeverDrainsWitness == \A i \in Requests : ~(drainAsked /\ st[i] = "waiting")
+\* After a keep window that updated the weights, a token attends to KV of
+\* older weights than its own (the KV label differs from the token's).
+\* A window that updated the weights does find a request more than
+\* MaxStaleness versions behind (the bound has work to do).
+NeverStaleAtCloseWitness == ~(win # 0 /\ changed /\ \E i \in Requests : Stale(i))
+NeverOlderKvWitness == \A i \in Requests : \A k \in 1..Len(kvLab[i]) : kvLab[i][k] = lab[i][k]
 =============================================================================

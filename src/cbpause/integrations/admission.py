@@ -233,7 +233,7 @@ def checked_max_new_tokens(max_new_tokens: Any) -> int | None:
 class TrackingRouter(_api.OutputRouter):
     """Upstream's output router, which also forgets each request id once its terminal output is delivered (the ids
     in ``live`` are the requests in flight, which ``add_request`` refuses to reuse), records the delivery in the
-    driver's trace (``Deliver``), and gives every output its ``weight_versions`` spans
+    driver's trace (``Deliver``), and gives every output its ``weight_versions`` and ``kv_versions`` spans
     (:class:`cbpause.integrations.weights.WeightVersions`)."""
 
     def __init__(self, live: set[str], versions: Any) -> None:
@@ -249,7 +249,7 @@ class TrackingRouter(_api.OutputRouter):
 
     def _label(self, output: Any) -> bool:
         finished = output.is_finished()
-        output.weight_versions = self.versions.spans(output.request_id, finished)
+        output.weight_versions, output.kv_versions = self.versions.spans(output.request_id, finished)
         return finished
 
     def deliver(self, output: Any) -> None:

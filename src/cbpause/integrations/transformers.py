@@ -124,6 +124,17 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             self.scheduler.set_request_cancellation(cancelled)
         return False
 
+    def _generation_step(self, model: Any) -> None:
+        """Upstream's forward step, its weight version noted as it starts (R-VERSIONS: a token is labelled with the
+        version that computed it, even when async batching reads it back after a window)."""
+        self.output_router.versions.launch()
+        super()._generation_step(model)
+
+    def update_batch(self) -> None:
+        """Upstream's read-back of a step's tokens, labelled with that step's version (see ``_generation_step``)."""
+        self.output_router.versions.read_back()
+        super().update_batch()
+
     def _admit(self, state: Any) -> None:
         """Give one request of the broadcast to the scheduler.  One it cannot take (logits-processor arguments it
         refuses, a prompt too long for the cache) fails alone, its error in its output (``_handle_request_error``),
@@ -406,6 +417,7 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
     def _run_generation_loop(self) -> None:
         # Settle which thread is the loop's before anything else can ask (D4's check relies on it).
         self.background_thread_status.bind_loop_thread()
+        self.versions.launched.clear()  # a step of an earlier session that failed was never read back
         try:
             super()._run_generation_loop()
         except BaseException as error:

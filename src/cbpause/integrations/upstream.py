@@ -73,6 +73,7 @@ STAMPS = {
 FINGERPRINTS = {
     "cache.PagedAttentionCache.mark_complete_blocks": "f6255bb6c6a6eb93",
     "continuous_api.ContinuousBatchProcessor._update_tp_group_state": "2731052eb9413443",
+    "continuous_api.ContinuousBatchProcessor._generation_step": "91e7d3b5bd328f31",
     "continuous_api.ContinuousBatchProcessor.prepare_next_batch": "cbc297079d4a9591",
     "continuous_api.ContinuousBatchProcessor.update_batch": "cbad955852af2e67",
     "continuous_api.ContinuousBatchingManager.__init__": "c17deedf60b75aab",

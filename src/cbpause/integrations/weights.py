@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import zlib
+from collections import deque
 from collections.abc import Hashable
 from typing import Any
 
@@ -55,9 +56,15 @@ def generated_count(state: Any) -> int:
 class WeightVersions:
     """The weight version in force (``current``, ``None`` until a holder sets one) and each request's spans.
 
-    ``note(state)`` runs on the loop's thread after each forward step, for every request of the batch; a token is
-    labelled with ``current`` when it is first seen.  A retracted request's recomputed prefix produces no token
-    and keeps its labels.  Holders change ``current`` only inside a pause, when no step runs.
+    Two labels per generated token (R-VERSIONS, R-KV-VERSIONS): ``weight_versions``, the version of the weights that
+    computed it, and ``kv_versions``, the oldest version among the KV it attended to (the version in force when the
+    request's KV, as it holds it now, started being computed: after a keep pause it is older than the token's own;
+    after a retract the KV is recomputed and it is the new version).  The loop calls ``launch()`` as it starts a
+    forward step and ``read_back()`` as it reads a step's tokens back: a token is labelled with the version of the
+    step that computed it, not the version in force when it is read (with async batching, transformers' default
+    with CUDA graphs, a step launched before a window is read back after it).  ``note(state)`` runs for every
+    request of the step read back.  A retracted request's recomputed prefix produces no token and keeps its labels.
+    Holders change ``current`` only inside a pause, when no step runs.
     """
 
     def __init__(self) -> None:
@@ -65,7 +72,10 @@ class WeightVersions:
         self.changed = False  # the version changed since the last window's end (read and reset there)
         self.unchanged_entries = 0  # holders that entered the current window saying the weights stay as they are
         self.entries_seen = 0  # the protocol's pauses_taken at the last window's end
-        self._records: dict[str, list] = {}  # request id -> [spans, tokens seen]
+        self.launched: deque = deque()  # the version of each step launched and not read back yet, oldest first
+        self.reading: Hashable = None  # the version of the step being read back
+        # request id -> [weight spans, tokens seen, kv spans, its state object, the version its KV started with]
+        self._records: dict[str, list] = {}
 
     def set(self, version: Hashable) -> None:
         """``TypeError``, with nothing changed, for a version that is unhashable or whose equality is not a total,
@@ -78,21 +88,38 @@ class WeightVersions:
         if not _equal(version, self.current):
             self.current, self.changed = version, True
 
+    def launch(self) -> None:
+        """A forward step starts, with the weights of ``current``."""
+        self.launched.append(self.current)
+
+    def read_back(self) -> None:
+        """The tokens of the oldest step launched are read back: they are labelled with its version."""
+        self.reading = self.launched.popleft() if self.launched else self.current
+
     def note(self, state: Any) -> None:
-        n = generated_count(state)
+        version = self.reading
         record = self._records.get(state.request_id)
         if record is None:
-            record = self._records[state.request_id] = [[], 0]
+            record = self._records[state.request_id] = [[], 0, [], state, version]
+        elif record[3] is not state:  # a soft-reset copy (a retract): its KV is computed again from this step on
+            record[3], record[4] = state, version
+        n = generated_count(state)
         if n > record[1]:
-            spans = record[0]
-            if not spans or spans[-1][1] is not self.current:  # current is replaced only by an unequal version
-                spans.append((record[1], self.current))
+            _extend(record[0], record[1], version)
+            _extend(record[2], record[1], record[4])
             record[1] = n
 
-    def spans(self, request_id: str, finished: bool) -> list[tuple[int, Hashable]]:
-        """The spans of ``request_id`` so far (forgotten once its terminal output is out)."""
+    def spans(self, request_id: str, finished: bool) -> tuple[list[tuple[int, Hashable]], list[tuple[int, Hashable]]]:
+        """The weight and KV spans of ``request_id`` so far (forgotten once its terminal output is out)."""
         record = self._records.pop(request_id, None) if finished else self._records.get(request_id)
-        return [] if record is None else list(record[0])
+        return ([], []) if record is None else (list(record[0]), list(record[2]))
+
+
+def _extend(spans: list, first: int, version: Hashable) -> None:
+    """Tokens from ``first`` on carry ``version``: a new span unless the last one has it (versions are replaced only
+    by unequal ones, so identity is equality here)."""
+    if not spans or spans[-1][1] is not version:
+        spans.append((first, version))
 
 
 def check_weights_changed(weights_changed: object) -> None:

@@ -28,7 +28,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-TESTS = "tests/test_integration_transformers.py"
+TESTS = "tests/test_integration_transformers.py tests/test_versions.py"
 STAND_IN_CASES = "overhead"  # the bench's cases on the CPU when there is no CUDA device
 
 
