@@ -32,11 +32,11 @@ def task(tmp_path):
     return tiny_task(tmp_path, steps=20)
 
 
-def engine_for(task):
+def engine_for(task, **kwargs):
     from transformers import AutoModelForCausalLM
 
     engine = AutoModelForCausalLM.from_pretrained(task.model_dir).eval()
-    manager = init_continuous_batching(engine, task.generation_config, task.batching_config)
+    manager = init_continuous_batching(engine, task.generation_config, task.batching_config, **kwargs)
     manager.start()
     return engine, manager
 
@@ -58,8 +58,9 @@ def first_logged(trainer, key):
 
 @pytest.mark.parametrize("mode, steps", [("keep", 20), ("retract", 20), ("drain", 6), ("abort", 6)])
 def test_async_grpo_trains_through_the_paused_loop(tmp_path, mode, steps):
-    task = tiny_task(tmp_path, steps=steps)
-    engine, manager = engine_for(task)
+    task = tiny_task(tmp_path, steps=steps, max_staleness=1)
+    # the engine's staleness bound is the trainer's: nothing is generated for a sample it would drop
+    engine, manager = engine_for(task, max_staleness=task.args.max_staleness, on_stale="abort")
     sync = PauseWeightSync(manager, mode=mode, timeout=60)
     worker = worker_for(task, manager)
     try:
@@ -79,6 +80,7 @@ def test_async_grpo_trains_through_the_paused_loop(tmp_path, mode, steps):
         assert first_logged(trainer, "kl") == pytest.approx(0.0, abs=1e-4)
         if mode == "abort":
             assert worker.resubmitted > 0  # the pauses ended requests in flight; the worker sampled them again
+        assert all(h.get("sample/staleness_max", 0) <= 1 for h in trainer.state.log_history)
         assert not worker._thread.is_alive()  # TRL's train() ends with rollout_worker.stop()
         assert manager.is_running() and not manager.background_thread_status.state.paused
     finally:

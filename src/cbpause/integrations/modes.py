@@ -27,8 +27,9 @@ from typing import Any
 from transformers.generation.continuous_batching import continuous_api as _api
 
 from ..core import transitions as t
+from .weights import STALE
 
-__all__ = ["ABORTED_BY_PAUSE", "abort", "at_decision", "busy", "retract"]
+__all__ = ["ABORTED_BY_PAUSE", "abort", "at_decision", "busy", "restart_stale", "retract"]
 
 ABORTED_BY_PAUSE = "aborted by a pause (mode='abort')"
 
@@ -133,3 +134,50 @@ def at_decision(processor: Any, status: Any, taken: list) -> None:
         retract(processor)
     elif s.tp_pause == t.ABORT:
         abort(processor, taken)
+
+
+def from_prompt(state: Any) -> Any:
+    """A copy of ``state`` back at its prompt, under the same id, with its whole ``max_new_tokens``: its tokens (those
+    a retract moved into its prompt included) are discarded.  It keeps its created time and lifespan's start."""
+    prompt_len = state._true_initial_tokens or len(state.initial_tokens)
+    config = state.get_request_config()
+    if state.max_new_tokens is not None:
+        config["max_new_tokens"] = state.max_new_tokens + len(state.initial_tokens) - prompt_len
+    fresh = RetractedRequestState(request_id=state.request_id, initial_tokens=list(state.initial_tokens[:prompt_len]),
+                                  **config)  # fmt: skip
+    fresh.created_time, fresh.lifespan = state.created_time, (state.lifespan[0], -1)
+    return fresh
+
+
+def restart_stale(processor: Any) -> int:
+    """R-STALENESS, at the close of a window that set a new weight version, on every rank alike: every request in
+    flight more than ``max_staleness`` versions behind (:meth:`~cbpause.integrations.weights.WeightVersions.behind`)
+    goes back to its prompt at the head of the waiting queue (``on_stale="restart"``) or ends with one terminal
+    output whose error starts with :data:`~cbpause.integrations.weights.STALE` (``"abort"``).  Returns how many."""
+    scheduler, offloading, router = processor.scheduler, processor.offloading_manager, processor.output_router
+    versions = router.versions
+    bound = versions.max_staleness
+    stale = [(s, True) for s in scheduler.active_requests.values() if versions.behind(s, True) > bound]
+    stale += [(s, False) for s in scheduler.waiting_requests.values() if in_flight(s)
+              and versions.behind(s, s.is_cpu_offloaded) > bound]  # fmt: skip
+    restarted = []
+    for state, active in stale:
+        behind = versions.behind(state, active or state.is_cpu_offloaded)
+        if active:
+            scheduler.finish_request(state.request_id)  # frees its blocks
+        else:
+            offloading.free_request_cpu_cache(state)
+            del scheduler.waiting_requests[state.request_id]
+            scheduler.waiting_requests_order.remove(state.request_id)
+        if versions.on_stale == "restart":
+            versions.forget(state.request_id)
+            restarted.append(from_prompt(state))
+        else:
+            router.fail_and_deliver(state, RuntimeError(f"{STALE}: {behind} versions behind the weights in force "
+                                                        f"(max_staleness={bound})"))  # fmt: skip
+    for state in reversed(restarted):
+        scheduler.waiting_requests[state.request_id] = state
+        scheduler.waiting_requests_order.appendleft(state.request_id)
+    if stale:
+        _unblock(scheduler)
+    return len(stale)

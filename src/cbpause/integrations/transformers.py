@@ -125,13 +125,12 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         return False
 
     def _generation_step(self, model: Any) -> None:
-        """Upstream's forward step, its weight version noted as it starts (R-VERSIONS: a token is labelled with the
-        version that computed it, even when async batching reads it back after a window)."""
+        """Upstream's forward step, its version noted (R-VERSIONS: async batching reads it back after a window)."""
         self.output_router.versions.launch()
         super()._generation_step(model)
 
     def update_batch(self) -> None:
-        """Upstream's read-back of a step's tokens, labelled with that step's version (see ``_generation_step``)."""
+        """Upstream's read-back of a step's tokens, labelled with that step's version."""
         self.output_router.versions.read_back()
         super().update_batch()
 
@@ -175,6 +174,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             stream = self.inputs_and_outputs.compute_stream
             if stream is not None:  # the GPU's work of the last step ends before any holder touches the model
                 stream.synchronize()
+            before = self.output_router.versions.current
             status.pause_window()  # P-OPEN-WINDOW / P-SKIP-WINDOW / P-PARK-FOR-PEER, P-CLOSE-WINDOW; raises on D3
             changed = weights.window_changed_weights(self.output_router.versions, status.pauses_taken)
             if self.distributed_helper.cpu_comm_group is not None:
@@ -199,6 +199,9 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             weights.check_model_unchanged(self, changed)
             if changed:
                 weights.forget_shared_prefixes(self)  # D6: no new request reads KV from before the pause
+            versions = self.output_router.versions
+            if versions.max_staleness is not None and weights.set_new_version(versions, before):
+                modes.restart_stale(self)  # R-STALENESS
         else:
             status.no_pause()  # P-NO-PAUSE
         return payload_size, False
@@ -267,9 +270,12 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         peer_park_timeout: float | None = 300.0,
         trace: Any = None,
         while_paused: str = "queue",
+        max_staleness: int | None = None,
+        on_stale: str = "restart",
     ) -> None:
         status = PauseProtocol(peer_park_timeout=peer_park_timeout, trace=trace)  # validates the timeout first
         self.while_paused = admission.checked_while_paused(while_paused)
+        staleness = weights.checked_staleness(max_staleness, on_stale)
         super().__init__(model, generation_config, continuous_batching_config, workload_hints)
         self.background_thread_status, self._wake_up_loop = status, SafeEvent()  # SafeEvent: issue 26, point 1
         # P-SUBMIT: the acceptance check and the enqueue happen under this lock, and so does the loop's last
@@ -281,7 +287,7 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         # The ids of the requests in flight (added, no terminal output delivered yet): a duplicate would make the
         # scheduler mix two requests up and fail the loop (upstream), so add_request refuses one.
         self._live_ids: set[str] = set()
-        self.versions = weights.WeightVersions()  # the version in force, and each request's spans
+        self.versions = weights.WeightVersions(*staleness)  # the version in force, each request's spans, the bound
         self.output_router = admission.TrackingRouter(self._live_ids, self.versions)
         if self.is_tp_driver:  # the requests are the driver's; the other ranks' outputs are copies nobody reads
             self.output_router.status = status
@@ -566,6 +572,9 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
                                         self.versions)  # fmt: skip
 
 
+INIT_KEYWORDS = ("workload_hints", "peer_park_timeout", "trace", "while_paused", "max_staleness", "on_stale")
+
+
 def init_continuous_batching(
     model: Any,
     generation_config: GenerationConfig | None = None,
@@ -576,15 +585,19 @@ def init_continuous_batching(
 
     Takes what ``model.init_continuous_batching`` takes (``workload_hints=`` among ``kwargs``), and
     ``peer_park_timeout=`` (seconds a rank parked for a peer's pause waits for its own pauser; default
-    300, ``None`` for ever), ``trace=`` (a :class:`cbpause.TraceRecorder`) and ``while_paused=`` (``"queue"``,
+    300, ``None`` for ever), ``trace=`` (a :class:`cbpause.TraceRecorder`), ``while_paused=`` (``"queue"``,
     the default: requests submitted while a pause is asked or held wait and run after it; ``"reject"``:
-    ``add_request`` raises :class:`cbpause.LoopPausedError` then, and nothing is enqueued).  A cached manager
+    ``add_request`` raises :class:`cbpause.LoopPausedError` then, and nothing is enqueued), and the staleness bound
+    (R-STALENESS) ``max_staleness=`` (``None``, the default: none; an integer ``n``: at the close of a window that set
+    a new integer weight version, a request in flight whose oldest token or KV is more than ``n`` versions behind is
+    restarted from its prompt, ``on_stale="restart"``, or ends with an error starting with
+    ``cbpause.integrations.weights.STALE``, ``on_stale="abort"``).  A cached manager
     (``stop(keep_for_next_session=True)``) of this kind is reused, as upstream does.
 
     Raises ``TypeError`` for a model that is not a transformers model, ``ValueError`` when no generation
     config can be found or a cached manager is upstream's own, and ``TypeError`` for an unknown keyword.
     """
-    unknown = set(kwargs) - {"workload_hints", "peer_park_timeout", "trace", "while_paused"}
+    unknown = set(kwargs) - set(INIT_KEYWORDS)
     if unknown:
         raise TypeError(f"init_continuous_batching() got unexpected keyword argument(s): {sorted(unknown)}")
     if not all(hasattr(model, a) for a in ("config", "device", "dtype", "_get_logits_processor")):
@@ -609,6 +622,8 @@ def init_continuous_batching(
         peer_park_timeout=kwargs.get("peer_park_timeout", 300.0),
         trace=kwargs.get("trace"),
         while_paused=kwargs.get("while_paused", "queue"),
+        max_staleness=kwargs.get("max_staleness"),
+        on_stale=kwargs.get("on_stale", "restart"),
     )
 
 

@@ -197,6 +197,10 @@ class CBRolloutWorker:
     * Per sample, ``metrics_queue`` gets ``cbpause/reward``, ``cbpause/staleness`` (the worker's ``model_version``
       minus the sample's), ``cbpause/versions_spanned`` and ``cbpause/tokens_per_s``.
 
+    Build the engine with ``init_continuous_batching(..., max_staleness=args.max_staleness)`` (R-STALENESS): a request
+    that falls further behind than the trainer would accept is restarted (or, ``on_stale="abort"``, ended and
+    submitted again here) at the window that makes it so, instead of being finished and dropped by the trainer.
+
     The worker owns the manager's output queue (``get_result``): nothing else may read results from it.  ``stop()``
     cancels the requests it has in flight and joins the thread; it does not stop the manager.
     """

@@ -35,8 +35,9 @@ from collections.abc import Hashable
 from typing import Any
 
 __all__ = [
-    "STALE", "VersionedManager", "WeightVersions", "check_model_unchanged", "forget_shared_prefixes",
-    "agree_versions", "parameter_layout", "version_digest", "window_changed_weights",
+    "STALE", "VersionedManager", "WeightVersions", "checked_staleness", "check_model_unchanged",
+    "forget_shared_prefixes", "set_new_version", "agree_versions", "parameter_layout", "version_digest",
+    "window_changed_weights",
 ]  # fmt: skip
 
 
@@ -67,7 +68,8 @@ class WeightVersions:
     Holders change ``current`` only inside a pause, when no step runs.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_staleness: int | None = None, on_stale: str = "restart") -> None:
+        self.max_staleness, self.on_stale = max_staleness, on_stale  # R-STALENESS (checked_staleness)
         self.current: Hashable = None
         self.changed = False  # the version changed since the last window's end (read and reset there)
         self.unchanged_entries = 0  # holders that entered the current window saying the weights stay as they are
@@ -109,10 +111,49 @@ class WeightVersions:
             _extend(record[2], record[1], record[4])
             record[1] = n
 
+    def behind(self, state: Any, holds_kv: bool) -> int:
+        """How many versions the oldest label of ``state``'s tokens, or of the KV it holds, is behind ``current``
+        (R-STALENESS); 0 when ``current`` or all of those are not integers (``None`` before any version included)."""
+        record = self._records.get(state.request_id)
+        if record is None or not _integer(self.current):
+            return 0
+        olds = [v for _, v in record[0]]
+        if holds_kv and record[3] is state:
+            olds.append(record[4])
+        olds = [v for v in olds if _integer(v)]
+        return self.current - min(olds) if olds else 0
+
+    def forget(self, request_id: str) -> None:
+        """Drop the labels of ``request_id``: it restarts from its prompt, its tokens discarded."""
+        self._records.pop(request_id, None)
+
     def spans(self, request_id: str, finished: bool) -> tuple[list[tuple[int, Hashable]], list[tuple[int, Hashable]]]:
         """The weight and KV spans of ``request_id`` so far (forgotten once its terminal output is out)."""
         record = self._records.pop(request_id, None) if finished else self._records.get(request_id)
         return ([], []) if record is None else (list(record[0]), list(record[2]))
+
+
+def _integer(version: Hashable) -> bool:
+    return isinstance(version, int) and not isinstance(version, bool)
+
+
+def set_new_version(versions: WeightVersions, before: Hashable) -> bool:
+    """Whether the window that just closed set a weight version other than ``before`` (the one in force as it
+    opened)."""
+    return _equal(versions.current, before) is not True
+
+
+def checked_staleness(max_staleness: object, on_stale: object) -> tuple[int | None, str]:
+    """``init_continuous_batching``'s ``max_staleness`` (``None``, or an integer >= 0) and ``on_stale``
+    (``"restart"`` or ``"abort"``): ``TypeError`` or ``ValueError`` otherwise, before anything is built."""
+    if max_staleness is not None:
+        if not _integer(max_staleness):
+            raise TypeError(f"max_staleness must be None or an integer, not {max_staleness!r}")
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be at least 0, not {max_staleness}")
+    if on_stale not in ("restart", "abort"):
+        raise ValueError(f"on_stale must be 'restart' or 'abort', not {on_stale!r}")
+    return max_staleness, on_stale
 
 
 def _extend(spans: list, first: int, version: Hashable) -> None:
