@@ -276,3 +276,26 @@ def test_the_cpu_attention_is_flash_attentions_bottom_right_causal_varlen():
         values = v[3 : 3 + j + 2].repeat_interleave(2, 1)
         weights = torch.softmax((q[2 + j][None] * keys).sum(-1) * 0.5, 0)
         assert torch.allclose(out[2 + j], (weights[..., None] * values).sum(0), atol=1e-5)
+
+
+def test_the_side_by_side_bench_runs_both_trainers(tmp_path):
+    import json
+
+    from cbpause.apps.bench.run import main
+
+    assert main(["--trl", "--trl-steps", "3", "--trl-modes", "keep", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "trl.json").read_text())
+    assert [r["trainer"] for r in report["results"]] == ["async (keep)", "sync (generate_batch)"]
+    for r in report["results"]:
+        assert r["steps"] == 3 and len(r["rewards"]) == 3 and r["tokens_per_s"] > 0 and r["s_per_step"] > 0
+    assert report["results"][0]["weight_sync_s"] > 0  # four syncs (the cold one and one per step), each a pause
+    assert (tmp_path / "trl.md").read_text().count("\n| ") == 2  # a row per trainer below the header
+
+
+def test_the_demo_trains_and_reports_each_step(tmp_path, capsys):
+    from cbpause.apps.demo import main
+
+    main(["--trl", "--steps", "4", "--png", str(tmp_path / "curve.png")])
+    out = capsys.readouterr().out
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("step ")] == ["1", "2", "3", "4"]
+    assert "5 weight syncs (keep)" in out  # the cold sync, then one per step

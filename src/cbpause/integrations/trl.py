@@ -241,7 +241,8 @@ class CBRolloutWorker:
         self.metrics_queue: queue.Queue = queue.Queue(maxsize=4096)
         self.model_version = 0
         self.resubmitted = 0  # requests submitted again (aborted by a pause, or stale)
-        self.samples = 0
+        self.samples = 0  # samples put on the buffer
+        self.tokens = 0  # tokens of the completions finished and scored
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -370,6 +371,7 @@ class CBRolloutWorker:
 
     def _score(self, group: _Group) -> Iterator[RolloutSample]:
         ids = [list(o.generated_tokens) for o in group.outputs]
+        self.tokens += sum(map(len, ids))
         decode = self.processing_class.decode if self.processing_class is not None else None
         completions = [decode(i, skip_special_tokens=True) if decode else i for i in ids]
         rewards, per_func = self._rewards(group, completions, ids)

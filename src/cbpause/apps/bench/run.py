@@ -52,6 +52,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    + ", ".join([*CASES, "tlc"]))  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="where bench.json and bench.png go")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trl", action="store_true", help="instead of the cases: TRL's async GRPO on cbpause against its "
+                   "synchronous GRPO with generate_batch (cbpause.apps.bench.trl_side; the trl extra)")
+    p.add_argument("--trl-steps", type=int, default=None, help="optimizer steps per trainer (default 12 quick, 30)")
+    p.add_argument("--trl-modes", default="keep,retract", help="pause modes of the async runs (default keep,retract)")
     args = p.parse_args(argv)
     unknown = set(args.cases.split(",")) - {*CASES, "tlc"}
     if unknown:
@@ -71,6 +75,11 @@ def _cuda() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.trl:
+        from .trl_side import main as trl_main
+
+        steps = args.trl_steps or (12 if args.quick else 30)
+        return trl_main(args.out, steps, [m.strip() for m in args.trl_modes.split(",") if m.strip()], args.seed)
     reps = args.repeats or (2 if args.quick else 5)
     selected = args.cases.split(",")
     started = time.perf_counter()

@@ -6,7 +6,9 @@ pushing new weights would.  A progress bar shows the requests coming back; the s
 requests finished, tokens, pauses, how long a pause took to enter (p50/p99) and how many requests were
 lost (always 0: R-NOTHING-LOST-DELIVERED).  Exits 1 if a request was lost or failed.
 
-``python -m cbpause.apps.demo --rl`` runs a small reinforcement-learning loop instead (:mod:`cbpause.apps.demo.rl`).
+``python -m cbpause.apps.demo --rl`` runs a small reinforcement-learning loop instead (:mod:`cbpause.apps.demo.rl`),
+``python -m cbpause.apps.demo --trl`` trains with TRL's ``AsyncGRPOTrainer`` on a cbpause engine
+(:mod:`cbpause.apps.demo.grpo`, the ``trl`` extra).
 
 Needs the ``transformers`` extra (torch and transformers 5.23.x).
 """
@@ -196,10 +198,15 @@ def format_summary(s: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if "--rl" in (sys.argv[1:] if argv is None else argv):
+    given = sys.argv[1:] if argv is None else argv
+    if "--rl" in given:
         from . import rl
 
         return rl.main(argv)
+    if "--trl" in given:
+        from . import grpo
+
+        return grpo.main(argv)
     summary = run(parse_args(argv))
     print(format_summary(summary))
     ok = summary["lost"] == 0 and summary["failed"] == 0 and summary["duplicates"] == 0

@@ -1,4 +1,4 @@
-"""``python -m cbpause.apps.demo [--rl]``."""
+"""``python -m cbpause.apps.demo [--rl | --trl]``."""
 
 import sys
 
