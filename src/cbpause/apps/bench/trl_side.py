@@ -110,14 +110,18 @@ def plot(results: list[dict], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
     for r in results:
-        ax.plot(range(1, len(r["rewards"]) + 1), r["rewards"], marker=".", label=r["trainer"])
-    ax.axhline(1 / 16, color="grey", linestyle=":", label="chance (1 in 16)")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("mean reward of the step's group")
-    ax.set_title("TRL GRPO on the CPU: tiny task, same model, prompts, reward and steps")
-    ax.legend()
+        steps = range(1, len(r["rewards"]) + 1)
+        by_step.plot(steps, r["rewards"], marker=".", label=r["trainer"])
+        by_time.plot([k * r["s_per_step"] for k in steps], r["rewards"], marker=".", label=r["trainer"])
+    for ax in (by_step, by_time):
+        ax.axhline(1 / 16, color="grey", linestyle=":", label="chance (1 in 16)")
+    by_step.set_xlabel("optimizer step")
+    by_time.set_xlabel("seconds (steps x the run's mean seconds per step)")
+    by_step.set_ylabel("mean reward of the step's group")
+    by_step.legend()
+    fig.suptitle("TRL GRPO on the CPU: tiny task, same model, prompts, reward and steps")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
