@@ -364,3 +364,19 @@ def test_a_drop_in_all_reduce_deferred_under_explicit_steps_changes_nothing_when
     from cbpause.apps import hostile
 
     hostile.deferred_all_reduce_under_explicit_steps()
+
+
+def test_the_weight_sync_refuses_every_misuse_and_holds_nothing():
+    """Issue 28: TRL's weight transfer misused, interrupted mid-copy, used on a stopped loop (the probe raises
+    ``Wrong`` or ``Silent`` otherwise)."""
+    pytest.importorskip("trl")
+    from cbpause.apps import hostile
+
+    hostile.weight_sync_misuse()
+
+
+def test_every_request_made_stale_in_every_mode_restarts_and_is_delivered_once():
+    """Issue 28: ``max_staleness=0`` under windows of every mode while requests keep coming."""
+    from cbpause.apps import hostile
+
+    hostile.stale_requests_in_every_mode()

@@ -53,7 +53,7 @@ def test_a_request_two_versions_behind_restarts_from_its_prompt(bounded, mode):
         assert out.error is None and list(out.prompt_ids) == PROMPT
         assert list(out.generated_tokens) == expected  # nothing of the discarded tokens is left
         assert out.weight_versions == out.kv_versions == [(0, 3)], (out.weight_versions, out.kv_versions)
-    assert manager.weight_version == 3
+    assert manager.weight_version == 3 and manager.versions.stale == 3
 
 
 @pytest.mark.parametrize("bounded", ["abort"], indirect=True)

@@ -2,10 +2,10 @@
 deadline, classified and printed as a table.
 
 Each probe is a hostile use of cbpause on transformers' real loop (tiny random Llama, CPU) that once hung, crashed,
-answered with the wrong error, went wrong silently or lost a request (issues 13 and 26).  A probe returns when the
-library did the right thing; otherwise it raises one of :class:`Wrong`, :class:`Silent` or :class:`Lost`, and a probe
-that outlives its deadline is killed and reported ``HANG``.  Any other exception is ``WRONG ERROR``.  The run exits 0
-only when every probe printed ``OK``.  Keep it growing: every hostile case found later joins :data:`PROBES`.
+answered with the wrong error, went wrong silently or lost a request (issues 13, 26, 27, 28).  A probe returns when
+the library did the right thing; otherwise it raises one of :class:`Wrong`, :class:`Silent` or :class:`Lost`, and a
+probe that outlives its deadline is killed and reported ``HANG``.  Any other exception is ``WRONG ERROR``.  The run
+exits 0 only when every probe printed ``OK``.  Keep it growing: every hostile case found later joins :data:`PROBES`.
 
 ``--only NAME`` (repeatable) runs some; ``--deadline S`` changes the per-probe deadline (default 120 s).
 """
@@ -467,6 +467,64 @@ def deferred_all_reduce_under_explicit_steps() -> None:
     _expect(RuntimeError, lambda: status.acquire_pause(timeout=WAIT), "Cannot pause")
 
 
+# ------------------------------------------------------------------------------------------------ issue 28
+
+
+def weight_sync_misuse() -> None:
+    """TRL's weight transfer misused: a second pause, a copy or a resume outside one, a bad name after a good one, a
+    KeyboardInterrupt in the middle of a copy, destroy twice, a pause of a stopped loop.  Each raises at once and
+    holds nothing; a half-done copy labels the weights ``PartialSync``, never a policy's number."""
+    from cbpause.integrations.trl import PartialSync, PauseWeightSync
+
+    manager = _manager()
+    params = dict(manager.model.named_parameters())
+    names = list(params)
+    sync = PauseWeightSync(manager, timeout=WAIT)
+    _expect(RuntimeError, lambda: sync.send_weights([]), "outside pause()")
+    _expect(RuntimeError, sync.resume, "without pause()")
+    sync.pause()
+    _expect(RuntimeError, sync.pause, "holds a pause already")
+    _expect(KeyError, lambda: sync.send_weights([(names[0], params[names[0]]), ("ghost", params[names[1]])]), "ghost")
+    if manager.weight_version != PartialSync(1):
+        raise Silent(f"a half-done copy left the version {manager.weight_version!r}")
+
+    def interrupted():
+        yield names[0], params[names[0]].detach().clone()
+        raise KeyboardInterrupt
+
+    _expect(KeyboardInterrupt, lambda: sync.send_weights(interrupted()))
+    sync.destroy()
+    sync.destroy()  # nothing held: a no-op
+    _nothing_held(manager)
+    _serves(manager)
+    manager.stop(block=True, timeout=WAIT)
+    _expect(RuntimeError, PauseWeightSync(manager, timeout=WAIT).pause, "no generation loop")
+
+
+def stale_requests_in_every_mode() -> None:
+    """``max_staleness=0``: every window that sets a new version makes every request in flight stale, in every mode,
+    while requests keep coming.  Each gets one terminal output; a finished one carries one version on all its tokens
+    (it restarted at the last), and all its tokens."""
+    manager = _manager(max_new=12, max_staleness=0)
+    ids = [manager.add_request([1, 2, 3 + i % 5]) for i in range(12)]
+    for version, mode in enumerate(("keep", "retract", "drain", "abort", "keep", "retract"), 1):
+        with manager.pause(timeout=WAIT, mode=mode):
+            manager.set_weight_version(version)
+        ids.append(manager.add_request([4, 5, 6]))
+    for request_id, out in _outputs(manager, ids).items():
+        if out.error:
+            if "aborted by a pause" not in out.error:
+                raise Wrong(f"{request_id}: {out.error}")
+            continue
+        if len(out.generated_tokens) != 12 or len({v for _, v in out.weight_versions + out.kv_versions}) != 1:
+            raise Silent(f"{request_id}: {len(out.generated_tokens)} tokens, {out.weight_versions}, {out.kv_versions}")
+    if manager.versions.stale == 0:
+        raise Wrong("no request was ever stale: the probe did not reach the bound")
+    _nothing_held(manager)
+    _serves(manager)
+    manager.stop(block=True, timeout=WAIT)
+
+
 PROBES: dict[str, Callable[[], None]] = {
     f.__name__: f
     for f in (
@@ -476,6 +534,7 @@ PROBES: dict[str, Callable[[], None]] = {
         dropin_status_before_mark_as_stopped, dead_holder_inside, stop_without_blocking_keeps_requests,
         bad_requests_at_the_door, many_holders_many_requests, start_stop_cycles, dead_holders_in_every_mode,
         numeric_timeouts, pause_after_every_step, exit_without_stop, deferred_all_reduce_under_explicit_steps,
+        weight_sync_misuse, stale_requests_in_every_mode,
     )
 }  # fmt: skip
 

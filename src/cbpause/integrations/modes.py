@@ -180,4 +180,5 @@ def restart_stale(processor: Any) -> int:
         scheduler.waiting_requests_order.appendleft(state.request_id)
     if stale:
         _unblock(scheduler)
+    versions.stale += len(stale)
     return len(stale)

@@ -70,6 +70,7 @@ class WeightVersions:
 
     def __init__(self, max_staleness: int | None = None, on_stale: str = "restart") -> None:
         self.max_staleness, self.on_stale = max_staleness, on_stale  # R-STALENESS (checked_staleness)
+        self.stale = 0  # requests the bound restarted or ended so far
         self.current: Hashable = None
         self.changed = False  # the version changed since the last window's end (read and reset there)
         self.unchanged_entries = 0  # holders that entered the current window saying the weights stay as they are
