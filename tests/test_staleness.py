@@ -94,3 +94,23 @@ def test_bad_staleness_arguments_are_refused_before_anything_is_built(cpu_model)
         with pytest.raises(error):
             cbt.init_continuous_batching(cpu_model, greedy_config(MAX_NEW), batching_config(), **bad)
     assert getattr(cpu_model, "_cached_continuous_batching_manager", None) is None
+
+
+def test_the_ledger_catches_labels_that_break_r_versions_or_r_kv_versions():
+    """The soak's and the traffic's check of every output's labels (``Ledger.check_labels``) can fail."""
+    from types import SimpleNamespace
+
+    from cbpause.testing import Ledger
+
+    def out(weights, kv, n=4):
+        return SimpleNamespace(request_id="r", generated_tokens=[0] * n, weight_versions=weights, kv_versions=kv)
+
+    ledger = Ledger()
+    for good in (out([(0, None), (2, 1)], [(0, None)]), out([(0, 1)], [(0, 1)]), out([(0, 1), (1, 3)], [(0, 1), (3, 3)])):
+        ledger.check_labels(good)
+    assert ledger.label_faults == []
+    bad = (out([(0, 1)], [(0, 2)]), out([(0, 2), (1, 1)], [(0, 1)]), out([(1, 1)], [(0, 1)]), out([], [(0, 1)]),
+           out([(0, 1)], [(0, 1), (9, 1)]), out([(0, "a"), (1, 2)], [(0, 1)]))  # fmt: skip
+    for case in bad:
+        ledger.check_labels(case)
+    assert len(ledger.label_faults) == len(bad), ledger.label_faults

@@ -9,7 +9,8 @@ or while waiting (the loop must release them and resume), pauses whose context m
 closes on another thread, pauses entered on one thread and left on another, stops whose wait times out while
 a holder is inside or that do not block (no request may fail with "batch processor was not initialized"),
 and misuse that must raise (stray and double releases, ``stop()`` inside a pause, ``pause()`` from the loop
-thread, bad arguments, ``clear()`` while running).  A feeder keeps requests coming and cancels some.
+thread, bad arguments, ``clear()`` while running).  A feeder keeps requests coming and cancels some; the manager has
+``max_staleness=2`` (R-STALENESS), and every output's ``weight_versions`` and ``kv_versions`` are checked.
 
 With ``--trace-sample K`` the run is recorded (a :class:`~cbpause.TraceRecorder`), cut at its restarts into
 traces that each start from ``Init`` (:func:`~cbpause.tlc.traces.cut_at_restarts`; the soak stops and
@@ -47,8 +48,6 @@ from ..testing import Traffic, call_interrupted, enter_and_leave
 
 __all__ = ["Soak", "main", "run"]
 
-
-# ------------------------------------------------------------------------------------------- bookkeeping
 
 
 @dataclass
@@ -144,7 +143,7 @@ class Soak:
         "handover": 1, "stop_timeout": 1, "collective": 1, "chain": 2,
     }  # fmt: skip
     MODE_CHOICES = ("keep", "keep", "retract", "drain", "abort")  # keep is what most trainers ask
-    MAX_NEW, IN_FLIGHT = 16, 8
+    MAX_NEW, IN_FLIGHT, MAX_STALENESS = 16, 8, 2  # R-STALENESS: a request 3 updates behind restarts
 
     def __init__(self, args: argparse.Namespace):
         import torch
@@ -172,7 +171,8 @@ class Soak:
             from ..core.recorder import TraceRecorder
 
             self.recorder = TraceRecorder()  # the cached manager keeps it across restarts
-        self.manager = init_continuous_batching(self.model, self.gen, self.cb, trace=self.recorder)
+        self.manager = init_continuous_batching(self.model, self.gen, self.cb, trace=self.recorder,
+                                                max_staleness=self.MAX_STALENESS)  # fmt: skip
         self.status = self.manager.background_thread_status
         self.tally = Tally()
         self.traffic = Traffic(
@@ -182,8 +182,6 @@ class Soak:
         self.wd = Watchdog(args.bound, self.traffic.ledger)
         self._versions = itertools.count(1)  # the weight versions updates declare
         self.resume_after_death = 0.0  # the longest time from a holder's death to the release of its hold
-
-    # ------------------------------------------------------------------------------------- helpers
 
     def restart(self) -> None:
         self.wd.requests_expected.clear()
@@ -540,8 +538,6 @@ class Soak:
         self.tally.wrong("pause() from the loop thread entered")
         return False
 
-    # ----------------------------------------------------------------------------------------- run
-
     def run(self) -> dict:
         args, wd, tally = self.args, self.wd, self.tally
         actions = [getattr(self, name) for name in self.ACTIONS]
@@ -576,6 +572,8 @@ class Soak:
         torn = [e for e in self.traffic.ledger.errors if "batch processor" in e]
         if torn:
             tally.wrong(f"{len(torn)} requests failed with a torn-down batch processor: {torn[0]}")
+        for fault in self.traffic.ledger.label_faults[:3]:
+            tally.wrong(f"version labels: {fault}")
         if c["pause_calls"] != c["pauses"] + c["pause_raised"]:
             tally.wrong(f"pause() calls {c['pause_calls']} != entered {c['pauses']} + raised {c['pause_raised']}")
         traced = self.validate_sample() if self.recorder is not None else {}
@@ -587,7 +585,7 @@ class Soak:
             "restarts": c["restarts"], "unexpected": list(tally.unexpected), "deaths": c["deaths"],
             "collected": c["collected"], "handovers": c["handovers"], "stops_with_timeout": c["stops_with_timeout"],
             "resume_after_death_s": round(self.resume_after_death, 3), "collective_faults": c["collective_faults"],
-            "versions": c["versions_set"], "chains": c["chains"],
+            "versions": c["versions_set"], "chains": c["chains"], "stale": self.manager.versions.stale,
             "modes": "/".join(str(c[f"pauses_{m}"]) for m in self.MODE_CHOICES[1:]),
         }  # fmt: skip
 
@@ -613,8 +611,9 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def summary_line(r: dict) -> str:
-    keys = ("seconds pauses modes versions chains interrupts timeouts stops errors_injected collective_faults misuse "
-            "deaths collected handovers stops_with_timeout resume_after_death_s requests lost duplicated hangs").split()
+    keys = ("seconds pauses modes versions stale chains interrupts timeouts stops errors_injected collective_faults "
+            "misuse deaths collected handovers stops_with_timeout resume_after_death_s requests lost duplicated hangs"
+            ).split()  # fmt: skip
     keys += ("traced", "rejected") if "traced" in r else ()
     return "soak: " + " ".join(f"{k}={r[k]}" for k in keys)
 

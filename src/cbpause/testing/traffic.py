@@ -26,6 +26,7 @@ class Ledger:
         self.progress = time.monotonic()
         self.cancelled = 0
         self.errors: list[str] = []  # the error of every failed output, in order
+        self.label_faults: list[str] = []  # outputs whose version labels break R-VERSIONS or R-KV-VERSIONS
 
     def submitted(self, rid: str) -> None:
         with self.lock:
@@ -40,6 +41,23 @@ class Ledger:
             self.waiting.discard(rid)
             self.progress = time.monotonic()
 
+    def check_labels(self, out: Any) -> None:
+        """R-VERSIONS and R-KV-VERSIONS on one output of a manager whose versions are integers (``None`` before the
+        first): the spans cover its tokens, each label never decreases along them, and no token's KV is newer than
+        its weights.  A fault is kept in ``label_faults``."""
+        weights, kv = getattr(out, "weight_versions", None), getattr(out, "kv_versions", None)
+        n = len(out.generated_tokens)
+        if weights is None or kv is None or n == 0:
+            return
+        try:
+            w, k = _per_token(weights, n), _per_token(kv, n)
+            ok = w == sorted(w) and k == sorted(k) and all(x <= y for x, y in zip(k, w, strict=True))
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            with self.lock:
+                self.label_faults.append(f"{out.request_id}: {n} tokens, weights {weights}, kv {kv}")
+
     def open(self) -> int:
         """How many accepted requests have had no output yet."""
         with self.lock:
@@ -48,6 +66,15 @@ class Ledger:
     def lost_and_duplicated(self) -> tuple[int, int]:
         with self.lock:
             return sum(n == 0 for n in self.outputs.values()), sum(n > 1 for n in self.outputs.values())
+
+
+def _per_token(spans: list, n: int) -> list[int]:
+    """Each of ``n`` tokens' label from ``(first_index, version)`` spans (``None`` read as -1); ``ValueError`` unless
+    the spans start at token 0 and stay within the tokens."""
+    if not spans or spans[0][0] != 0 or any(first >= n for first, _ in spans):
+        raise ValueError(spans)
+    bounds = [first for first, _ in spans[1:]] + [n]
+    return [-1 if v is None else v for (first, v), end in zip(spans, bounds, strict=True) for _ in range(first, end)]
 
 
 class Traffic:
@@ -93,6 +120,7 @@ class Traffic:
         while True:
             out = self.manager.get_result(timeout=0.05)
             if out is not None:
+                self.ledger.check_labels(out)
                 self.ledger.delivered(out.request_id, out.error)
             elif self._finished.is_set():
                 return  # the loop has stopped for good: every output is already in the queue
