@@ -106,8 +106,9 @@ def test_the_ledger_catches_labels_that_break_r_versions_or_r_kv_versions():
         return SimpleNamespace(request_id="r", generated_tokens=[0] * n, weight_versions=weights, kv_versions=kv)
 
     ledger = Ledger()
-    for good in (out([(0, None), (2, 1)], [(0, None)]), out([(0, 1)], [(0, 1)]), out([(0, 1), (1, 3)], [(0, 1), (3, 3)])):
-        ledger.check_labels(good)
+    good = (out([(0, None), (2, 1)], [(0, None)]), out([(0, 1)], [(0, 1)]), out([(0, 1), (1, 3)], [(0, 1), (3, 3)]))
+    for case in good:
+        ledger.check_labels(case)
     assert ledger.label_faults == []
     bad = (out([(0, 1)], [(0, 2)]), out([(0, 2), (1, 1)], [(0, 1)]), out([(1, 1)], [(0, 1)]), out([], [(0, 1)]),
            out([(0, 1)], [(0, 1), (9, 1)]), out([(0, "a"), (1, 2)], [(0, 1)]))  # fmt: skip

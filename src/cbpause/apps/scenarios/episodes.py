@@ -11,6 +11,7 @@ campaign can steer toward the ones its traces have not taken yet.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import threading
@@ -53,8 +54,9 @@ class RealRank:
         extra = {} if cpu_group_timeout is None else {"cpu_group_timeout": cpu_group_timeout}
         self.manager = init_continuous_batching(
             model, greedy_config(MAX_NEW), batching_config(num_blocks=96, **extra),
-            peer_park_timeout=peer_park_timeout, trace=recorder,
+            peer_park_timeout=peer_park_timeout, trace=recorder, max_staleness=1,  # R-STALENESS on every window
         )  # fmt: skip
+        self.versions = itertools.count(1)  # the weight versions the updating holders set
         self.status = self.manager.background_thread_status
         self.traffic = Traffic(self.manager, model.config.vocab_size, MAX_NEW, seed=seed) if traffic else None
         self.rng = random.Random(seed)
@@ -166,7 +168,8 @@ class Holding:
 
 
 def holders(rank: RealRank, phase: str | None) -> None:
-    """1 to 4 drop-in holders pause at once, some writing every weight inside."""
+    """1 to 4 drop-in holders pause at once, some writing every weight inside and setting a new version (a request two
+    versions behind restarts: the manager's ``max_staleness`` is 1)."""
     count = rank.rng.randint(1, 4)
     threads = []
     for _ in range(count):
@@ -180,6 +183,7 @@ def holders(rank: RealRank, phase: str | None) -> None:
                     with torch.no_grad():
                         for p in rank.model.parameters():
                             p.mul_(1.0)
+                    rank.manager.set_weight_version(next(rank.versions))
 
         threads.append(run_thread(pause, name="episode-pause"))
     for thread, box in threads:

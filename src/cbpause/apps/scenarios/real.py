@@ -4,7 +4,9 @@ A campaign runs the TP=2 plans of :mod:`cbpause.apps.scenarios.tp` (two processe
 scenarios in this process, each a few episodes of :mod:`cbpause.apps.scenarios.episodes` on a tiny random Llama
 with requests flowing, chosen at random but steered toward the transitions of one rank that no trace has
 taken yet.  Every trace is validated against ``tla/PauseProtocol.tla``; every request must have had exactly
-one terminal output.  The run ends with the coverage of the spec's actions and transitions, and one line::
+one terminal output, whose weight and KV labels keep R-VERSIONS and R-KV-VERSIONS (the managers have
+``max_staleness=1``, and updating holders set new versions).  The run ends with the coverage of the spec's actions
+and transitions, and one line::
 
     traces: real=N tp2=M validated=N rejected=0 steps=S
 
@@ -72,6 +74,7 @@ def run_single(model: Any, probe: Any, plan: list[tuple[str, Any]], seed: int) -
     probe.hold = probe.fail_with = probe.call_next = None
     try:
         info["lost"], info["duplicated"] = rank.finish()
+        info["errors"] += [f"version labels: {fault}" for fault in rank.traffic.ledger.label_faults[:3]]
     except TimeoutError as error:
         info["errors"].append(f"HANG: {error}")
         info["lost"] = info["duplicated"] = 0
