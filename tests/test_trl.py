@@ -265,6 +265,16 @@ def test_only_the_tested_trl_minor_version_is_accepted():
             check_trl_version(other)
 
 
+def test_the_cpu_workarounds_are_undone_after_the_block():
+    from trl.experimental.async_grpo import async_grpo_trainer, packing
+
+    before = async_grpo_trainer.get_peak_flops_per_device, packing._flash_attn
+    with trl_on_cpu():
+        assert packing._flash_attn().flash_attn_varlen_func is varlen_attention
+        assert async_grpo_trainer.get_peak_flops_per_device(None, "float32") is None
+    assert (async_grpo_trainer.get_peak_flops_per_device, packing._flash_attn) == before
+
+
 def test_the_cpu_attention_is_flash_attentions_bottom_right_causal_varlen():
     torch.manual_seed(0)
     q, k, v = torch.randn(5, 4, 8), torch.randn(7, 2, 8), torch.randn(7, 2, 8)
