@@ -309,3 +309,9 @@ def test_the_demo_trains_and_reports_each_step(tmp_path, capsys):
     out = capsys.readouterr().out
     assert [line.split()[1] for line in out.splitlines() if line.startswith("step ")] == ["1", "2", "3", "4"]
     assert "5 weight syncs (keep)" in out  # the cold sync, then one per step
+
+
+def test_a_token_of_a_half_done_sync_makes_the_sample_older_than_any_policy():
+    from cbpause.integrations.trl import _policy
+
+    assert [_policy(v) for v in (None, 0, 3, PartialSync(2), True, "v1")] == [0, 0, 3, -1, -1, -1]

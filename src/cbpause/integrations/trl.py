@@ -167,6 +167,14 @@ class PauseWeightSync:
             logger.exception("PauseWeightSync.destroy(): releasing the pause failed")
 
 
+def _policy(version: Any) -> int:
+    """A token's policy version for TRL: ``None`` (before the cold sync) is the initial policy, 0; anything but an
+    integer (a :class:`PartialSync`) is no policy, -1, older than any, so that the trainer drops the sample."""
+    if version is None:
+        return 0
+    return version if isinstance(version, int) and not isinstance(version, bool) else -1
+
+
 @dataclass
 class _Group:
     """One prompt's ``num_generations`` completions in flight."""
@@ -191,7 +199,8 @@ class CBRolloutWorker:
       their sum is the reward (``None`` from every function: unscorable, advantage 0), the advantage is the reward's
       z-score within the group, as TRL's own worker computes it.
     * ``old_log_probs`` are the engine's (``ContinuousBatchingConfig(return_logprobs=True)`` is required);
-      ``model_version`` is the oldest weight version among the completion's tokens (``weight_versions``).
+      ``model_version`` is the oldest weight version among the completion's tokens (``weight_versions``; a token of a
+      :class:`PartialSync` counts as -1, so that the trainer drops the sample as stale).
     * A request ended by a pause of mode ``abort``, or by the engine's staleness bound (``on_stale="abort"``), is
       submitted again from its prompt; any other failed request fails the worker (``check_health`` raises it).
     * Per sample, ``metrics_queue`` gets ``cbpause/reward``, ``cbpause/staleness`` (the worker's ``model_version``
@@ -386,7 +395,7 @@ class CBRolloutWorker:
             if len(logprobs) != len(ids[i]):
                 raise RuntimeError(f"request {output.request_id}: {len(logprobs)} log-probabilities for "
                                    f"{len(ids[i])} tokens")  # fmt: skip
-            versions = [v if v is not None else 0 for _, v in output.weight_versions] or [0]
+            versions = [_policy(v) for _, v in output.weight_versions] or [0]
             oldest = min(versions)
             elapsed = max(time.perf_counter() - group.started, 1e-9)
             self._metric({"cbpause/reward": float(rewards[i]), "cbpause/staleness": float(self.model_version - oldest),
