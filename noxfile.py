@@ -37,7 +37,7 @@ def tlc_deep(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The test suite (includes the fast TLC models and the mutation checks)."""
     # transformers (and the CPU torch 2.13.0 its pin admits) for the upstream side-by-side tests; TRL for its trainer.
-    session.install("-e", ".[dev,transformers,trl]")
+    session.install("-e", ".[dev,transformers,trl,serve]")
     session.run("pytest", *session.posargs)
 
 

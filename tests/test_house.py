@@ -1,12 +1,13 @@
 """The house: the folders are the layers, the layers stay apart, and modules and functions stay readable.
 
 * the package holds its ``__init__`` and the layers' folders, nothing else: ``core``, ``integrations``, ``tlc``,
-  ``testing``, ``apps`` (and ``tla``, a link to the spec, which ships inside the package);
+  ``testing``, ``serve``, ``client``, ``apps`` (and ``tla``, a link to the spec, which ships inside the package);
 * the core (``cbpause/core/``: the pure transitions, ``PauseProtocol``, its errors, the trace recorder) imports
   only the standard library and the core;
 * data flows down: the integration uses the core; the tooling (``cbpause.tlc``) and ``cbpause.testing`` read
   the core, never the integration or the applications; nothing imports an application (``cbpause/apps/``)
-  but itself;
+  but itself; the server (``cbpause.serve``) uses the integration and the core, and only applications import it;
+  the fleet client (``cbpause.client``, the trainer's side) imports nothing of cbpause;
 * no module of ``src/`` is over 650 lines, no function over 80;
 * no nox session runs a module of ``tests/``.
 """
@@ -23,7 +24,7 @@ import pytest
 from .conftest import ROOT
 
 SRC = ROOT / "src" / "cbpause"
-LAYERS = {"core", "integrations", "tlc", "testing", "apps"}
+LAYERS = {"core", "integrations", "tlc", "testing", "serve", "client", "apps"}
 
 
 def layer_modules(layer: str) -> set[str]:
@@ -76,13 +77,15 @@ def test_the_core_imports_the_standard_library_and_the_core_only():
                 assert top in sys.stdlib_module_names or top == "__future__", f"{path.name} imports {imported}"
 
 
-@pytest.mark.parametrize("layer", ["tlc", "testing", "integrations"])
+@pytest.mark.parametrize("layer", ["tlc", "testing", "integrations", "serve", "client"])
 def test_data_flows_down(layer):
-    """The tooling, the testing kit and the integration never import the applications; the tooling and the
-    testing kit never import the integration."""
-    forbidden = {"cbpause.apps"}
-    if layer != "integrations":
+    """The tooling, the testing kit, the integration and the server never import the applications (nor the server,
+    but itself); the tooling and the testing kit never import the integration; the client imports nothing of cbpause."""
+    forbidden = {"cbpause.apps", "cbpause.client"} | ({"cbpause.serve"} if layer != "serve" else set())
+    if layer not in ("integrations", "serve"):
         forbidden.add("cbpause.integrations")
+    if layer == "client":
+        forbidden = {"cbpause"}
     for path in (SRC / layer).rglob("*.py"):
         for imported in imports(path):
             assert not any(imported == f or imported.startswith(f + ".") for f in forbidden), (path, imported)

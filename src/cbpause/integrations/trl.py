@@ -56,28 +56,11 @@ import torch  # noqa: E402
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample  # noqa: E402
 
 from .modes import ABORTED_BY_PAUSE  # noqa: E402
-from .weights import STALE  # noqa: E402
+from .weights import STALE, engine_name  # noqa: E402
 
 __all__ = ["CBRolloutWorker", "PartialSync", "PauseWeightSync", "engine_name"]
 
 MODE_NAMES = tuple(t.MODE_NAMES.values())
-# What wraps a parameter's name on the trainer's side and not on the engine's: DDP and FSDP1 (``module.``),
-# ``torch.compile`` (``_orig_mod.``), activation checkpointing (``_checkpoint_wrapped_module.``).
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")
-WRAPPER_INFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
-
-
-def engine_name(name: str) -> str:
-    """The engine's name of the trainer's parameter ``name``: the wrappers' prefixes stripped."""
-    stripped = True
-    while stripped:
-        stripped = False
-        for prefix in WRAPPER_PREFIXES:
-            if name.startswith(prefix):
-                name, stripped = name[len(prefix) :], True
-    for infix in WRAPPER_INFIXES:
-        name = name.replace(infix, "")
-    return name
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Any
 __all__ = [
     "STALE", "VersionedManager", "WeightVersions", "checked_staleness", "check_model_unchanged",
     "forget_shared_prefixes", "set_new_version", "agree_versions", "parameter_layout", "version_digest",
-    "window_changed_weights",
+    "window_changed_weights", "engine_name",
 ]  # fmt: skip
 
 
@@ -306,3 +306,22 @@ def _first_floating_parameter(model: Any) -> tuple:
             if param is not None and param.is_floating_point():
                 return (module, name)
     return ()
+
+
+# What wraps a parameter's name on the trainer's side and not on the engine's: DDP and FSDP1 (``module.``),
+# ``torch.compile`` (``_orig_mod.``), activation checkpointing (``_checkpoint_wrapped_module.``).
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+WRAPPER_INFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def engine_name(name: str) -> str:
+    """The engine's name of the trainer's parameter ``name``: the wrappers' prefixes stripped."""
+    stripped = True
+    while stripped:
+        stripped = False
+        for prefix in WRAPPER_PREFIXES:
+            if name.startswith(prefix):
+                name, stripped = name[len(prefix) :], True
+    for infix in WRAPPER_INFIXES:
+        name = name.replace(infix, "")
+    return name

@@ -78,7 +78,8 @@ def _witness_models(model: Model) -> list[Model]:
         derived.append(Model(
             name=f"Witness_{prop.removesuffix('Witness')}_{short}", module=model.module, cfg=model.cfg,
             suite=model.suite, expect=expect, description=f"non-vacuity: {prop} must fail on {model.name}'s constants",
-            witness=expect, features=tuple(f for f in model.features if f == "symmetry"),  # the cfg's SYMMETRY stays
+            witness=expect, features=tuple(f for f in model.features if f in ("symmetry", "ignore deadlock")),
+            options=tuple(o for o in model.options if o == "-deadlock"),  # a model whose behaviours end keeps it
         ))  # fmt: skip
     return derived
 

@@ -1,0 +1,260 @@
+"""The control API of ``cbpause serve``: leased pauses, weights from disk, versions, health and metrics (issue 29).
+
+Routes (``docs/serving.md`` documents each; ``spec/PROTOCOL.md`` section 6.6 names their actions):
+
+* ``POST /pause`` ``{mode, timeout, ttl, holder}`` -> ``{lease_id, expires_at, ttl, mode, weight_version}`` once the
+  window is open (``PauseLease``); ``POST /pause/{lease_id}/renew`` ``{ttl}`` (``RenewLease``); ``POST /resume``
+  ``{lease_id}`` (``ResumeLease``); ``GET /is_paused``;
+* ``POST /update_weights_from_disk`` ``{lease_id, path, weight_version}``; ``POST /update_weight_version``
+  ``{lease_id, weight_version}``; ``GET /weight_info``; ``GET /health``; ``GET /metrics``;
+* the names existing clients use (:data:`COMPAT`): vLLM's ``POST /pause?mode=&clear_cache=`` (no body), SGLang's
+  ``POST /pause_generation`` ``{mode}``, and their resumes ``POST /resume`` (no lease id) and
+  ``POST /continue_generation``.  Such a pause is a lease with the server's default ttl, whose id the answer gives.
+
+Errors: ``400`` for bad input (malformed JSON, an unknown mode, a timeout or ttl that is not a non-negative number, a
+path outside ``--weights-dir``, a weights file that does not match the model), ``403`` when updates from disk are
+disabled, ``404`` for a lease id never issued here, ``409`` for a write without a lease id or under a lease older than
+the one the weights were last written under, ``410`` for a lease that
+expired or was resumed, ``503`` when the loop is not running, ``504`` when the window did not open within
+``timeout``.  A request that fails changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.concurrency import run_in_threadpool
+
+from . import weights_io
+from .leases import LeaseGone, LeaseTable, Superseded, UnknownLease
+
+__all__ = ["COMPAT", "MODES", "add_control_routes", "compat_mode"]
+
+MODES = ("keep", "retract", "drain", "abort")
+
+# How each engine's pause mode treats the requests in flight, and the cbpause mode that does the same: the one home of
+# the table docs/serving.md shows (tests/test_serve.py checks that the page agrees).  Keys: (engine, mode, clear_cache).
+COMPAT: dict[tuple[str, str, bool | None], tuple[str, str]] = {
+    ("vllm", "abort", None): ("abort", "in-flight requests end at once, aborted, with the tokens they had"),
+    ("vllm", "wait", None): ("drain", "admission closes; the window opens once the requests in flight finished"),
+    ("vllm", "keep", True): ("retract", "requests stay scheduled; their KV is cleared and recomputed after the resume"),
+    ("vllm", "keep", False): ("keep", "requests stay scheduled with their KV; they go on after the resume"),
+    ("sglang", "abort", None): ("abort", "in-flight requests end at once, aborted"),
+    ("sglang", "retract", None): ("retract", "requests go back to the waiting queue; their KV is freed"),
+    ("sglang", "in_place", None): ("keep", "requests stay in the running batch with their KV"),
+}
+
+
+class BadRequest(ValueError):
+    """Input the server refuses (a 400)."""
+
+
+def compat_mode(engine: str, mode: Any, clear_cache: Any = None) -> str:
+    """The cbpause mode of an engine's pause (:data:`COMPAT`); ``BadRequest`` for a mode that engine lacks."""
+    cache = clear_cache if mode == "keep" and engine == "vllm" else None
+    if (engine, mode, cache) not in COMPAT:
+        known = sorted({m for (e, m, _) in COMPAT if e == engine})
+        raise BadRequest(f"unknown {engine} pause mode {mode!r}: one of {known}")
+    return COMPAT[(engine, mode, cache)][0]
+
+
+async def _body(request: Request) -> dict:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise BadRequest(f"malformed JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"the body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+def _error(status: int, message: str, **headers: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers or None)
+
+
+def _flag(value: str | None) -> bool | None:
+    if value is None:
+        return None
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise BadRequest(f"clear_cache must be true or false, not {value!r}")
+
+
+def add_control_routes(app: FastAPI, manager: Any, leases: LeaseTable, *, weights_dir: Path | None,
+                       metrics: Any) -> None:  # fmt: skip
+    """Add the control routes to ``app`` (transformers' own ``/health`` is replaced by one that says more)."""
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
+
+    @app.exception_handler(BadRequest)
+    async def _bad(_request: Request, error: BadRequest) -> JSONResponse:
+        return _error(400, str(error))
+
+    _pause_routes(app, manager, leases, metrics)
+    _weight_routes(app, manager, leases, weights_dir)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        status = manager.background_thread_status
+        if not manager.is_running():
+            return JSONResponse({"status": "unhealthy", "reason": str(status.fatal_error or "the loop is not running")},
+                                status_code=503)  # fmt: skip
+        return JSONResponse({"status": "ok", "phase": status.state.phase, "paused": status.state.paused})
+
+    @app.get("/metrics")
+    async def metrics_route() -> PlainTextResponse:
+        return PlainTextResponse(metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+
+def _pause_routes(app: FastAPI, manager: Any, leases: LeaseTable, metrics: Any) -> None:
+    async def pause(body: dict, *, legacy: bool) -> JSONResponse:
+        mode = body.get("mode", "keep")
+        if mode not in MODES:
+            return _error(400, f"unknown mode {mode!r}: one of {list(MODES)}")
+        started = time.monotonic()
+        try:
+            lease = await run_in_threadpool(leases.pause_lease, mode=mode, timeout=body.get("timeout"),
+                                            ttl=body.get("ttl"), holder=body.get("holder", "anonymous"),
+                                            legacy=legacy)  # fmt: skip
+        except ValueError as error:
+            return _error(400, str(error))
+        except TimeoutError as error:
+            return _error(504, f"the generation loop did not pause in time: {error}")
+        except RuntimeError as error:
+            return _error(503, f"cannot pause: {error}")
+        metrics.pause_latency.observe(time.monotonic() - started)
+        return JSONResponse({"lease_id": lease.id, "expires_at": leases.wall(lease.deadline), "ttl": lease.ttl,
+                             "mode": mode, "weight_version": _jsonable(manager.weight_version)})  # fmt: skip
+
+    @app.post("/pause")
+    async def pause_route(request: Request) -> JSONResponse:
+        body = await _body(request)
+        if body:
+            return await pause(body, legacy=False)
+        query = request.query_params  # vLLM's: no body, the mode in the query
+        mode = compat_mode("vllm", query.get("mode", "abort"), _flag(query.get("clear_cache", "true")))
+        return await pause({"mode": mode, "holder": "vllm-client"}, legacy=True)
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request) -> JSONResponse:
+        body = await _body(request)
+        mode = compat_mode("sglang", body.get("mode", "abort"))
+        return await pause({"mode": mode, "holder": "sglang-client"}, legacy=True)
+
+    @app.post("/pause/{lease_id}/renew")
+    async def renew_lease(lease_id: str, request: Request) -> JSONResponse:
+        body = await _body(request)
+        try:
+            lease = leases.renew_lease(lease_id, body.get("ttl"))
+        except ValueError as error:
+            return _error(400, str(error))
+        except UnknownLease as error:
+            return _error(404, error.args[0])
+        except LeaseGone as error:
+            return _error(410, str(error))
+        return JSONResponse({"lease_id": lease.id, "expires_at": leases.wall(lease.deadline), "ttl": lease.ttl})
+
+    @app.post("/resume")
+    async def resume(request: Request) -> JSONResponse:
+        body = await _body(request)
+        if "lease_id" not in body:  # vLLM's /resume: the pauses taken without a lease
+            return JSONResponse({"resumed": await run_in_threadpool(leases.resume_legacy)})
+        try:
+            resumed = await run_in_threadpool(leases.resume_lease, body["lease_id"])
+        except UnknownLease as error:
+            return _error(404, error.args[0])
+        except LeaseGone as error:
+            return _error(410, str(error))
+        return JSONResponse({"lease_id": body["lease_id"], "resumed": resumed})
+
+    @app.post("/continue_generation")
+    async def continue_generation() -> JSONResponse:
+        return JSONResponse({"resumed": await run_in_threadpool(leases.resume_legacy)})
+
+    @app.get("/is_paused")
+    async def is_paused() -> JSONResponse:
+        held = leases.held()
+        return JSONResponse({"is_paused": manager.background_thread_status.state.paused, "leases": len(held),
+                             "holders": [lease.holder for lease in held]})  # fmt: skip
+
+
+def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: Path | None) -> None:
+    def under_lease(body: dict) -> JSONResponse | None:
+        if "lease_id" not in body:
+            return _error(409, "a weight update needs the lease_id of a pause this server holds")
+        try:
+            leases.check_held(body["lease_id"])
+        except UnknownLease as error:
+            return _error(404, error.args[0])
+        except LeaseGone as error:
+            return _error(410, str(error))
+        return None
+
+    def version(body: dict) -> Any:
+        v = body.get("weight_version")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, str))):
+            raise BadRequest(f"weight_version must be an integer, a string or null, not {v!r}")
+        return v
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request) -> JSONResponse:
+        body = await _body(request)
+        if (refused := under_lease(body)) is not None:
+            return refused
+        new = version(body)
+        try:
+            path = weights_io.check_inside(body.get("path"), weights_dir)
+            tensors = await run_in_threadpool(weights_io.load_checked, manager.model, path)
+        except PermissionError as error:
+            return _error(403, str(error))
+        except ValueError as error:
+            return _error(400, str(error))
+        try:
+            copied = await run_in_threadpool(_write, leases, body["lease_id"], manager, tensors, new)
+        except UnknownLease as error:
+            return _error(404, error.args[0])
+        except LeaseGone as error:  # it expired during the read: its write is not honoured
+            return _error(410, str(error))
+        except Superseded as error:
+            return _error(409, str(error))
+        return JSONResponse({"updated": copied, "weight_version": _jsonable(new)})
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request) -> JSONResponse:
+        body = await _body(request)
+        if (refused := under_lease(body)) is not None:
+            return refused
+        new = version(body)
+        try:
+            await run_in_threadpool(_write, leases, body["lease_id"], manager, {}, new)
+        except (UnknownLease, LeaseGone) as error:
+            return _error(410, str(error))
+        except Superseded as error:
+            return _error(409, str(error))
+        return JSONResponse({"weight_version": _jsonable(manager.weight_version)})
+
+    @app.get("/weight_info")
+    async def weight_info() -> JSONResponse:
+        return JSONResponse({"weight_version": _jsonable(manager.weight_version),
+                             "parameters": weights_io.weight_info(manager.model)})  # fmt: skip
+
+
+def _write(leases: LeaseTable, lease_id: str, manager: Any, tensors: dict, new: Any) -> int:
+    """``WriteWeights``: copy and set the version, atomically under the held lease (it cannot expire meanwhile)."""
+    with leases.write_weights(lease_id):
+        copied = weights_io.copy_in(manager.model, tensors)
+        manager.set_weight_version(new)
+    return copied
+
+
+def _jsonable(value: Any) -> Any:
+    return value if value is None or isinstance(value, (int, float, str, bool)) else str(value)

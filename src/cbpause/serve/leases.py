@@ -1,0 +1,268 @@
+"""Pauses held over the network: leases (issue 29, spec section 6.6, ``tla/FleetPause.tla``).
+
+A lease is a pause the server holds on behalf of a remote holder.  Each lease is a thread of its own, the
+*lease holder*: it enters the manager's ``pause()`` (``RequestPause``, ``EnterPause``), then waits for the
+resume or for its deadline.  A resume leaves the pause (``LeavePause``).  A lease not renewed within its ttl
+ends its thread *without leaving* (``LeaseExpires``): the protocol sees a holder that died (``HolderDies``), and
+the loop, parked in its window, releases it within ``HOLDER_CHECK_S`` (``ReleaseDeadHolder``) and logs the thread's
+name, which names the lease and its holder.  So an expired lease is exactly the in-process protocol's dead holder,
+checked by the same models, and nothing new runs inside the protocol.
+
+Invariants (``FleetPause.tla``): a lease id is unguessable (``secrets.token_urlsafe``); a lease that expired or
+was resumed never becomes valid again (``GoneStaysGone``): renewing, resuming or writing under it is refused; a
+second resume of the same lease is idempotent; a write under a lease entered before the one the weights were last
+written under is refused (``WriteOrder``: a late write never overwrites a later pause's); the table remembers a lease
+for ``FORGET_AFTER_S`` after it ended, so that a late renewal or resume is answered truthfully (410, not 404).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["FORGET_AFTER_S", "Lease", "LeaseGone", "LeaseTable", "Superseded", "UnknownLease", "checked_seconds"]
+
+logger = logging.getLogger("cbpause.serve")
+
+FORGET_AFTER_S = 600.0  # how long a lease that ended is remembered (and a late renew or resume answered 410)
+MAX_TTL_S = 3600.0
+BUSY_RECHECK_S = 0.05  # how often a lease past its deadline during a write looks again (the write ends soon)
+
+
+class UnknownLease(KeyError):
+    """No lease with this id was ever issued here (or it ended long ago): a 404."""
+
+
+class Superseded(RuntimeError):
+    """A write under a lease older than the one the weights were last written under (a 409): a late write of an
+    earlier pause must not overwrite a later pause's weights (``WriteOrder`` in ``FleetPause.tla``)."""
+
+
+class LeaseGone(RuntimeError):
+    """The lease expired or was resumed: it is honoured no more (a 410); ``state`` says which."""
+
+    def __init__(self, lease: Lease) -> None:
+        super().__init__(f"lease {lease.id} is {lease.state} (holder {lease.holder!r}); it is honoured no more")
+        self.state = lease.state
+
+
+def checked_seconds(name: str, value: Any, *, default: float | None, upper: float | None = None,
+                    zero: bool = True) -> float | None:  # fmt: skip
+    """A duration from a request: ``default`` for ``None``; ``ValueError`` for anything not a finite non-negative
+    number (a bool, a string, NaN), for 0 when ``zero`` is false, and above ``upper``."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (float("inf"),):
+        raise ValueError(f"{name} must be a number of seconds, not {value!r}")
+    if value < 0 or (not zero and value == 0):
+        raise ValueError(f"{name} must be {'positive' if not zero else 'non-negative'}, not {value!r}")
+    if upper is not None and value > upper:
+        raise ValueError(f"{name} must be at most {upper} s, not {value!r}")
+    return float(value)
+
+
+@dataclass(eq=False)
+class Lease:
+    """One pause held over the network.  ``state``: ``waiting`` (its holder thread waits for the window),
+    ``held``, then ``resumed``, ``expired`` or ``failed`` (the pause was never entered: ``error`` says why)."""
+
+    id: str
+    holder: str
+    mode: str
+    ttl: float
+    deadline: float  # on the table's clock
+    legacy: bool = False  # taken by a route without leases (vLLM's /pause, SGLang's /pause_generation)
+    state: str = "waiting"
+    error: BaseException | None = None
+    ended_at: float | None = None
+    entered: threading.Event = field(default_factory=threading.Event)
+    _resume: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    context: Any = None  # an expired lease's pause() context manager, kept so that the loop releases its hold
+    busy: int = 0  # writes under way under this lease: it does not expire during one (the write is atomic)
+    seq: int = 0  # the order in which the leases were entered (FleetPause.tla's epochs)
+
+
+class LeaseTable:
+    """The leases of one server's manager.  Thread-safe; the HTTP routes call it from worker threads.
+
+    ``clock`` is monotonic; :meth:`wall` converts a deadline to the Unix time the routes report.
+    """
+
+    def __init__(self, manager: Any, *, default_ttl: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.manager = manager
+        self.default_ttl = checked_seconds("default ttl", default_ttl, default=30.0, upper=MAX_TTL_S, zero=False)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._leases: dict[str, Lease] = {}
+        self.expired = 0  # leases that ran out, since start
+        self._entered = 0  # leases entered so far: the next one's seq
+        self.written_seq = 0  # the seq of the lease the weights were last written under (0: none)
+
+    def wall(self, deadline: float) -> float:
+        return time.time() + (deadline - self._clock())
+
+    # ------------------------------------------------------------------------------------------- the routes' calls
+
+    def pause_lease(self, *, mode: str = "keep", timeout: float | None = None, ttl: float | None = None,
+                holder: str = "anonymous", legacy: bool = False) -> Lease:  # fmt: skip
+        """``PauseLease``: a new lease, returned once its pause is entered (the window is open, R-EXCLUSION).
+
+        Raises as ``manager.pause()`` does (``TimeoutError`` after ``timeout`` s, ``RuntimeError`` when the loop
+        is not running, ``ValueError`` for a bad mode), with nothing held.  The ttl counts from the entry.
+        """
+        ttl = checked_seconds("ttl", ttl, default=self.default_ttl, upper=MAX_TTL_S, zero=False)
+        timeout = checked_seconds("timeout", timeout, default=None, upper=MAX_TTL_S)
+        if not isinstance(holder, str) or not holder or len(holder) > 200:
+            raise ValueError(f"holder must be a non-empty string of at most 200 characters, not {holder!r}")
+        lease = Lease(secrets.token_urlsafe(24), holder, mode, ttl, float("inf"), legacy)
+        with self._lock:
+            self._forget_old()
+            self._leases[lease.id] = lease
+        lease.thread = threading.Thread(target=self._hold, args=(lease, timeout), daemon=True,
+                                        name=f"cbpause-lease-{lease.id[:8]}-{holder[:40]}")  # fmt: skip
+        lease.thread.start()
+        lease.entered.wait()
+        if lease.error is not None:
+            raise lease.error
+        return lease
+
+    def renew_lease(self, lease_id: str, ttl: float | None = None) -> Lease:
+        """``RenewLease``: push the deadline to now + ttl (the lease's own ttl by default)."""
+        with self._lock:
+            lease = self._live(lease_id)
+            if ttl is not None:
+                lease.ttl = checked_seconds("ttl", ttl, default=None, upper=MAX_TTL_S, zero=False)
+            lease.deadline = self._clock() + lease.ttl
+            return lease
+
+    def resume_lease(self, lease_id: str) -> bool:
+        """``ResumeLease``: leave the lease's pause.  True if this call resumed it, False if it was resumed before
+        (idempotent); ``LeaseGone`` if it expired, ``UnknownLease`` if no such lease."""
+        with self._lock:
+            lease = self._find(lease_id)
+            if lease.state == "resumed":
+                return False
+            if lease.state != "held":
+                raise LeaseGone(lease)
+            lease.state, lease.ended_at = "resumed", self._clock()
+            lease._resume.set()
+        lease.thread.join(timeout=30)  # it leaves the pause: the window closes if it was the last holder
+        return True
+
+    def resume_legacy(self) -> int:
+        """A resume without a lease (vLLM's ``/resume``, SGLang's ``/continue_generation``): resumes every lease a
+        legacy pause took, and no other.  Returns how many."""
+        with self._lock:
+            legacy = [lease.id for lease in self._leases.values() if lease.legacy and lease.state == "held"]
+        return sum(self._resume_quietly(lease_id) for lease_id in legacy)
+
+    def check_held(self, lease_id: Any, *, locked: bool = False) -> Lease:
+        """The lease, if it is held now (a write must come under a held lease); else ``UnknownLease``/``LeaseGone``."""
+        if not isinstance(lease_id, str):
+            raise UnknownLease(f"lease_id must be a string, not {lease_id!r}")
+        if locked:
+            return self._live(lease_id)
+        with self._lock:
+            return self._live(lease_id)
+
+    @contextmanager
+    def write_weights(self, lease_id: Any) -> Iterator[Lease]:
+        """``WriteWeights`` under a held lease: the lease cannot expire (nor its pause end) before the block ends, so
+        the loop takes no step while the weights change.  ``UnknownLease``/``LeaseGone`` if it is not held now."""
+        with self._lock:
+            lease = self.check_held(lease_id, locked=True)
+            if lease.seq < self.written_seq:
+                raise Superseded(f"lease {lease.id[:8]} of {lease.holder!r} is older than the lease the weights "
+                                 "were last written under: this late write would overwrite a later one; refused")
+            self.written_seq = lease.seq
+            lease.busy += 1
+        try:
+            yield lease
+        finally:
+            with self._lock:
+                lease.busy -= 1
+
+    def held(self) -> list[Lease]:
+        with self._lock:
+            return [lease for lease in self._leases.values() if lease.state == "held"]
+
+    def close(self) -> None:
+        """Resume every lease (the server stops)."""
+        with self._lock:
+            ids = [lease.id for lease in self._leases.values() if lease.state == "held"]
+        for lease_id in ids:
+            self._resume_quietly(lease_id)
+
+    # ------------------------------------------------------------------------------------------- inside
+
+    def _resume_quietly(self, lease_id: str) -> bool:
+        try:
+            return self.resume_lease(lease_id)
+        except (LeaseGone, UnknownLease):
+            return False
+
+    def _find(self, lease_id: str) -> Lease:
+        lease = self._leases.get(lease_id) if isinstance(lease_id, str) else None
+        if lease is None:
+            raise UnknownLease(f"no lease {lease_id!r} here")
+        return lease
+
+    def _live(self, lease_id: str) -> Lease:
+        """The lease if held and not past its deadline (the caller holds the lock).  A lease past its deadline
+        whose thread has not noticed yet is already gone: it is honoured no more (``GoneStaysGone``)."""
+        lease = self._find(lease_id)
+        if lease.state == "held" and not lease.busy and self._clock() >= lease.deadline:
+            self.lease_expires(lease)
+        if lease.state != "held":
+            raise LeaseGone(lease)
+        return lease
+
+    def lease_expires(self, lease: Lease) -> None:
+        """``LeaseExpires`` (the caller holds the lock): the lease ends, and its thread ends without leaving."""
+        lease.state, lease.ended_at = "expired", self._clock()
+        self.expired += 1
+        lease._resume.set()
+        logger.warning("lease %s of holder %r (%s pause) expired: not renewed within its ttl of %s s; the loop "
+                       "releases its pause as a dead holder's", lease.id[:8], lease.holder, lease.mode, lease.ttl)
+
+    def _forget_old(self) -> None:
+        now = self._clock()
+        old = [k for k, v in self._leases.items() if v.ended_at is not None and now - v.ended_at > FORGET_AFTER_S]
+        for lease_id in old:
+            del self._leases[lease_id]
+
+    def _hold(self, lease: Lease, timeout: float | None) -> None:
+        """The lease holder's thread: enter, wait for the resume or the deadline, then leave or end without leaving."""
+        pause = self.manager.pause(timeout=timeout, mode=lease.mode)
+        try:
+            pause.__enter__()
+        except BaseException as error:  # nothing is held (pause() withdrew the request)
+            with self._lock:
+                lease.state, lease.error, lease.ended_at = "failed", error, self._clock()
+            lease.entered.set()
+            return
+        with self._lock:
+            self._entered += 1
+            lease.state, lease.deadline, lease.seq = "held", self._clock() + lease.ttl, self._entered
+        lease.entered.set()
+        while True:
+            with self._lock:
+                if lease.state == "held" and not lease.busy and self._clock() >= lease.deadline:
+                    self.lease_expires(lease)
+                if lease.state == "expired":
+                    # HolderDies: this thread ends inside the pause.  The context manager stays referenced by the
+                    # lease, so that the loop releases the hold (ReleaseDeadHolder), not the garbage collector.
+                    lease.context = pause
+                    return
+                if lease.state == "resumed":
+                    break
+                remaining = max(lease.deadline - self._clock(), BUSY_RECHECK_S if lease.busy else 0.0)
+            lease._resume.wait(remaining)
+        pause.__exit__(None, None, None)  # LeavePause

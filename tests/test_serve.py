@@ -1,0 +1,429 @@
+"""``cbpause serve`` and ``cbpause.client.Fleet`` (issue 29): real server processes on localhost, a tiny random Llama
+checkpoint, the ``openai`` client and ``httpx``.  The lease table's own rules are tested without HTTP first."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("prometheus_client")
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+from cbpause.client import Fleet, FleetError  # noqa: E402
+from cbpause.serve.control import COMPAT, compat_mode  # noqa: E402
+from cbpause.serve.leases import LeaseGone, LeaseTable, Superseded, UnknownLease, checked_seconds  # noqa: E402
+from cbpause.testing.servers import free_port, serve_process  # noqa: E402
+
+from .conftest import ROOT  # noqa: E402
+
+pytestmark = pytest.mark.slow
+VOCAB = 32
+TTL = 3.0  # the servers' default ttl: short, so that expiry is seen within a test
+
+
+# ------------------------------------------------------------------------------------------- the lease table alone
+
+
+class FakeManager:
+    """What LeaseTable uses of a manager: ``pause()``; records entries and exits, and can refuse."""
+
+    def __init__(self) -> None:
+        self.inside = 0
+        self.refuse: BaseException | None = None
+
+    @contextlib.contextmanager
+    def pause(self, timeout=None, mode="keep"):
+        if self.refuse is not None:
+            raise self.refuse
+        self.inside += 1
+        try:
+            yield
+        finally:
+            self.inside -= 1
+
+
+def test_a_resumed_lease_stays_gone_and_a_second_resume_is_idempotent():
+    manager = FakeManager()
+    table = LeaseTable(manager, default_ttl=60)
+    lease = table.pause_lease(mode="keep", holder="t")
+    assert manager.inside == 1 and len(lease.id) >= 32 and lease.state == "held"
+    assert table.resume_lease(lease.id) is True and manager.inside == 0
+    assert table.resume_lease(lease.id) is False  # idempotent
+    with pytest.raises(LeaseGone):
+        table.renew_lease(lease.id)
+    with pytest.raises(LeaseGone):
+        table.check_held(lease.id)
+    with pytest.raises(UnknownLease):
+        table.resume_lease("not-a-lease")
+    assert table.pause_lease(holder="t").id != lease.id
+
+
+def test_an_expired_lease_ends_its_thread_inside_the_pause_and_is_honoured_no_more():
+    manager = FakeManager()
+    table = LeaseTable(manager, default_ttl=60)
+    lease = table.pause_lease(ttl=0.2, holder="t")
+    lease.thread.join(timeout=10)
+    assert not lease.thread.is_alive() and lease.state == "expired" and table.expired == 1
+    assert manager.inside == 1  # the thread ended without leaving: the loop's dead-holder release is what frees it
+    for call in (table.renew_lease, table.resume_lease, table.check_held):
+        with pytest.raises(LeaseGone):
+            call(lease.id)
+
+
+def test_a_lease_does_not_expire_during_a_write():
+    table = LeaseTable(FakeManager(), default_ttl=60)
+    lease = table.pause_lease(ttl=0.2, holder="t")
+    with table.write_weights(lease.id):
+        lease.thread.join(timeout=0.6)
+        assert lease.thread.is_alive() and lease.state == "held"
+    lease.thread.join(timeout=10)
+    assert lease.state == "expired"
+
+
+def test_a_write_under_an_older_lease_than_the_last_writer_s_is_refused():
+    """WriteOrder (FleetPause.tla): a late write of an earlier pause never overwrites a later pause's."""
+    table = LeaseTable(FakeManager(), default_ttl=60)
+    older, newer = table.pause_lease(holder="a"), table.pause_lease(holder="b")
+    with table.write_weights(older.id):
+        pass
+    with table.write_weights(newer.id):
+        pass
+    with pytest.raises(Superseded), table.write_weights(older.id):
+        pytest.fail("an older lease wrote after a newer one")
+    with table.write_weights(newer.id):  # the newer one may write again
+        pass
+
+
+def test_a_pause_that_fails_leaves_no_lease():
+    manager = FakeManager()
+    manager.refuse = TimeoutError("did not pause")
+    table = LeaseTable(manager)
+    with pytest.raises(TimeoutError):
+        table.pause_lease(timeout=0.1)
+    assert table.held() == []
+
+
+@pytest.mark.parametrize("value", [-1, "5", float("nan"), float("inf"), True, [1], 10_000])
+def test_bad_durations_are_refused(value):
+    with pytest.raises(ValueError):
+        checked_seconds("ttl", value, default=1.0, upper=3600)
+    with pytest.raises(ValueError):
+        LeaseTable(FakeManager()).pause_lease(ttl=value)
+
+
+def test_the_mode_table_of_the_docs_is_the_code_s():
+    page = (ROOT / "docs" / "serving.md").read_text()
+    for (engine, mode, clear_cache), (ours, _) in COMPAT.items():
+        cache = "" if clear_cache is None else f"clear_cache={str(clear_cache).lower()}"
+        row = rf"\|\s*{engine}\s*\|\s*`{mode}`\s*\|\s*{cache}\s*\|[^|]*\|\s*`{ours}`\s*\|"
+        assert re.search(row, page, re.IGNORECASE), (engine, mode, clear_cache)
+    assert compat_mode("vllm", "keep", True) == "retract" and compat_mode("vllm", "keep", False) == "keep"
+    with pytest.raises(ValueError):
+        compat_mode("sglang", "wait")
+
+
+# ------------------------------------------------------------------------------------------- real servers
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    from cbpause.testing.trl_cpu import save_tiny_policy
+
+    return save_tiny_policy(tmp_path_factory.mktemp("ckpt") / "tiny", vocab_size=VOCAB)
+
+
+@pytest.fixture(scope="module")
+def weights_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("weights")
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, weights_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("logs") / "server.log"
+    with serve_process(checkpoint, "--weights-dir", str(weights_dir), "--default-ttl", str(TTL), "--num-blocks", "64",
+                       log=log) as (url, process):  # fmt: skip
+        yield url
+    assert process.returncode is not None
+
+
+@pytest.fixture(scope="module")
+def rejecting(checkpoint, weights_dir):
+    with serve_process(checkpoint, "--while-paused", "reject", "--weights-dir", str(weights_dir), "--num-blocks",
+                       "64") as (url, _process):  # fmt: skip
+        yield url
+
+
+def policy(seed: int):
+    from transformers import GenerationConfig
+
+    from cbpause.testing.llama import tiny_llama
+
+    model = tiny_llama(seed=seed, vocab_size=VOCAB)
+    model.generation_config = GenerationConfig(eos_token_id=-1, pad_token_id=0)
+    return model.eval()
+
+
+def write_weights(model, path: Path) -> Path:
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, str(path))
+    return path
+
+
+def expected_text(model, prompt: list[int], n: int) -> str:
+    import torch
+
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)[0, len(prompt):].tolist()
+    return " ".join(f"t{i}" for i in out)
+
+
+def complete(url: str, prompt: str, n: int = 4, **kwargs):
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+    return client.completions.create(model=kwargs.pop("model", None) or "ignored-pinned", prompt=prompt, max_tokens=n,
+                                     temperature=0, **kwargs)  # fmt: skip
+
+
+def paused(url: str) -> bool:
+    return httpx.get(url + "/is_paused").json()["is_paused"]
+
+
+def version(url: str):
+    return httpx.get(url + "/weight_info").json()["weight_version"]
+
+
+def test_completions_flow_while_a_trainer_pauses_updates_from_disk_and_resumes(server, checkpoint, weights_dir):
+    prompt = [3, 4, 5]
+    text = " ".join(f"t{i}" for i in prompt)
+    with pytest.raises(openai.BadRequestError):  # the server is pinned to its checkpoint
+        complete(server, text, model="some/other-model")
+    assert complete(server, text, model=str(checkpoint)).choices[0].text == expected_text(policy(0), prompt, 4)
+    answers, errors, stop = [], [], threading.Event()
+
+    def traffic():
+        while not stop.is_set():
+            try:
+                answers.append(complete(server, "t7 t8", n=6, model=str(checkpoint)))
+            except Exception as error:  # noqa: BLE001 -- any failure fails the test below
+                errors.append(error)
+
+    thread = threading.Thread(target=traffic)
+    thread.start()
+    new = policy(1)
+    write_weights(new, weights_dir / "v1.safetensors")
+    try:
+        for _ in range(2):  # two windows while requests flow
+            with Fleet([server]) as fleet, fleet.pause(mode="keep", timeout=30, ttl=10):
+                assert paused(server)
+                assert fleet.update_weights_from_disk("v1.safetensors", 1) == [server]
+            assert not paused(server)
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+    assert not thread.is_alive() and errors == [] and answers
+    after = complete(server, text, model=str(checkpoint))
+    assert after.choices[0].text == expected_text(new, prompt, 4)
+    assert after.model_extra["weight_versions"] == [[0, 1]] and after.model_extra["kv_versions"] == [[0, 1]]
+    assert version(server) == 1
+
+
+TRAINER = """
+import sys, time
+from cbpause.client import Fleet
+fleet = Fleet([sys.argv[1]], holder="doomed-trainer")
+with fleet.pause(mode="keep", timeout=30, ttl=float(sys.argv[2])):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_trainer_s_leases_expire_and_the_servers_resume_within_ttl_plus_one_second(server, rejecting):
+    ttl = 2.0
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, server, str(ttl)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert trainer.stdout.readline().strip() == "held"
+        time.sleep(ttl)  # it renews (every ttl/3) while alive: the lease outlives its first ttl
+        assert paused(server)
+    finally:
+        trainer.kill()
+        trainer.wait(timeout=30)
+    killed = time.monotonic()
+    while paused(server) and time.monotonic() - killed < ttl + 5:
+        time.sleep(0.05)
+    resumed_after = time.monotonic() - killed
+    assert not paused(server) and resumed_after <= ttl + 1.0, resumed_after
+    metrics = httpx.get(server + "/metrics").text
+    assert re.search(r"^cbpause_leases_expired [1-9]", metrics, re.M)
+
+
+def test_two_trainers_racing_share_the_window_and_each_resume_counts_once(server):
+    leases, barrier = {}, threading.Barrier(2)
+
+    def trainer(name: str):
+        barrier.wait(timeout=30)
+        leases[name] = httpx.post(server + "/pause", json={"mode": "keep", "timeout": 30, "holder": name},
+                                  timeout=60).json()  # fmt: skip
+
+    threads = [threading.Thread(target=trainer, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert {"a", "b"} == set(leases) and leases["a"]["lease_id"] != leases["b"]["lease_id"]
+    a, b = leases["a"]["lease_id"], leases["b"]["lease_id"]
+    assert httpx.post(server + "/resume", json={"lease_id": a}).json()["resumed"] is True
+    assert httpx.post(server + "/resume", json={"lease_id": a}).json()["resumed"] is False  # idempotent
+    assert paused(server)  # b still holds it
+    assert httpx.post(server + f"/pause/{a}/renew").status_code == 410  # a's lease is gone
+    assert httpx.post(server + "/update_weight_version", json={"lease_id": a, "weight_version": 9}).status_code == 410
+    assert httpx.post(server + "/resume", json={"lease_id": b}).json()["resumed"] is True
+    assert not paused(server) and version(server) != 9
+
+
+def bad_requests(server: str, lease: str) -> list[tuple[str, str, object, int]]:
+    """(route, what is wrong, body, the status it must get)."""
+    return [
+        ("/pause", "unknown mode", {"mode": "freeze"}, 400),
+        ("/pause", "negative timeout", {"mode": "keep", "timeout": -1}, 400),
+        ("/pause", "non-numeric ttl", {"mode": "keep", "ttl": "ten"}, 400),
+        ("/pause", "zero ttl", {"mode": "keep", "ttl": 0}, 400),
+        ("/pause", "malformed JSON", b"{mode: keep", 400),
+        ("/pause", "a JSON list", b"[1, 2]", 400),
+        ("/pause?mode=freeze", "unknown vLLM mode", None, 400),
+        ("/pause?mode=keep&clear_cache=maybe", "bad clear_cache", None, 400),
+        ("/pause_generation", "unknown SGLang mode", {"mode": "wait"}, 400),
+        ("/pause/nope/renew", "unknown lease", {}, 404),
+        ("/resume", "unknown lease", {"lease_id": "nope"}, 404),
+        (f"/pause/{lease}/renew", "bad ttl", {"ttl": -5}, 400),
+        ("/update_weights_from_disk", "no lease", {"path": "v1.safetensors"}, 409),
+        ("/update_weights_from_disk", "path outside", {"lease_id": lease, "path": "/etc/passwd"}, 400),
+        ("/update_weights_from_disk", "path escaping", {"lease_id": lease, "path": "../../../etc/hosts"}, 400),
+        ("/update_weights_from_disk", "missing file", {"lease_id": lease, "path": "nothing.safetensors"}, 400),
+        ("/update_weights_from_disk", "wrong shape", {"lease_id": lease, "path": "shape.safetensors"}, 400),
+        ("/update_weights_from_disk", "wrong dtype", {"lease_id": lease, "path": "dtype.safetensors"}, 400),
+        ("/update_weights_from_disk", "unknown name", {"lease_id": lease, "path": "name.safetensors"}, 400),
+        ("/update_weights_from_disk", "not safetensors", {"lease_id": lease, "path": "junk.safetensors"}, 400),
+        ("/update_weights_from_disk", "bad version", {"lease_id": lease, "path": "v1.safetensors",
+                                                      "weight_version": [1]}, 400),  # fmt: skip
+        ("/update_weight_version", "no lease", {"weight_version": 3}, 409),
+    ]
+
+
+def test_each_bad_input_is_a_4xx_with_a_message_and_changes_nothing(server, checkpoint, weights_dir):
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"model.norm.weight": torch.ones(3)}, str(weights_dir / "shape.safetensors"))
+    save_file({"model.norm.weight": torch.ones(policy(0).config.hidden_size, dtype=torch.float16)},
+              str(weights_dir / "dtype.safetensors"))  # fmt: skip
+    save_file({"model.no_such.weight": torch.ones(2)}, str(weights_dir / "name.safetensors"))
+    (weights_dir / "junk.safetensors").write_bytes(b"not a safetensors file")
+    before = (version(server), httpx.get(server + "/weight_info").json()["parameters"])
+    text = complete(server, "t3 t4", model=str(checkpoint)).choices[0].text
+    lease = httpx.post(server + "/pause", json={"mode": "keep", "ttl": 30}).json()["lease_id"]
+    try:
+        for route, what, body, status in bad_requests(server, lease):
+            content = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+            response = httpx.post(server + route, content=content, headers={"content-type": "application/json"})
+            assert response.status_code == status, (route, what, response.text)
+            assert response.json()["error"], (route, what)
+            assert httpx.get(server + "/is_paused").json()["leases"] == 1, (route, what)
+    finally:
+        assert httpx.post(server + "/resume", json={"lease_id": lease}).json()["resumed"] is True
+    assert not paused(server)
+    assert (version(server), httpx.get(server + "/weight_info").json()["parameters"]) == before
+    assert complete(server, "t3 t4", model=str(checkpoint)).choices[0].text == text
+
+
+def test_vllm_and_sglang_routes_pause_and_resume_with_the_documented_modes(server):
+    answer = httpx.post(server + "/pause?mode=keep").json()  # vLLM's default clear_cache=true: our retract
+    assert answer["mode"] == "retract" and answer["ttl"] == TTL and paused(server)
+    assert httpx.post(server + "/resume").json()["resumed"] == 1 and not paused(server)
+    answer = httpx.post(server + "/pause_generation", json={"mode": "in_place"}).json()
+    assert answer["mode"] == "keep" and paused(server)
+    assert httpx.post(server + "/continue_generation").json()["resumed"] == 1 and not paused(server)
+
+
+def test_a_request_during_a_pause_is_rejected_with_retry_after_when_the_server_rejects(rejecting):
+    lease = httpx.post(rejecting + "/pause", json={"mode": "keep", "ttl": 30}).json()["lease_id"]
+    try:
+        response = httpx.post(rejecting + "/v1/completions", json={"prompt": "t3", "max_tokens": 2}, timeout=30)
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    finally:
+        httpx.post(rejecting + "/resume", json={"lease_id": lease})
+    assert httpx.post(rejecting + "/v1/completions", json={"prompt": "t3", "max_tokens": 2}).status_code == 200
+    assert re.search(r'^cbpause_requests\{outcome="rejected"\} 1', httpx.get(rejecting + "/metrics").text, re.M)
+
+
+def test_a_fleet_with_a_server_down_pauses_none_and_names_it(server, rejecting):
+    down = f"http://127.0.0.1:{free_port()}"
+    with Fleet([server, rejecting, down]) as fleet:
+        with pytest.raises(FleetError) as caught, fleet.pause(timeout=10, ttl=30):
+            pytest.fail("paused a fleet with a server down")
+    assert list(caught.value.failed) == [down] and down in str(caught.value)
+    assert not paused(server) and not paused(rejecting)
+
+
+def test_a_fleet_reports_a_server_whose_lease_was_lost(server, rejecting):
+    with Fleet([server, rejecting]) as fleet, fleet.pause(timeout=10, ttl=30):
+        lost = fleet.leases[rejecting]
+        assert httpx.post(rejecting + "/resume", json={"lease_id": lost}).json()["resumed"] is True  # as if expired
+        with pytest.raises(FleetError) as caught:
+            fleet.update_weight_version(7)
+        assert list(caught.value.failed) == [rejecting] and caught.value.updated == [server]
+    assert version(server) == 7 and version(rejecting) != 7
+    assert not paused(server) and not paused(rejecting)
+
+
+def test_a_client_that_disconnects_while_queued_has_its_request_cancelled(checkpoint):
+    """In-process (uvicorn in a thread), to see what the engine delivered for the request."""
+    import uvicorn
+    from transformers import ContinuousBatchingConfig
+
+    from cbpause.serve import build_app
+
+    app = build_app(str(checkpoint), default_ttl=30, continuous_batching_config=ContinuousBatchingConfig(num_blocks=64))
+    delivered: dict[str, list] = {}
+    router = app.state.manager.output_router
+    deliver = router.deliver
+
+    def spy(output):
+        delivered.setdefault(output.request_id, []).append(output)
+        deliver(output)
+
+    router.deliver = spy
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        from cbpause.testing.servers import wait_healthy
+
+        wait_healthy(url)
+        lease = httpx.post(url + "/pause", json={"mode": "keep", "ttl": 30}).json()["lease_id"]
+        with pytest.raises(httpx.ReadTimeout):  # queued behind the pause; the client gives up and disconnects
+            httpx.post(url + "/v1/completions", json={"prompt": "t3 t4", "max_tokens": 8},
+                       headers={"x-request-id": "leaver"}, timeout=1.0)  # fmt: skip
+        deadline = time.monotonic() + 10
+        while app.state.generate.outcomes["cancelled"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)  # the server notices the disconnect on its own event loop
+        assert app.state.generate.outcomes["cancelled"] == 1
+        assert httpx.post(url + "/resume", json={"lease_id": lease}).json()["resumed"] is True
+        after = httpx.post(url + "/v1/completions", json={"prompt": "t3", "max_tokens": 2}, timeout=60)
+        assert after.status_code == 200
+        outputs = delivered.get("leaver", [])
+        assert all(len(o.generated_tokens) == 0 for o in outputs), outputs  # it never ran
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+    assert not thread.is_alive() and not app.state.manager.is_running()

@@ -1,0 +1,340 @@
+----------------------------- MODULE FleetPause -----------------------------
+(***************************************************************************)
+(* Pauses over the network (issue 29; spec/PROTOCOL.md section 6.6): one   *)
+(* trainer (cbpause.client.Fleet) pauses a fleet of servers (cbpause       *)
+(* serve), writes weights into them, and lets them go.  A pause held over  *)
+(* HTTP is a lease: the server holds it on the trainer's behalf until the  *)
+(* trainer resumes it, or until it is not renewed within its ttl.  An      *)
+(* expired lease is PauseProtocol's dead holder: LeaseExpires is           *)
+(* HolderDies (the lease's thread ends without leaving; from then on the   *)
+(* lease is honoured no more), and ReleaseDeadHolder drops its hold, as    *)
+(* the loop does within HOLDER_CHECK_S.  What happens inside one server    *)
+(* (the window, its modes, the requests) is PauseProtocol's and            *)
+(* RequestVersions' business; here a server is paused while it holds a    *)
+(* lease, live or dead.                                                    *)
+(*                                                                         *)
+(* The network loses any message and delivers the others in any order      *)
+(* (HTTP requests whose client gave up are still served: a late write is   *)
+(* a message delivered late).  The trainer may crash at any moment; a      *)
+(* server may crash (its leases die with it) and restart with its          *)
+(* checkpoint's weights (version 0).  Time is each lease's countdown       *)
+(* (Tick), which a renewal resets: a trainer may always be too slow.       *)
+(*                                                                         *)
+(* Leased = FALSE is a vLLM-style boolean pause: no ttl, and any resume    *)
+(* un-pauses the server; it must fail NoPausedForEverProp.  WriteOrder = FALSE *)
+(* drops the server's rule that a write under an older lease never         *)
+(* overwrites one under a newer lease; it must fail                        *)
+(* CompletedUpdateVisible (a write delayed past the next pause).           *)
+(***************************************************************************)
+EXTENDS Naturals, FiniteSets
+
+CONSTANTS
+    Servers,      \* the fleet
+    MaxEpoch,     \* pauses the trainer takes, one after the other
+    MaxLosses,    \* messages the network loses in a behaviour
+    TTL,          \* ticks a lease lives without a renewal
+    MaxRestarts,  \* server crashes (each followed, or not, by a restart)
+    Leased,       \* TRUE: leases with a ttl (cbpause); FALSE: a boolean pause (vLLM)
+    WriteOrder    \* TRUE: a write under an older lease never overwrites a newer lease's
+
+Epochs == 1..MaxEpoch
+\* The trainer writes once per pause, the version of pause e being e (version 0: the checkpoint's weights).
+Versions == 0..MaxEpoch
+Msgs == [t : {"pause", "grant", "resume", "write", "wok"}, s : Servers, e : Epochs]
+
+VARIABLES
+    \* the servers
+    up,        \* up[s]: the process runs
+    lease,     \* lease[s][e]: "none", "held", "dead" (expired, its hold not released yet), "gone"
+    ttl,       \* ttl[s][e]: ticks left before a held lease expires
+    ver,       \* ver[s]: the weight version the server generates with
+    wroteEp,   \* wroteEp[s]: the epoch of the lease under which ver[s] was written (0: none)
+    serverCrashes,  \* crashes so far (bounded by MaxRestarts)
+    losses,    \* messages lost so far (bounded by MaxLosses)
+    \* the trainer
+    trainer,   \* "idle", "pausing", "holding", "writing", "release", "done", "crashed"
+    epoch,     \* its current pause
+    granted,   \* servers that granted this epoch's lease
+    lostS,     \* servers that refused a renewal: the lease is gone there
+    wrote,     \* it wrote in this pause
+    acked,     \* servers that acknowledged the write
+    missed,    \* servers the trainer reports as having missed the write
+    \* the network and the history
+    net,       \* messages in flight
+    completed, \* the last version every server acknowledged (0: none yet)
+    fresh      \* fresh[s]: s has not restarted since it last took a write
+
+srv == <<up, lease, ttl, ver, wroteEp, serverCrashes, losses>>
+trn == <<trainer, epoch, granted, lostS, wrote, acked, missed>>
+vars == <<srv, trn, net, completed, fresh>>
+
+LeaseStates == {"none", "held", "dead", "gone"}
+
+TypeOK ==
+    /\ up \in [Servers -> BOOLEAN]
+    /\ lease \in [Servers -> [Epochs -> LeaseStates]]
+    /\ ttl \in [Servers -> [Epochs -> 0..TTL]]
+    /\ ver \in [Servers -> Versions]
+    /\ wroteEp \in [Servers -> 0..MaxEpoch]
+    /\ serverCrashes \in 0..MaxRestarts
+    /\ losses \in 0..MaxLosses
+    /\ trainer \in {"idle", "pausing", "holding", "writing", "release", "done", "crashed"}
+    /\ epoch \in 0..MaxEpoch
+    /\ granted \subseteq Servers /\ lostS \subseteq Servers
+    /\ acked \subseteq Servers /\ missed \subseteq Servers
+    /\ wrote \in BOOLEAN /\ completed \in Versions
+    /\ net \subseteq Msgs
+    /\ fresh \in [Servers -> BOOLEAN]
+
+Paused(s) == up[s] /\ \E e \in Epochs : lease[s][e] \in {"held", "dead"}
+AllRunning == \A s \in Servers : ~Paused(s)
+
+\* A lease the server honours (a renewal, a write, a resume): held, never expired.  The boolean pause honours
+\* anything while paused.
+Honoured(s, e) == IF Leased THEN lease[s][e] = "held" ELSE \E f \in Epochs : lease[s][f] = "held"
+
+Init ==
+    /\ up = [s \in Servers |-> TRUE]
+    /\ lease = [s \in Servers |-> [e \in Epochs |-> "none"]]
+    /\ ttl = [s \in Servers |-> [e \in Epochs |-> 0]]
+    /\ ver = [s \in Servers |-> 0]
+    /\ wroteEp = [s \in Servers |-> 0]
+    /\ serverCrashes = 0 /\ losses = 0
+    /\ trainer = "idle" /\ epoch = 0
+    /\ granted = {} /\ lostS = {} /\ wrote = FALSE /\ acked = {} /\ missed = {}
+    /\ net = {}
+    /\ completed = 0
+    /\ fresh = [s \in Servers |-> TRUE]
+
+Send(ms) == net' = net \cup ms
+
+\* A server's answer reaches the trainer's connection; a crashed trainer has none (the answer goes nowhere).
+Answer(m, a) == net' = (net \ {m}) \cup (IF trainer = "crashed" THEN {} ELSE {a})
+
+ToTrainer == {"grant", "wok"}
+
+----------------------------------------------------------------------------
+\* The trainer (cbpause.client.Fleet)
+
+\* Fleet.pause(): a lease asked of every server.
+TrainerPause ==
+    /\ trainer = "idle" /\ epoch < MaxEpoch
+    /\ epoch' = epoch + 1
+    /\ trainer' = "pausing" /\ granted' = {} /\ lostS' = {} /\ wrote' = FALSE
+    /\ Send({[t |-> "pause", s |-> s, e |-> epoch + 1] : s \in Servers})
+    /\ UNCHANGED <<srv, acked, missed, completed, fresh>>
+
+TrainerGranted(m) ==
+    /\ m \in net /\ m.t = "grant" /\ trainer = "pausing" /\ m.e = epoch
+    /\ granted' = granted \cup {m.s}
+    /\ trainer' = IF granted' = Servers THEN "holding" ELSE "pausing"
+    /\ net' = net \ {m}
+    /\ UNCHANGED <<srv, epoch, lostS, wrote, acked, missed, completed, fresh>>
+
+\* A stale answer (of an older epoch, or one the trainer no longer waits for) is read and dropped.
+TrainerDrops(m) ==
+    /\ m \in net /\ m.t \in ToTrainer
+    /\ \/ m.e # epoch
+       \/ m.t = "grant" /\ trainer # "pausing"
+       \/ m.t = "wok" /\ trainer # "writing"
+    /\ trainer # "crashed"
+    /\ net' = net \ {m}
+    /\ UNCHANGED <<srv, trn, completed, fresh>>
+
+\* Fleet.pause() gives up (a server did not answer within the timeout): the leases taken are resumed.
+TrainerPauseFails ==
+    /\ trainer = "pausing"
+    /\ Send({[t |-> "resume", s |-> s, e |-> epoch] : s \in granted})
+    /\ trainer' = IF epoch = MaxEpoch THEN "done" ELSE "idle"
+    /\ granted' = {}
+    /\ UNCHANGED <<srv, epoch, lostS, wrote, acked, missed, completed, fresh>>
+
+\* RenewLease: the renewer thread (Fleet._renew) renews one lease still believed held (LeaseTable.renew_lease): a
+\* request and its answer, atomic here.  A renewal
+\* that is lost or late is a renewal not made: Tick may always come first.  The server renews a lease it honours
+\* and answers 410 for any other, and the trainer then counts that lease lost.
+RenewLease(s) ==
+    /\ trainer \in {"holding", "writing"} /\ s \in granted \ lostS /\ up[s]
+    /\ IF Honoured(s, epoch)
+       THEN /\ ttl' = [ttl EXCEPT ![s][epoch] = TTL]
+            /\ UNCHANGED lostS
+       ELSE /\ lostS' = lostS \cup {s}
+            /\ UNCHANGED ttl
+    /\ UNCHANGED <<up, lease, ver, wroteEp, serverCrashes, losses, trainer, epoch, granted, wrote, acked, missed, net,
+                   completed, fresh>>
+
+\* Fleet.update_weights_from_disk(): only with every server's lease granted; not to a server whose lease was lost.
+TrainerWrite ==
+    /\ trainer = "holding" /\ ~wrote
+    /\ wrote' = TRUE
+    /\ Send({[t |-> "write", s |-> s, e |-> epoch] : s \in Servers \ lostS})
+    /\ trainer' = "writing" /\ acked' = {} /\ missed' = lostS
+    /\ UNCHANGED <<srv, epoch, granted, lostS, completed, fresh>>
+
+TrainerWriteAnswer(m) ==
+    /\ m \in net /\ m.t = "wok" /\ trainer = "writing" /\ m.e = epoch
+    /\ acked' = acked \cup {m.s}
+    /\ net' = net \ {m}
+    /\ UNCHANGED <<srv, trainer, epoch, granted, lostS, wrote, missed, completed, fresh>>
+
+\* The write's result: every answer came, or the trainer stops waiting; a server without an acknowledgement is
+\* reported as having missed the update (FleetError), and only an update every server took is complete.
+TrainerWriteDone ==
+    /\ trainer = "writing"
+    /\ missed' = Servers \ acked
+    /\ completed' = IF acked = Servers THEN epoch ELSE completed
+    /\ trainer' = "release"
+    /\ UNCHANGED <<srv, net, epoch, granted, lostS, wrote, acked, fresh>>
+
+\* The end of the with block: every lease granted is resumed.
+TrainerRelease ==
+    /\ trainer \in {"holding", "release"}
+    /\ Send({[t |-> "resume", s |-> s, e |-> epoch] : s \in granted})
+    /\ trainer' = IF epoch = MaxEpoch THEN "done" ELSE "idle"
+    /\ UNCHANGED <<srv, epoch, granted, lostS, wrote, acked, missed, completed, fresh>>
+
+\* The trainer's process dies: what it knew dies with it, and so do the answers on their way to it.
+TrainerCrash ==
+    /\ trainer \notin {"done", "crashed"}
+    /\ trainer' = "crashed"
+    /\ granted' = {} /\ lostS' = {} /\ acked' = {} /\ missed' = {}
+    /\ net' = {m \in net : m.t \notin ToTrainer}
+    /\ UNCHANGED <<srv, epoch, wrote, completed, fresh>>
+
+----------------------------------------------------------------------------
+\* The servers (cbpause serve; cbpause.serve.leases.LeaseTable)
+
+\* PauseLease: a new lease (a late or repeated request for an epoch already seen gets none).
+PauseLease(m) ==
+    /\ m \in net /\ m.t = "pause" /\ up[m.s] /\ lease[m.s][m.e] = "none"
+    /\ lease' = [lease EXCEPT ![m.s][m.e] = "held"]
+    /\ ttl' = [ttl EXCEPT ![m.s][m.e] = TTL]
+    /\ Answer(m, [t |-> "grant", s |-> m.s, e |-> m.e])
+    /\ UNCHANGED <<up, ver, wroteEp, serverCrashes, losses, trn, completed, fresh>>
+
+\* WriteWeights: under a lease honoured now, and (WriteOrder) not under a lease older than the one that wrote last.
+\* A refusal (410, 409) reaches the trainer as no acknowledgement: it reports that server as having missed the write
+\* whether it heard the refusal or stopped waiting (TrainerWriteDone), so the model leaves the refusal's answer out.
+WriteWeights(m) ==
+    /\ m \in net /\ m.t = "write" /\ up[m.s]
+    /\ IF Honoured(m.s, m.e) /\ (WriteOrder => m.e >= wroteEp[m.s])
+       THEN /\ ver' = [ver EXCEPT ![m.s] = m.e]
+            /\ wroteEp' = [wroteEp EXCEPT ![m.s] = m.e]
+            /\ fresh' = [fresh EXCEPT ![m.s] = TRUE]
+            /\ Answer(m, [t |-> "wok", s |-> m.s, e |-> m.e])
+       ELSE /\ net' = net \ {m}
+            /\ UNCHANGED <<ver, wroteEp, fresh>>
+    /\ UNCHANGED <<up, lease, ttl, serverCrashes, losses, trn, completed>>
+
+\* ResumeLease (LeavePause); resuming a lease that is not held changes nothing.  The boolean pause un-pauses.
+ResumeLease(m) ==
+    /\ m \in net /\ m.t = "resume" /\ up[m.s]
+    /\ lease' = IF Leased
+                THEN [lease EXCEPT ![m.s][m.e] = IF @ = "held" THEN "gone" ELSE @]
+                ELSE [lease EXCEPT ![m.s] = [e \in Epochs |-> IF @[e] = "held" THEN "gone" ELSE @[e]]]
+    /\ net' = net \ {m}
+    /\ UNCHANGED <<up, ttl, ver, wroteEp, serverCrashes, losses, trn, completed, fresh>>
+
+Tick(s, e) ==
+    /\ Leased /\ up[s] /\ lease[s][e] = "held" /\ ttl[s][e] > 0
+    /\ ttl' = [ttl EXCEPT ![s][e] = @ - 1]
+    /\ UNCHANGED <<up, lease, ver, wroteEp, serverCrashes, losses, trn, net, completed, fresh>>
+
+\* LeaseExpires = PauseProtocol's HolderDies: the lease's thread ends without leaving; the lease is honoured no more.
+LeaseExpires(s, e) ==
+    /\ Leased /\ up[s] /\ lease[s][e] = "held" /\ ttl[s][e] = 0
+    /\ lease' = [lease EXCEPT ![s][e] = "dead"]
+    /\ UNCHANGED <<up, ttl, ver, wroteEp, serverCrashes, losses, trn, net, completed, fresh>>
+
+\* ReleaseDeadHolder: the loop, parked in its window, drops the dead holder's hold.
+ReleaseDeadHolder(s, e) ==
+    /\ up[s] /\ lease[s][e] = "dead"
+    /\ lease' = [lease EXCEPT ![s][e] = "gone"]
+    /\ UNCHANGED <<up, ttl, ver, wroteEp, serverCrashes, losses, trn, net, completed, fresh>>
+
+\* A server's process dies: its pauses die with it; lease ids are never issued twice, so its old leases stay gone.
+ServerCrash(s) ==
+    /\ up[s] /\ serverCrashes < MaxRestarts
+    /\ up' = [up EXCEPT ![s] = FALSE]
+    /\ serverCrashes' = serverCrashes + 1
+    /\ lease' = [lease EXCEPT ![s] = [e \in Epochs |-> IF @[e] = "none" THEN "none" ELSE "gone"]]
+    /\ UNCHANGED <<ttl, ver, wroteEp, losses, trn, net, completed, fresh>>
+
+ServerRestart(s) ==
+    /\ ~up[s]
+    /\ up' = [up EXCEPT ![s] = TRUE]
+    /\ ver' = [ver EXCEPT ![s] = 0]
+    /\ wroteEp' = [wroteEp EXCEPT ![s] = 0]
+    /\ fresh' = [fresh EXCEPT ![s] = FALSE]
+    /\ UNCHANGED <<lease, ttl, serverCrashes, losses, trn, net, completed>>
+
+\* The network loses a message (within the budget), or the server it goes to is down (always).
+Undeliverable(m) ==
+    /\ m \in net /\ m.t \notin ToTrainer /\ ~up[m.s]
+    /\ net' = net \ {m}
+    /\ UNCHANGED <<srv, trn, completed, fresh>>
+
+Lose(m) ==
+    /\ m \in net /\ losses < MaxLosses
+    /\ net' = net \ {m}
+    /\ losses' = losses + 1
+    /\ UNCHANGED <<up, lease, ttl, ver, wroteEp, serverCrashes, trn, completed, fresh>>
+
+Trainer ==
+    \/ TrainerPause \/ TrainerPauseFails \/ TrainerWrite \/ TrainerWriteDone \/ TrainerRelease \/ TrainerCrash
+    \/ \E s \in Servers : RenewLease(s)
+    \/ \E m \in net : TrainerGranted(m) \/ TrainerDrops(m) \/ TrainerWriteAnswer(m)
+
+Server(m) == PauseLease(m) \/ WriteWeights(m) \/ ResumeLease(m)
+
+Time(s, e) == Tick(s, e) \/ LeaseExpires(s, e) \/ ReleaseDeadHolder(s, e)
+
+Next ==
+    \/ Trainer
+    \/ \E m \in net : Server(m) \/ Lose(m) \/ Undeliverable(m)
+    \/ \E s \in Servers, e \in Epochs : Time(s, e)
+    \/ \E s \in Servers : ServerCrash(s) \/ ServerRestart(s)
+
+\* Fairness, each a claim about the code (spec section 6.6): a server answers every request it receives (uvicorn's
+\* event loop and worker threads: control.py's routes); a lease's countdown runs and its expiry is seen (the lease
+\* thread's timed wait, LeaseTable._hold); the loop releases a dead holder (LoopSteps.pause_window's HOLDER_CHECK_S).
+\* Nothing is fair for the trainer, the network's losses or the crashes: they may stop, or never happen.
+Fairness ==
+    /\ \A m \in Msgs : WF_vars(Server(m))
+    /\ \A s \in Servers, e \in Epochs : WF_vars(Time(s, e))
+
+Spec == Init /\ [][Next]_vars /\ Fairness
+
+----------------------------------------------------------------------------
+\* Properties
+
+\* No server stays paused for ever once the trainer stops renewing (it crashed, or it is done).
+NoPausedForEverProp == [](trainer \in {"crashed", "done"} => <>[]AllRunning)
+
+\* A write is honoured only under a lease held now (never an expired one), and changes the version only so.
+WriteUnderLease ==
+    [][\A s \in Servers : (up[s] /\ up'[s] /\ ver'[s] # ver[s]) => \E e \in Epochs : Honoured(s, e)]_vars
+
+\* A lease that expired or was resumed is never honoured again.
+GoneStaysGone ==
+    [][\A s \in Servers, e \in Epochs :
+         /\ lease[s][e] = "gone" => lease'[s][e] = "gone"
+         /\ lease[s][e] = "dead" => lease'[s][e] \in {"dead", "gone"}]_vars
+
+\* The trainer writes only holding every server's lease (as granted), and its report is true: a server it counts
+\* as updated took the version.
+WriteOnlyHoldingInv == trainer \in {"writing", "release"} => granted = Servers
+ReportTruthfulInv ==
+    trainer = "release" =>
+        /\ missed = Servers \ acked
+        /\ \A s \in acked : up[s] /\ fresh[s] => (wroteEp[s] >= epoch \/ ~WriteOrder)
+
+\* After a completed update every live server that has not restarted since it took it reports that version or a
+\* newer one.  (A server that serverCrashes comes back with its checkpoint's weights, version 0, and says so: its lease
+\* ids are unknown to the new process, so the trainer's resume gets a 404; Fleet.status() shows its version.)
+CompletedUpdateVisible == \A s \in Servers : (up[s] /\ fresh[s]) => ver[s] >= completed
+
+\* Witnesses: the model reaches a completed update, and a lease that expires.
+NeverCompletesWitness == completed = 0
+NeverExpiresWitness == \A s \in Servers, e \in Epochs : lease[s][e] # "dead"
+=============================================================================
