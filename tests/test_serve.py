@@ -427,3 +427,21 @@ def test_a_client_that_disconnects_while_queued_has_its_request_cancelled(checkp
         server.should_exit = True
         thread.join(timeout=60)
     assert not thread.is_alive() and not app.state.manager.is_running()
+
+
+def test_a_short_soak_over_http_loses_nothing():
+    """The covering subset of ``nox -s soak -- --http`` (two servers, trainers, abandoned and killed leases)."""
+    from cbpause.apps import soak_http
+
+    result = soak_http.run(soak_http.parse_args(["--seconds", "20", "--seed", "3"]))
+    assert result["lost"] == result["duplicated"] == result["hangs"] == result["wrong"] == 0, result
+    assert result["pauses"] > 0 and result["answered"] > 0 and result["requests"] > result["answered"]
+
+
+def test_the_http_bench_measures_both_sides(tmp_path):
+    from cbpause.apps.bench.http_side import main
+
+    assert main(tmp_path, 3) == 0
+    result = json.loads((tmp_path / "http.json").read_text())
+    assert result["in_process"]["entry"]["n"] == result["http"]["entry"]["n"] == 3
+    assert result["http"]["entry"]["median_ms"] > 0

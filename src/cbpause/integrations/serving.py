@@ -8,6 +8,8 @@ start-up, with the checkpoint's generation config (decision: one sampling config
 checkpoint's, so that a pause never waits for a manager that does not exist yet).  Per request:
 
 * ``while_paused="reject"``: a request during a pause gets ``503`` with ``Retry-After`` and is not enqueued;
+* a non-streamed request ended by an ``abort`` pause or by the staleness bound gets ``503`` with ``Retry-After``
+  (decision: the client sends it again; its partial tokens are not delivered);
 * a client that disconnects while its request waits (queued during a pause, or running) has it cancelled, so no
   request runs for a client that left;
 * a non-streamed answer carries ``weight_versions`` and ``kv_versions``: ``[first_token_index, version]`` spans over
@@ -26,7 +28,9 @@ from transformers.cli.serving import utils as _serving
 from transformers.cli.serving.server import build_server
 
 from ..core.errors import LoopPausedError
+from .modes import ABORTED_BY_PAUSE
 from .transformers import PausableContinuousBatchingManager, init_continuous_batching
+from .weights import STALE
 
 __all__ = ["PausableCBGenerateManager", "RETRY_AFTER_S", "openai_app"]
 
@@ -55,7 +59,8 @@ class _DisconnectWatch:
 class PausableCBGenerateManager(_serving.CBGenerateManager):
     """transformers serve's continuous-batching generation manager on a running cbpause manager.
 
-    ``outcomes`` counts the requests by how they ended (``finished``, ``failed``, ``cancelled``, ``rejected``), for
+    ``outcomes`` counts the requests by how they ended (``finished``, ``failed``, ``cancelled``, ``rejected``,
+    ``aborted``), for
     the server's metrics; ``versions`` holds each finished non-streamed request's labels until its answer is built.
     """
 
@@ -99,6 +104,8 @@ class PausableCBGenerateManager(_serving.CBGenerateManager):
         except LoopPausedError as error:
             raise _rejected(self, error) from error
         result = await _unless_disconnected(future, cb, request_id, self)
+        if result.error is not None and str(result.error).startswith((ABORTED_BY_PAUSE, STALE)):
+            raise _refused(self, "aborted", f"request {request_id} was aborted: {result.error}; retry it")
         if result.error is not None:
             self.count("failed")
             if cb.background_thread_status.fatal_error is not None:
@@ -115,10 +122,16 @@ class PausableCBGenerateManager(_serving.CBGenerateManager):
 
 
 def _rejected(generate: PausableCBGenerateManager, error: LoopPausedError) -> Exception:
+    return _refused(generate, "rejected", str(error))
+
+
+def _refused(generate: PausableCBGenerateManager, outcome: str, message: str) -> Exception:
+    """A 503 with Retry-After: refused during a pause (``rejected``), or ended by an abort pause or the staleness
+    bound (``aborted``): nothing of it is delivered, and the client may send it again."""
     from fastapi import HTTPException
 
-    generate.count("rejected")
-    return HTTPException(status_code=503, detail=str(error), headers={"Retry-After": str(RETRY_AFTER_S)})
+    generate.count(outcome)
+    return HTTPException(status_code=503, detail=message, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 async def _unless_disconnected(future: asyncio.Future, cb: Any, request_id: str, generate: Any) -> Any:

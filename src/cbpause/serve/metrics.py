@@ -45,7 +45,7 @@ class ServerMetrics:
         self.leases_held.set(len(self.leases.held()))
         self.leases_expired.set(self.leases.expired)
         self.entries.set(snapshot.pauses_taken)
-        for outcome in ("finished", "failed", "cancelled", "rejected"):
+        for outcome in ("finished", "failed", "cancelled", "rejected", "aborted"):
             self.requests.labels(outcome).set(self.generate.outcomes[outcome])
         version = self.manager.weight_version
         self.version.set(version if isinstance(version, int) and not isinstance(version, bool) else -1)

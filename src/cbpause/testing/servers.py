@@ -6,23 +6,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from .tp import free_port
+
 __all__ = ["free_port", "serve_process", "wait_healthy"]
 
 START_TIMEOUT_S = 120.0  # importing torch and transformers on a loaded 2-core machine
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (the OS's choice; a server started right after takes it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_healthy(url: str, process: subprocess.Popen | None = None, timeout: float = START_TIMEOUT_S) -> None:

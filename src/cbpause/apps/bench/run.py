@@ -56,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "synchronous GRPO with generate_batch (cbpause.apps.bench.trl_side; the trl extra)")
     p.add_argument("--trl-steps", type=int, default=None, help="optimizer steps per trainer (default 12 quick, 30)")
     p.add_argument("--trl-modes", default="keep,retract", help="pause modes of the async runs (default keep,retract)")
+    p.add_argument("--http", action="store_true", help="instead of the cases: pause-entry latency over HTTP (cbpause "
+                   "serve) next to the in-process one (cbpause.apps.bench.http_side; the serve extra)")  # fmt: skip
+    p.add_argument("--pauses", type=int, default=None, help="pauses per side with --http (default 10 quick, 40)")
     args = p.parse_args(argv)
     unknown = set(args.cases.split(",")) - {*CASES, "tlc"}
     if unknown:
@@ -75,6 +78,10 @@ def _cuda() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.http:
+        from .http_side import main as http_main
+
+        return http_main(args.out, args.pauses or (10 if args.quick else 40))
     if args.trl:
         from .trl_side import main as trl_main
 

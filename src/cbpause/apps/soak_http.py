@@ -1,0 +1,295 @@
+"""``python -m cbpause.apps.soak_http`` (``nox -s soak -- --http``): a soak of ``cbpause serve`` over HTTP.
+
+Two server processes (a tiny random Llama; one queues requests during a pause, one rejects them) take, for
+``--minutes`` (or ``--seconds``), with a printed seed:
+
+* completions from client threads, a share of them from clients that give up early (they disconnect) or send
+  bad input (which must get a 4xx);
+* a ``Fleet`` trainer that pauses both servers in a random mode, writes new weights from disk and resumes;
+* abandoned leases (a pause taken and never renewed nor resumed: a trainer that hung) and trainer processes
+  killed while they hold leases: the servers must run again within ttl + ``EXPIRY_SLACK_S``;
+* vLLM- and SGLang-style pauses and resumes, and second resumes of the same lease.
+
+The ledger, per server: every completion a client waited for is answered exactly once, with a 200 (its tokens and
+its version labels, each a version the trainer wrote) or, on the rejecting server during a pause, a 503; the
+server's own count of requests by outcome (``/metrics``) equals what the clients sent (nothing lost, nothing run
+twice); no HTTP call waits past ``--bound``; no server stays paused past a lease's ttl once nobody holds one.  The
+last line::
+
+    soak-http: seconds=… pauses=… updates=… missed=… abandoned=… killed=… legacy=… requests=… answered=… rejected=…
+               left=… bad=… lost=0 duplicated=0 hangs=0 wrong=0        (on one line)
+
+``missed`` counts the updates the fleet reported some server missed (a lease that ran out on a loaded machine, a
+pause that timed out): reported, as R-FLEET-ALL-OR-NOTHING requires, and not an error.
+
+and the exit status is 1 unless lost, duplicated and hangs are 0 (or an answer was wrong: ``wrong=``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+
+from ..client import Fleet, FleetError
+from ..testing.servers import serve_process
+from ..testing.trl_cpu import save_tiny_policy
+
+TTL = 2.0  # the leases' ttl, short so that expiries happen often
+EXPIRY_SLACK_S = 1.5  # a lease ends within ttl + HOLDER_CHECK_S; the rest is the poll and the machine's load
+VOCAB = 32
+MODES = ("keep", "retract", "drain", "abort")
+JSON = {"content-type": "application/json"}
+KILLED_TRAINER = """
+import sys, time
+from cbpause.client import Fleet
+with Fleet(sys.argv[1:], holder="killed-trainer") as fleet, fleet.pause(mode="keep", timeout=30, ttl=%s):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.n = Counter()
+        self.sent: Counter = Counter()  # per server: completions a server received (all of them, left included)
+        self.wrong: list[str] = []
+        self.versions: set = {None}  # the versions the trainer wrote (labels must be among them)
+
+    def count(self, key: str, k: int = 1) -> None:
+        with self.lock:
+            self.n[key] += k
+
+    def problem(self, what: str) -> None:
+        with self.lock:
+            self.wrong.append(what)
+        print(f"soak-http: WRONG: {what}", flush=True)
+
+
+def client(url: str, ledger: Ledger, stop: threading.Event, rng: random.Random, bound: float) -> None:
+    """Completions until ``stop``: most waited for, some abandoned after a short timeout, some malformed."""
+    with httpx.Client(timeout=bound) as http:
+        while not stop.is_set():
+            roll = rng.random()
+            if roll < 0.05:  # bad input: a 4xx, and nothing runs
+                r = http.post(url + "/v1/completions", content=b"{not json", headers=JSON)
+                ledger.count("bad")
+                if not 400 <= r.status_code < 500:
+                    ledger.problem(f"{url}: malformed JSON got {r.status_code}")
+                continue
+            n = rng.randint(1, 6)
+            prompt = " ".join(f"t{rng.randrange(3, VOCAB)}" for _ in range(rng.randint(1, 5)))
+            body = {"prompt": prompt, "max_tokens": n}
+            with ledger.lock:
+                ledger.sent[url] += 1
+            ledger.count("requests")
+            if roll < 0.12:  # a client that leaves early (it may still get its answer)
+                try:
+                    http.post(url + "/v1/completions", json=body, timeout=rng.uniform(0.01, 0.3))
+                except httpx.TimeoutException:
+                    pass
+                ledger.count("left")
+                continue
+            started = time.monotonic()
+            try:
+                r = http.post(url + "/v1/completions", json=body)
+            except httpx.TimeoutException:
+                ledger.count("hangs")
+                ledger.problem(f"{url}: a completion got no answer within {bound} s")
+                continue
+            except httpx.HTTPError as error:
+                ledger.count("lost")
+                ledger.problem(f"{url}: a completion failed: {error!r}")
+                continue
+            check_answer(url, r, n, ledger, time.monotonic() - started)
+
+
+def check_answer(url: str, r: httpx.Response, n: int, ledger: Ledger, waited: float) -> None:
+    if r.status_code == 503 and "retry-after" in r.headers:  # refused during a pause, or ended by an abort pause
+        ledger.count("rejected")
+        return
+    if r.status_code != 200:
+        ledger.count("lost")
+        ledger.problem(f"{url}: a completion got {r.status_code}: {r.text[:200]}")
+        return
+    body = r.json()
+    tokens = body["usage"]["completion_tokens"]
+    labels = {v for _, v in body.get("weight_versions", [])}
+    with ledger.lock:
+        known = set(ledger.versions)
+    if tokens != n and not body["choices"][0].get("finish_reason") == "stop":
+        ledger.problem(f"{url}: {tokens} tokens for max_tokens={n}")
+    if not labels or not labels <= known:
+        ledger.problem(f"{url}: labels {labels} not among the versions written {known}")
+    ledger.count("answered")
+
+
+def trainer(urls: list[str], weights: list[str], ledger: Ledger, stop: threading.Event, rng: random.Random) -> None:
+    """Fleet pauses in random modes, each with a weight update, and now and then a second resume of a lease."""
+    version = 0
+    with Fleet(urls, holder="soak-trainer") as fleet:
+        while not stop.is_set():
+            mode = rng.choice(MODES)
+            try:
+                with fleet.pause(mode=mode, timeout=30, ttl=TTL):
+                    version += 1
+                    with ledger.lock:
+                        ledger.versions.add(version)
+                    fleet.update_weights_from_disk(weights[version % len(weights)], version)
+                    leases = dict(fleet.leases)
+                ledger.count("pauses")
+                ledger.count("updates")
+                for url, lease in leases.items():  # a second resume of the same lease: idempotent
+                    r = httpx.post(url + "/resume", json={"lease_id": lease})
+                    if r.status_code != 200 or r.json()["resumed"] is not False:
+                        ledger.problem(f"{url}: a second resume got {r.status_code} {r.text[:100]}")
+            except FleetError as error:  # reported, as it must be: a lease lost on a loaded machine, a pause timed out
+                ledger.count("missed")
+                print(f"soak-http: reported: {error}", flush=True)
+            stop.wait(rng.uniform(0.05, 0.5))
+
+
+def disturber(urls: list[str], ledger: Ledger, stop: threading.Event, rng: random.Random) -> None:
+    """Abandoned leases, killed trainer processes and vLLM/SGLang-style pauses, one at a time."""
+    while not stop.wait(rng.uniform(0.5, 2.0)):
+        roll, url = rng.random(), rng.choice(urls)
+        if roll < 0.4:  # a trainer that hangs: a lease never renewed nor resumed
+            r = httpx.post(url + "/pause", json={"mode": rng.choice(MODES), "ttl": TTL, "timeout": 30,
+                                                 "holder": "hung-trainer"}, timeout=60)  # fmt: skip
+            if r.status_code == 200:
+                ledger.count("abandoned")
+                expect_running(url, time.monotonic(), ledger, stop)
+        elif roll < 0.55:
+            trainer_process = subprocess.Popen([sys.executable, "-c", KILLED_TRAINER % TTL, *urls],
+                                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+            try:
+                held = trainer_process.stdout.readline().strip() == "held"
+            finally:
+                trainer_process.kill()
+                trainer_process.wait(timeout=30)
+            if held:
+                ledger.count("killed")
+                for u in urls:
+                    expect_running(u, time.monotonic(), ledger, stop)
+        else:
+            engine = rng.choice(("vllm", "sglang"))
+            if engine == "vllm":
+                r = httpx.post(url + "/pause?mode=" + rng.choice(("keep", "wait", "abort")), timeout=60)
+            else:
+                r = httpx.post(url + "/pause_generation", json={"mode": rng.choice(("abort", "retract", "in_place"))},
+                               timeout=60)  # fmt: skip
+            if r.status_code == 200:
+                ledger.count("legacy")
+                resume = httpx.post(url + ("/resume" if engine == "vllm" else "/continue_generation"), timeout=60)
+                if resume.status_code != 200 or resume.json()["resumed"] < 1:
+                    ledger.problem(f"{url}: a {engine}-style resume got {resume.status_code} {resume.text[:100]}")
+
+
+def expect_running(url: str, since: float, ledger: Ledger, stop: threading.Event) -> None:
+    """The server runs again within TTL + slack once the abandoned lease's holder is gone (others may pause it
+    meanwhile: what must end is this lease, so the check is on the leases of abandoned holders)."""
+    deadline = since + TTL + EXPIRY_SLACK_S
+    while time.monotonic() < deadline + 5:
+        holders = httpx.get(url + "/is_paused", timeout=10).json()["holders"]
+        if not {"hung-trainer", "killed-trainer"} & set(holders):
+            if time.monotonic() > deadline:
+                ledger.problem(f"{url}: an abandoned lease ended {time.monotonic() - since:.1f} s after it was left")
+            return
+        stop.wait(0.05)
+    ledger.count("hangs")
+    ledger.problem(f"{url}: an abandoned lease was still held {time.monotonic() - since:.1f} s after it was left")
+
+
+def server_counts(url: str) -> Counter:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    found = re.finditer(r'^cbpause_requests\{outcome="(\w+)"\} (\S+)', text, re.M)
+    return Counter({m.group(1): int(float(m.group(2))) for m in found})
+
+
+def account(url: str, ledger: Ledger) -> None:
+    """The server's count of completions by outcome against what the clients sent it: every one accounted for once."""
+    counts = server_counts(url)
+    seen, sent = sum(counts.values()), ledger.sent[url]
+    if seen != sent:
+        ledger.count("lost" if seen < sent else "duplicated", abs(seen - sent))
+        ledger.problem(f"{url}: sent {sent} completions, the server accounts for {seen}: {dict(counts)}")
+
+
+def run(args: argparse.Namespace) -> dict:
+    rng = random.Random(args.seed)
+    ledger, stop = Ledger(), threading.Event()
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cbpause-soak-http-")))
+        checkpoint = save_tiny_policy(tmp / "ckpt", vocab_size=VOCAB)
+        weights = tmp / "weights"
+        weights.mkdir()
+        names = []
+        for seed in (1, 2):  # two other policies' weights, which the trainer writes in turn
+            model = save_tiny_policy(tmp / f"v{seed}", vocab_size=VOCAB, seed=seed)
+            (model / "model.safetensors").rename(weights / f"w{seed}.safetensors")
+            names.append(f"w{seed}.safetensors")
+        urls = []
+        for rule in ("queue", "reject"):
+            options = ("--weights-dir", str(weights), "--default-ttl", str(TTL), "--while-paused", rule)
+            url, _ = stack.enter_context(serve_process(checkpoint, *options, "--num-blocks", "128"))
+            urls.append(url)
+        def rand() -> random.Random:
+            return random.Random(rng.random())
+
+        threads = [threading.Thread(target=client, args=(urls[i % 2], ledger, stop, rand(), args.bound),
+                                    name=f"client-{i}") for i in range(4)]  # fmt: skip
+        threads.append(threading.Thread(target=trainer, args=(urls, names, ledger, stop, rand()), name="trainer"))
+        threads.append(threading.Thread(target=disturber, args=(urls, ledger, stop, rand()), name="disturber"))
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        stop.wait(args.duration)
+        stop.set()
+        for t in threads:
+            t.join(timeout=args.bound + 60)
+            if t.is_alive():
+                ledger.count("hangs")
+                ledger.problem(f"thread {t.name} did not end")
+        for url in urls:
+            account(url, ledger)
+        seconds = time.monotonic() - started
+    n = ledger.n
+    keys = "pauses updates missed abandoned killed legacy requests answered rejected left bad".split()
+    keys += ["lost", "duplicated", "hangs"]
+    return {"seconds": round(seconds), **{k: n[k] for k in keys}, "wrong": len(ledger.wrong)}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m cbpause.apps.soak_http", description=__doc__.split("\n\n")[0])
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--minutes", type=float, default=None, help="how long (default 5)")
+    g.add_argument("--seconds", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--bound", type=float, default=60.0, help="no HTTP call may wait longer (default 60 s)")
+    args = p.parse_args(argv)
+    args.duration = args.seconds if args.seconds is not None else 60 * (5 if args.minutes is None else args.minutes)
+    args.seed = args.seed if args.seed is not None else random.randrange(2**32)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    print(f"soak-http: seed {args.seed} for {args.duration:g} s (reproduce with --seed {args.seed})", flush=True)
+    r = run(args)
+    print("soak-http: " + " ".join(f"{k}={v}" for k, v in r.items()))
+    return 1 if r["lost"] or r["duplicated"] or r["hangs"] or r["wrong"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
