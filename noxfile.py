@@ -114,7 +114,7 @@ def gpu(session: nox.Session) -> None:
 def hostile(session: nox.Session) -> None:
     """The hostile users' probes (issues 13 and 26), each in its own process with a deadline, classified OK / HANG /
     WRONG ERROR / SILENT / LOST in a table; fails unless every probe is OK.  `-- --only NAME` runs one."""
-    session.install("-e", ".[transformers,trl]")
+    session.install("-e", ".[transformers,trl,serve]")
     session.run("python", "-m", "cbpause.apps.hostile", *session.posargs)
 
 

@@ -380,3 +380,12 @@ def test_every_request_made_stale_in_every_mode_restarts_and_is_delivered_once()
     from cbpause.apps import hostile
 
     hostile.stale_requests_in_every_mode()
+
+
+@pytest.mark.slow
+def test_leases_under_races():
+    """The hostile probe of issue 29: leases racing their expiry, concurrent resumes, bad lease ids."""
+    pytest.importorskip("fastapi")
+    from cbpause.apps import hostile
+
+    hostile.leases_under_races()

@@ -66,6 +66,8 @@ def test_a_resumed_lease_stays_gone_and_a_second_resume_is_idempotent():
     with pytest.raises(UnknownLease):
         table.resume_lease("not-a-lease")
     assert table.pause_lease(holder="t").id != lease.id
+    table.close()
+    assert table.held() == [] and manager.inside == 0
 
 
 def test_an_expired_lease_ends_its_thread_inside_the_pause_and_is_honoured_no_more():
@@ -102,6 +104,7 @@ def test_a_write_under_an_older_lease_than_the_last_writer_s_is_refused():
         pytest.fail("an older lease wrote after a newer one")
     with table.write_weights(newer.id):  # the newer one may write again
         pass
+    table.close()
 
 
 def test_a_pause_that_fails_leaves_no_lease():
@@ -445,3 +448,15 @@ def test_the_http_bench_measures_both_sides(tmp_path):
     result = json.loads((tmp_path / "http.json").read_text())
     assert result["in_process"]["entry"]["n"] == result["http"]["entry"]["n"] == 3
     assert result["http"]["entry"]["median_ms"] > 0
+
+
+def test_the_console_script_serves_and_refuses_a_bad_command_line():
+    import shutil
+
+    script = shutil.which("cbpause")
+    if script is None:
+        pytest.skip("the console script is not installed (pip install -e '.[serve]' installs it)")
+    helped = subprocess.run([script, "serve", "--help"], capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and "--weights-dir" in helped.stdout and "--default-ttl" in helped.stdout
+    wrong = subprocess.run([script, "frobnicate"], capture_output=True, text=True, timeout=120)
+    assert wrong.returncode != 0 and "usage: cbpause serve" in wrong.stderr

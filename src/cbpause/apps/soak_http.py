@@ -150,9 +150,9 @@ def trainer(urls: list[str], weights: list[str], ledger: Ledger, stop: threading
                     leases = dict(fleet.leases)
                 ledger.count("pauses")
                 ledger.count("updates")
-                for url, lease in leases.items():  # a second resume of the same lease: idempotent
+                for url, lease in leases.items():  # a second resume of the same lease: idempotent (410 if it expired)
                     r = httpx.post(url + "/resume", json={"lease_id": lease})
-                    if r.status_code != 200 or r.json()["resumed"] is not False:
+                    if not (r.status_code == 200 and r.json()["resumed"] is False or r.status_code == 410):
                         ledger.problem(f"{url}: a second resume got {r.status_code} {r.text[:100]}")
             except FleetError as error:  # reported, as it must be: a lease lost on a loaded machine, a pause timed out
                 ledger.count("missed")
