@@ -347,6 +347,12 @@ def test_each_bad_input_is_a_4xx_with_a_message_and_changes_nothing(server, chec
     assert complete(server, "t3 t4", model=str(checkpoint)).choices[0].text == text
 
 
+def test_a_prompt_too_long_for_the_cache_is_a_400_and_the_server_serves_on(server, checkpoint):
+    too_long = httpx.post(server + "/v1/completions", json={"prompt": "t3 " * 40000, "max_tokens": 2}, timeout=120)
+    assert too_long.status_code == 400 and "cache" in too_long.text, too_long.text
+    assert complete(server, "t3 t4", model=str(checkpoint)).choices[0].text
+
+
 def test_vllm_and_sglang_routes_pause_and_resume_with_the_documented_modes(server):
     answer = httpx.post(server + "/pause?mode=keep").json()  # vLLM's default clear_cache=true: our retract
     assert answer["mode"] == "retract" and answer["ttl"] == TTL and paused(server)

@@ -21,7 +21,7 @@ from ..core.errors import LoopPausedError
 
 __all__ = [
     "Admission", "TrackingRouter", "cache_capacity", "checked_while_paused", "check_fits", "fail_in_hand",
-    "checked_max_new_tokens", "checked_prompt",
+    "checked_max_new_tokens", "checked_prompt", "TOO_LONG",
 ]  # fmt: skip
 
 
@@ -273,10 +273,13 @@ def cache_capacity(processor: Any) -> int | None:
     return None if cache is None else int(cache.max_tokens_read)
 
 
+TOO_LONG = "the prompt plus max_new_tokens"  # how the error of a request too long for the KV cache starts
+
+
 def check_fits(n_tokens: int, capacity: int | None) -> None:
     if capacity is not None and n_tokens > capacity:
         raise ValueError(
-            f"the prompt plus max_new_tokens ({n_tokens} tokens) cannot fit the KV cache, which holds {capacity} "
+            f"{TOO_LONG} ({n_tokens} tokens) cannot fit the KV cache, which holds {capacity} "
             "tokens per request (ContinuousBatchingConfig.num_blocks x page_size)"
         )
 

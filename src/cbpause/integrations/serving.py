@@ -28,6 +28,7 @@ from transformers.cli.serving import utils as _serving
 from transformers.cli.serving.server import build_server
 
 from ..core.errors import LoopPausedError
+from .admission import TOO_LONG
 from .modes import ABORTED_BY_PAUSE
 from .transformers import PausableContinuousBatchingManager, init_continuous_batching
 from .weights import STALE
@@ -60,8 +61,8 @@ class PausableCBGenerateManager(_serving.CBGenerateManager):
     """transformers serve's continuous-batching generation manager on a running cbpause manager.
 
     ``outcomes`` counts the requests by how they ended (``finished``, ``failed``, ``cancelled``, ``rejected``,
-    ``aborted``), for
-    the server's metrics; ``versions`` holds each finished non-streamed request's labels until its answer is built.
+    ``aborted``), for the server's metrics; ``versions`` holds each finished non-streamed request's labels until its
+    answer is built.
     """
 
     def __init__(self, manager: PausableContinuousBatchingManager) -> None:
@@ -99,15 +100,27 @@ class PausableCBGenerateManager(_serving.CBGenerateManager):
         future = loop.create_future()
         cb.register_result_handler(request_id, lambda result: future.done() or future.set_result(result))
         try:
-            cb.add_request(inputs["input_ids"], request_id=request_id, max_new_tokens=gen_config.max_new_tokens,
-                           streaming=False, eos_token_id=gen_config.eos_token_id)  # fmt: skip
+            added = cb.add_request(inputs["input_ids"], request_id=request_id, max_new_tokens=gen_config.max_new_tokens,
+                                   streaming=False, eos_token_id=gen_config.eos_token_id)  # fmt: skip
         except LoopPausedError as error:
             raise _rejected(self, error) from error
+        except (TypeError, ValueError) as error:  # refused at the door (a duplicate x-request-id, a prompt too long)
+            from fastapi import HTTPException
+
+            self.count("failed")
+            raise HTTPException(status_code=400, detail=str(error)) from error
+        if added is None:  # the loop stopped since the check: nothing would ever answer this request
+            self.count("failed")
+            raise _serving.CBWorkerDeadError(f"the generation loop no longer takes requests; {request_id} refused")
         result = await _unless_disconnected(future, cb, request_id, self)
         if result.error is not None and str(result.error).startswith((ABORTED_BY_PAUSE, STALE)):
             raise _refused(self, "aborted", f"request {request_id} was aborted: {result.error}; retry it")
         if result.error is not None:
             self.count("failed")
+            if str(result.error).startswith(TOO_LONG):  # the request's own fault, found once the loop built its cache
+                from fastapi import HTTPException
+
+                raise HTTPException(status_code=400, detail=str(result.error))
             if cb.background_thread_status.fatal_error is not None:
                 raise _serving.CBWorkerDeadError(f"the loop died during request {request_id}: {result.error}")
             raise RuntimeError(f"generation failed for {request_id}: {result.error}")
