@@ -107,6 +107,22 @@ def test_a_write_under_an_older_lease_than_the_last_writer_s_is_refused():
     table.close()
 
 
+def test_a_resume_during_a_write_leaves_the_pause_only_after_the_write():
+    """Found in review: a trainer whose write timed out resumes while the server still copies the weights; the loop
+    must not step before the copy ends."""
+    manager = FakeManager()
+    table = LeaseTable(manager, default_ttl=60)
+    lease = table.pause_lease(holder="t")
+    resumed = []
+    with table.write_weights(lease.id):
+        resumer = threading.Thread(target=lambda: resumed.append(table.resume_lease(lease.id)))
+        resumer.start()
+        resumer.join(timeout=0.5)
+        assert manager.inside == 1, "the pause ended while a write under it ran"
+    resumer.join(timeout=30)
+    assert resumed == [True] and manager.inside == 0 and not lease.thread.is_alive()
+
+
 def test_a_pause_that_fails_leaves_no_lease():
     manager = FakeManager()
     manager.refuse = TimeoutError("did not pause")

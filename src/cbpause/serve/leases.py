@@ -111,7 +111,7 @@ class LeaseTable:
     # ------------------------------------------------------------------------------------------- the routes' calls
 
     def pause_lease(self, *, mode: str = "keep", timeout: float | None = None, ttl: float | None = None,
-                holder: str = "anonymous", legacy: bool = False) -> Lease:  # fmt: skip
+                    holder: str = "anonymous", legacy: bool = False) -> Lease:  # fmt: skip
         """``PauseLease``: a new lease, returned once its pause is entered (the window is open, R-EXCLUSION).
 
         Raises as ``manager.pause()`` does (``TimeoutError`` after ``timeout`` s, ``RuntimeError`` when the loop
@@ -143,8 +143,9 @@ class LeaseTable:
             return lease
 
     def resume_lease(self, lease_id: str) -> bool:
-        """``ResumeLease``: leave the lease's pause.  True if this call resumed it, False if it was resumed before
-        (idempotent); ``LeaseGone`` if it expired, ``UnknownLease`` if no such lease."""
+        """``ResumeLease``: leave the lease's pause, once the writes under way under it have ended (the loop must not
+        step while the weights change).  True if this call resumed it, False if it was resumed before (idempotent);
+        ``LeaseGone`` if it expired, ``UnknownLease`` if no such lease."""
         with self._lock:
             lease = self._find(lease_id)
             if lease.state == "resumed":
@@ -153,7 +154,7 @@ class LeaseTable:
                 raise LeaseGone(lease)
             lease.state, lease.ended_at = "resumed", self._clock()
             lease._resume.set()
-        lease.thread.join(timeout=30)  # it leaves the pause: the window closes if it was the last holder
+        lease.thread.join(timeout=30)  # it leaves the pause (after any write): the window closes if it was the last
         return True
 
     def resume_legacy(self) -> int:
@@ -261,8 +262,10 @@ class LeaseTable:
                     # lease, so that the loop releases the hold (ReleaseDeadHolder), not the garbage collector.
                     lease.context = pause
                     return
-                if lease.state == "resumed":
+                if lease.state == "resumed" and not lease.busy:  # a resume waits for the writes under way
                     break
                 remaining = max(lease.deadline - self._clock(), BUSY_RECHECK_S if lease.busy else 0.0)
+                if lease.state == "resumed":
+                    remaining = BUSY_RECHECK_S
             lease._resume.wait(remaining)
         pause.__exit__(None, None, None)  # LeavePause
