@@ -89,6 +89,52 @@ def plain_manager(cpu_model):
         manager.stop(block=True, timeout=WAIT)
 
 
+# ------------------------------------------------------------------------------------------- the layers
+
+# What a test needs, which is where it runs (README, "Which checks a change runs"): each test module says its layer
+# (``pytestmark = pytest.mark.layer("...")``; a test may say another), and each layer is a nox session.
+LAYERS = {
+    "core": "the standard library only (nox -s core; no torch in its environment)",
+    "loop": "transformers' real loop on a tiny CPU model (nox -s loop)",
+    "verify": "TLC: the models, the state graphs, trace validation, mutations (nox -s verify)",
+    "system": "tensor-parallel process groups, soaks, TRL, HTTP servers, the wheel, the applications (nox -s system)",
+}
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("cbpause")
+    group.addoption("--layer", action="append", choices=sorted(LAYERS), default=[],
+                    help="run only the tests of this layer (repeatable; default: every layer)")  # fmt: skip
+    group.addoption("--ci", action="store_true",
+                    help="CI's selection: leave out the tests marked `extended`, which their layer's session runs")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "layer(name): what the test needs, and so the nox session that runs it: "
+                            + "; ".join(f"{k}: {v}" for k, v in LAYERS.items()))  # fmt: skip
+    config.addinivalue_line("markers", "extended: left out of CI's selection (--ci); its layer's session runs it")
+
+
+def layer_of(item) -> str | None:
+    marker = item.get_closest_marker("layer")
+    return marker.args[0] if marker is not None and marker.args else None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test has exactly one layer (its own marker, else its module's); ``--layer`` and ``--ci`` select."""
+    unsorted = [item.nodeid for item in items if layer_of(item) not in LAYERS]
+    if unsorted:
+        raise pytest.UsageError("tests without a layer (pytest.mark.layer(...)): " + ", ".join(unsorted[:10]))
+    layers, ci = config.getoption("--layer"), config.getoption("--ci")
+    kept, dropped = [], []
+    for item in items:
+        out = (layers and layer_of(item) not in layers) or (ci and item.get_closest_marker("extended"))
+        (dropped if out else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 def _tlc_available() -> str | None:
     if shutil.which("java") is None:
         return "java is not installed"
@@ -109,6 +155,32 @@ def tlc_ready() -> None:
         if os.environ.get("CI"):
             pytest.fail(f"TLC is required in CI: {reason}")
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def tlc_results(tlc_ready):
+    """The run of a manifest model, by name: each model is run once per session (its verdict, counts, coverage,
+    witnesses and, where the manifest asks, its state graph all come from that one run), or read from the cache
+    ``CBPAUSE_TLC_CACHE`` names (the nox sessions name ``.cache/tlc``: a run the main job kept is not run again).
+    A witness model's result is read from its parent's run."""
+    from cbpause.tlc import Result, load_manifest, run_model
+    from cbpause.tlc.cache import default_cache
+
+    models = {m.name: m for m in load_manifest(TLA_DIR)}
+    cache = default_cache()
+    done: dict[str, Result] = {}
+
+    def get(name: str) -> Result:
+        if name not in done:
+            model = models[name]
+            if model.parent:
+                parent = get(model.parent)
+                done[name] = Result(model, parent.run, parent.found, None, parent.cached, via=model.parent)
+            else:
+                done[name] = run_model(model, TLA_DIR, cache=cache)
+        return done[name]
+
+    return get
 
 
 @pytest.fixture

@@ -10,6 +10,8 @@ pytest.importorskip("transformers")
 from cbpause.apps.bench import Row, format_table, main, parse_args  # noqa: E402
 from cbpause.testing import percentile  # noqa: E402
 
+pytestmark = pytest.mark.layer("system")
+
 
 def test_ratio_is_cbpause_cost_over_upstream_cost():
     cost = Row("1", "x", "ns", reps={"upstream": [100.0, 200.0], "cbpause": [50.0, 300.0]})

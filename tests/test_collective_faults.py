@@ -35,6 +35,8 @@ from cbpause.testing import JOIN_TIMEOUT, batching_config, greedy_config, probed
 
 from .conftest import MAX_NEW, PROMPT, WAIT, submit  # noqa: E402
 
+pytestmark = pytest.mark.layer("loop")
+
 SITES = (
     "group_all_reduce",
     "barrier_all_reduce",
@@ -102,7 +104,6 @@ def outputs_until_quiet(manager) -> collections.Counter:
     return seen
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("in_hand", [1, 3], ids=["one-in-hand", "three-in-hand"])
 @pytest.mark.parametrize("site", SITES)
 def test_a_failed_collective_loses_no_request(cpu_model, site, in_hand, monkeypatch):
@@ -154,7 +155,6 @@ def test_a_failed_collective_loses_no_request(cpu_model, site, in_hand, monkeypa
         assert manager._live_ids == set(), f"requests still counted as in flight: {manager._live_ids}"
 
 
-@pytest.mark.slow
 def test_the_requests_in_transit_fail_with_the_collective_error(cpu_model, monkeypatch):
     """The requests the broadcast carried get the broadcast's error as theirs (not a generic one), and a request of
     the batch keeps its partial tokens."""

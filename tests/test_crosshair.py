@@ -15,6 +15,8 @@ import pytest
 
 from .conftest import ROOT
 
+pytestmark = pytest.mark.layer("core")
+
 SOURCE = ROOT / "src" / "cbpause" / "core" / "transitions.py"
 
 

@@ -7,6 +7,8 @@ import pytest
 from cbpause.apps.demo import main, parse_args
 from cbpause.testing import percentile
 
+pytestmark = pytest.mark.layer("system")
+
 pytest.importorskip("transformers")
 
 

@@ -20,6 +20,8 @@ from cbpause.tlc.manifest import load_manifest
 
 from .conftest import ROOT, load_script
 
+pytestmark = pytest.mark.layer("verify")
+
 
 def _models(tla_dir):
     return {m.name: m for m in load_manifest(tla_dir)}

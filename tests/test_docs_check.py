@@ -10,6 +10,8 @@ import pytest
 
 from .conftest import load_script
 
+pytestmark = pytest.mark.layer("system")
+
 CHROMIUM = Path("/usr/bin/chromium")
 
 pytest.importorskip("playwright.sync_api")

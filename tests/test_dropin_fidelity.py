@@ -30,7 +30,7 @@ from cbpause.testing import JOIN_TIMEOUT, call_interrupted, enter_and_leave, run
 DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED = 0, 1, 2, 3
 
 # transformers' pause() has no timeout: a scenario that hangs fails here instead of freezing the run.
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.layer("loop")
 
 
 # "cbpause-manager": cbpause's own manager, built as transformers' pause tests build theirs (with __new__, only what
@@ -317,7 +317,7 @@ def test_a_stray_release_raises_and_the_next_pause_works(setup, impl, request):
     stop_and_join(manager, loop)
 
 
-@pytest.mark.tlc
+@pytest.mark.layer("verify")
 @pytest.mark.parametrize("scenario", ["pauses", "fatal", "hard_stop"])
 def test_a_plain_loops_trace_is_a_behaviour_of_the_spec(scenario, tmp_path, tlc_ready):
     """The compositions a plain loop's calls stand for (its unreported all-reduces included) pass TLC."""

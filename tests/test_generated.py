@@ -1,9 +1,12 @@
+import pytest
 """The generated code is what its generator writes: ``scripts/gen_hot_steps.py`` regenerates the hot steps of
 ``cbpause.core.loop.LoopSteps`` and the file must not differ (as trio checks its generated wrappers)."""
 
 from cbpause.core import loop
 
 from .conftest import ROOT, load_script
+
+pytestmark = pytest.mark.layer("core")
 
 
 def test_the_hot_steps_are_generated_and_unedited():

@@ -32,6 +32,8 @@ from cbpause.testing import JOIN_TIMEOUT, run_thread  # noqa: E402
 
 from .conftest import MAX_NEW, WAIT, results, submit  # noqa: E402
 
+pytestmark = pytest.mark.layer("loop")
+
 
 @pytest.fixture
 def manager(plain_manager):

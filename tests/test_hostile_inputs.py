@@ -20,6 +20,8 @@ from cbpause.testing import batching_config, greedy_config, run_thread  # noqa: 
 
 from .conftest import MAX_NEW, WAIT, results, submit  # noqa: E402
 
+pytestmark = pytest.mark.layer("loop")
+
 
 @pytest.fixture
 def manager(plain_manager):
@@ -382,7 +384,6 @@ def test_every_request_made_stale_in_every_mode_restarts_and_is_delivered_once()
     hostile.stale_requests_in_every_mode()
 
 
-@pytest.mark.slow
 def test_leases_under_races():
     """The hostile probe of issue 29: leases racing their expiry, concurrent resumes, bad lease ids."""
     pytest.importorskip("fastapi")

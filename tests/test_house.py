@@ -23,6 +23,8 @@ import pytest
 
 from .conftest import ROOT
 
+pytestmark = pytest.mark.layer("core")
+
 SRC = ROOT / "src" / "cbpause"
 LAYERS = {"core", "integrations", "tlc", "testing", "serve", "client", "apps"}
 

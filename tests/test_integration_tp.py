@@ -20,7 +20,7 @@ from cbpause.testing import free_port, spawn_ranks, tiny_llama  # noqa: E402
 from . import tp_workers  # noqa: E402
 from .conftest import MAX_NEW  # noqa: E402
 
-pytestmark = pytest.mark.tp
+pytestmark = pytest.mark.layer("system")
 DEADLINE = 240.0  # seconds for a whole group, load included; the fault bounds are far below it
 
 

@@ -32,6 +32,8 @@ from cbpause.testing import (  # noqa: E402  # noqa: E402
 
 from .conftest import MAX_NEW, PROMPT, WAIT, overlapping_holders, results, submit  # noqa: E402
 
+pytestmark = pytest.mark.layer("loop")
+
 DEVICES = [
     "cpu",
     pytest.param(

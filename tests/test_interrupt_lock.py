@@ -30,6 +30,8 @@ from cbpause.testing import JOIN_TIMEOUT, run_thread
 
 from .test_holds import undeliverable
 
+pytestmark = pytest.mark.layer("loop")
+
 WAIT_ALL = 240.0  # seconds: a few hundred pauses in turn
 
 

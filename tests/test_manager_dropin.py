@@ -22,6 +22,8 @@ from cbpause.testing import JOIN_TIMEOUT, run_thread  # noqa: E402
 
 from .conftest import MAX_NEW, WAIT, overlapping_holders, results, submit  # noqa: E402
 
+pytestmark = pytest.mark.layer("loop")
+
 
 @pytest.fixture(scope="module")
 def model():

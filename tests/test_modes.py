@@ -19,6 +19,8 @@ from cbpause.testing import StepGate, run_thread  # noqa: E402
 
 from .conftest import MAX_NEW, WAIT, results, submit  # noqa: E402
 
+pytestmark = pytest.mark.layer("loop")
+
 
 def held_after_a_step(manager, n: int = 3) -> tuple[list[str], StepGate]:
     """Submit ``n`` requests and hold the loop right after its next forward step; start it if it is not running."""

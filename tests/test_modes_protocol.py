@@ -7,6 +7,8 @@ import pytest
 from cbpause import PauseProtocol, PeerParkTimeout
 from cbpause.core.transitions import ABORT, DRAIN, KEEP, RETRACT
 
+pytestmark = pytest.mark.layer("core")
+
 
 def decided(p: PauseProtocol, tp_pause: int, busy: bool = False) -> None:
     """One iteration up to the group's decision: this rank observes, the group agrees on ``tp_pause``."""

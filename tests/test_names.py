@@ -18,6 +18,8 @@ from cbpause.tlc.tla import checked_definitions, definitions, next_actions
 
 from .conftest import ROOT
 
+pytestmark = pytest.mark.layer("core")
+
 # Names that a rename retired: they must appear nowhere in the repository (code, tests, TLA+, docs).
 RETIRED = {
     r"\bPeerPauseTimeout\b": "PeerParkTimeout",

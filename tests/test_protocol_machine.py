@@ -45,6 +45,8 @@ from cbpause.tlc.tla import checked_definitions, next_actions
 
 from .conftest import TLA_DIR
 
+pytestmark = pytest.mark.layer("core")
+
 SHAPES = [
     # (ranks, rank of each holder, requests)
     (1, (0, 0), 1),

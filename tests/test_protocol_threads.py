@@ -17,6 +17,8 @@ import pytest
 from cbpause import PauseProtocol, PeerParkTimeout
 from cbpause.testing import JOIN_TIMEOUT, FakeLoop, Group, Interrupter, call_interrupted, run_thread
 
+pytestmark = pytest.mark.layer("core")
+
 try:
     from transformers.generation.continuous_batching.continuous_api import BackgroundThreadStatus
 except Exception:  # noqa: BLE001 - transformers (and torch) are optional for these tests
@@ -29,22 +31,17 @@ def ours():
     return PauseProtocol(peer_park_timeout=5.0)
 
 
-IMPLS = [pytest.param(ours, id="cbpause")]
-if BackgroundThreadStatus is not None:
-    IMPLS.append(pytest.param(BackgroundThreadStatus, id="upstream"))
+# Upstream's object needs transformers: those cases are the loop layer's (nox -s loop), ours the core's.
+_UPSTREAM = [pytest.mark.layer("loop")] + (
+    [pytest.mark.skip(reason="transformers is not installed")] if BackgroundThreadStatus is None else []
+)
+IMPLS = [pytest.param(ours, id="cbpause"), pytest.param(BackgroundThreadStatus, id="upstream", marks=_UPSTREAM)]
 
 
 def upstream_fails(defect: str):
     """Parametrize over both; upstream must fail (strict xfail)."""
-    params = [pytest.param(ours, id="cbpause")]
-    if BackgroundThreadStatus is not None:
-        params.append(
-            pytest.param(
-                BackgroundThreadStatus,
-                id="upstream",
-                marks=pytest.mark.xfail(strict=True, reason=f"transformers 5.23.0 has {defect}"),
-            )
-        )
+    xfail = pytest.mark.xfail(strict=True, reason=f"transformers 5.23.0 has {defect}")
+    params = [pytest.param(ours, id="cbpause"), pytest.param(BackgroundThreadStatus, id="upstream", marks=[*_UPSTREAM, xfail])]
     return pytest.mark.parametrize("make", params)
 
 

@@ -24,7 +24,7 @@ from cbpause.tlc.traces import Trace, describe_rejection, validate  # noqa: E402
 
 from .conftest import TLA_DIR  # noqa: E402
 
-pytestmark = pytest.mark.tlc
+pytestmark = pytest.mark.layer("verify")
 
 
 def recorded(plan: list) -> Trace:
@@ -161,8 +161,6 @@ def test_a_holder_record_claiming_a_state_the_rank_was_not_in_is_rejected(real_t
     assert result.matched == k
 
 
-@pytest.mark.tp
-@pytest.mark.slow
 def test_a_peer_killed_with_requests_in_transit_loses_none(tmp_path, tlc_ready):
     """The TP=2 plan ``kill_payload``: rank 1 dies after the all-reduce that agreed rank 0's non-empty payload, before
     the broadcast that would carry it.  Rank 0's broadcast fails with the drained requests in hand; each gets its
@@ -180,8 +178,6 @@ def test_a_peer_killed_with_requests_in_transit_loses_none(tmp_path, tlc_ready):
     assert result.accepted, describe_rejection(trace, result)
 
 
-@pytest.mark.tp
-@pytest.mark.slow
 def test_the_covering_subset_of_the_campaign_takes_every_action_and_loses_nothing(tmp_path, tlc_ready):
     """What CI keeps of ``nox -s traces -- --real`` (issue 24): a few chosen TP=2 plans and single-rank scenarios
     that together take every action of the spec on the real loop, a kill plan with requests in transit among

@@ -21,6 +21,8 @@ from cbpause.testing import JOIN_TIMEOUT, batching_config, greedy_config, run_th
 
 from .conftest import MAX_NEW, PROMPT, WAIT  # noqa: E402
 
+pytestmark = pytest.mark.layer("system")
+
 
 @pytest.fixture
 def manager(plain_manager):

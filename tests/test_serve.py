@@ -26,7 +26,7 @@ from cbpause.testing.servers import free_port, serve_process  # noqa: E402
 
 from .conftest import ROOT  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.layer("system")
 VOCAB = 32
 TTL = 3.0  # the servers' default ttl: short, so that expiry is seen within a test
 

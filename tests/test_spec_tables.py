@@ -1,3 +1,4 @@
+import pytest
 """spec/PROTOCOL.md and tla/PauseProtocol.tla name the same requirements and actions."""
 
 import re
@@ -6,6 +7,8 @@ from cbpause.tlc import Cfg, load_manifest
 from cbpause.tlc.tla import checked_definitions, definitions, next_actions
 
 from .conftest import ROOT, TLA_DIR
+
+pytestmark = pytest.mark.layer("core")
 
 SPEC = (ROOT / "spec" / "PROTOCOL.md").read_text()
 TLA = (TLA_DIR / "PauseProtocol.tla").read_text()

@@ -18,6 +18,8 @@ from cbpause.testing import StepGate, batching_config, greedy_config  # noqa: E4
 from .conftest import MAX_NEW, PROMPT, WAIT, results, submit  # noqa: E402
 from .test_versions import window_after_a_step  # noqa: E402
 
+pytestmark = pytest.mark.layer("loop")
+
 
 @pytest.fixture
 def bounded(cpu_model, request):

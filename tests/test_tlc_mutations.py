@@ -6,7 +6,7 @@ import pytest
 
 from cbpause.tlc import Model, format_trace, run_model
 
-pytestmark = pytest.mark.tlc
+pytestmark = pytest.mark.layer("verify")
 
 
 def remove_guard(tla_dir: Path, tag: str) -> None:

@@ -9,6 +9,8 @@ from cbpause.tlc import Cfg, Model, TLCError, classify, format_trace, launcher, 
 
 from .conftest import TLA_DIR
 
+pytestmark = pytest.mark.layer("verify")
+
 TRACE = """\
 Error: Invariant CountsInv is violated.
 Error: The behavior up to this point is:
@@ -113,7 +115,6 @@ def test_list_models(capsys):
     assert "Upstream_D1" in out and "PauseProtocol_2r2h" in out
 
 
-@pytest.mark.tlc
 def test_parse_error_reports_sany_file_and_line(tla_copy, tlc_ready):
     spec = tla_copy / "PauseProtocol.tla"
     text = spec.read_text().replace("Observe(r) ==\n", "Observe(r) == == \n", 1)
@@ -123,7 +124,6 @@ def test_parse_error_reports_sany_file_and_line(tla_copy, tlc_ready):
     assert "line" in result.run.message and "PauseProtocol" in result.run.message
 
 
-@pytest.mark.tlc
 def test_runner_table_and_exit_code(tlc_ready, capsys):
     # One worker: with several, TLC's counterexample need not be the shortest, and CI once got a
     # three-state one whose second step was an unrelated action.
@@ -137,7 +137,6 @@ def test_runner_table_and_exit_code(tlc_ready, capsys):
         assert column in header
 
 
-@pytest.mark.tlc
 def test_a_result_differing_from_the_manifest_fails(tla_copy, tlc_ready, capsys):
     manifest = tla_copy / "models.toml"
     manifest.write_text(manifest.read_text().replace('expect = "invariant:CountsInv"', 'expect = "ok"'))
@@ -208,7 +207,6 @@ def test_a_bad_witness_is_a_clear_error(tla_copy):
         load_manifest(tla_copy)
 
 
-@pytest.mark.tlc
 def test_a_dead_action_fails_a_passing_model(tla_copy, tlc_ready):
     """A guard made FALSE keeps every safety property true, vacuously: the coverage check catches it."""
     spec = tla_copy / "PauseProtocol.tla"

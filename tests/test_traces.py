@@ -12,7 +12,7 @@ from cbpause.tlc.traces import describe_rejection, validate
 
 from .conftest import TLA_DIR
 
-pytestmark = pytest.mark.tlc
+pytestmark = pytest.mark.layer("verify")
 
 
 @pytest.mark.parametrize("seed", [11, 12, 13, 14, 15, 16])

@@ -26,6 +26,8 @@ from cbpause.integrations.trl import (  # noqa: E402
 from cbpause.testing import JOIN_TIMEOUT  # noqa: E402
 from cbpause.testing.trl_cpu import tiny_task, trl_on_cpu, varlen_attention  # noqa: E402
 
+pytestmark = pytest.mark.layer("system")
+
 
 @pytest.fixture
 def task(tmp_path):

@@ -19,6 +19,8 @@ pytest.importorskip("transformers")
 
 from .conftest import ROOT  # noqa: E402
 
+pytestmark = pytest.mark.layer("loop")
+
 SRC = ROOT / "src" / "cbpause"
 RUN = 4  # consecutive lines that make a copy
 

@@ -15,6 +15,8 @@ from cbpause.testing import StepGate  # noqa: E402
 
 from .conftest import MAX_NEW, WAIT, results, submit  # noqa: E402
 
+pytestmark = pytest.mark.layer("loop")
+
 
 def window_after_a_step(manager, version, mode: str = "keep") -> dict[str, int]:
     """Hold the loop after its next forward step, pause it in ``mode`` there and set ``version``; returns how many

@@ -13,6 +13,8 @@ import pytest
 
 from .conftest import ROOT, TLA_DIR
 
+pytestmark = pytest.mark.layer("system")
+
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
@@ -68,7 +70,6 @@ def test_the_installed_tooling_lists_the_models_outside_the_checkout(installed):
     assert "PauseProtocol_1r2h" in done.stdout and "Upstream_D1" in done.stdout
 
 
-@pytest.mark.tlc
 def test_the_installed_tooling_checks_a_model_outside_the_checkout(installed):
     _, target = installed
     done = run_python(target, "-m", "cbpause.tlc", "--model", "PauseProtocol_1r2h", "--quiet")

@@ -15,6 +15,8 @@ import pytest
 from cbpause import PauseProtocol
 from cbpause.testing import JOIN_TIMEOUT, FakeLoop, run_thread
 
+pytestmark = pytest.mark.layer("loop")
+
 WAIT = 10.0
 
 
@@ -146,7 +148,6 @@ def _chain(manager, stop: threading.Event, entries: list[int], me: int, hold_s: 
             stop.wait(hold_s)
 
 
-@pytest.mark.slow
 def test_two_threads_chaining_keep_pauses_do_not_stop_generation_and_stronger_holders_get_in(cpu_model):
     """Two threads pause the real loop in turn, each re-asking the moment it leaves, so that their pauses overlap
     (before issue 25 the window they shared never closed and no request made progress).  Requests submitted meanwhile

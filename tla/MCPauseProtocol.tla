@@ -77,21 +77,23 @@ TwoRanksOneAndTwoHolders == [h \in {1, 2, 3} |-> IF h = 1 THEN 1 ELSE 2]
 
 -----------------------------------------------------------------------------
 (* Witnesses: properties that must FAIL, to show the models are not       *)
-(* vacuous (as tlaplus/Examples keeps models that fail on purpose).  The   *)
-(* model that checks NeverXWitness on the constants of a model M is        *)
-(* Witness_NeverX_M: the runner derives it from the `witnesses` of M's     *)
-(* entry in models.toml, with the witness as the cfg's only check.         *)
+(* vacuous (as tlaplus/Examples keeps models that fail on purpose).  A     *)
+(* model M's run observes each witness of its `witnesses` in models.toml   *)
+(* (cbpause.tlc.witnesses: an always-true constraint notes the first state *)
+(* or step that breaks it); Witness_NeverX_M checks NeverXWitness alone on *)
+(* M's constants, for its counterexample.  A witness of an action is       *)
+(* written NeverXWitness == [][~XStep]_vars, XStep the step it must see.   *)
 
 \* A holder does get inside a pause.
 NeverInsideWitness == ~AnyInside
 
 \* A paused loop does resume.
-NeverResumesWitness ==
-    [][\A r \in Ranks : phase[r] = "window" => phase'[r] \in {"window", "dead"}]_vars
+ResumesStep == \E r \in Ranks : phase[r] = "window" /\ phase'[r] \notin {"window", "dead"}
+NeverResumesWitness == [][~ResumesStep]_vars
 
 \* A dead holder is released while its loop drains (issue 26, point 4).
-NeverReleasedInDrainWitness ==
-    [][\A h \in Holders : ~(draining[RankOf[h]] /\ ReleaseDeadHolder(h))]_vars
+ReleasedInDrainStep == \E h \in Holders : draining[RankOf[h]] /\ ReleaseDeadHolder(h)
+NeverReleasedInDrainWitness == [][~ReleasedInDrainStep]_vars
 
 \* A stop does complete, cleanly (not through a fatal error).
 NeverStopsWitness == \A r \in Ranks : ~(phase[r] = "stopped" /\ ~fatal[r])

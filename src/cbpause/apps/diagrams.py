@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..core.group import HOLDER_ACTIONS
+from ..tlc.cache import default_cache
 from ..tlc.conformance import Graph, parse_tla_value, tlc_graph
 from ..tlc.launcher import format_trace, parse_trace, protocol_action
 from ..tlc.manifest import default_tla_dir, load_manifest
@@ -445,6 +446,7 @@ def generate(out: Path, tla_dir: Path | None = None, *, phase_models: Sequence[s
     counterexample as the runner prints it) into ``out``.  Raises ``RuntimeError`` when a defect's model no
     longer gives its expected counterexample: a picture of the wrong behaviour is worse than none."""
     tla_dir = Path(tla_dir or default_tla_dir())
+    cache = default_cache()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     models = {m.name: m for m in load_manifest(tla_dir)}
@@ -453,7 +455,7 @@ def generate(out: Path, tla_dir: Path | None = None, *, phase_models: Sequence[s
     for name in phase_models:
         if on_line:
             on_line(f"state graph of {name}")
-        graphs.append((name, tlc_graph(models[name], tla_dir)))
+        graphs.append((name, tlc_graph(models[name], tla_dir, cache=cache)))
     p = phase_edges(graphs)
     written.append(render_svg(phase_dot(p), out / "phases.svg"))
     (out / "phases.md").write_text(phase_table(p))
@@ -461,10 +463,13 @@ def generate(out: Path, tla_dir: Path | None = None, *, phase_models: Sequence[s
     for defect, name in (DEFECT_MODELS if defects is None else defects).items():
         if on_line:
             on_line(f"counterexample of {name} ({defect})")
-        # One worker and a fixed fingerprint function (TLC draws one at random per run otherwise, and the order
-        # of its liveness search follows it): the same counterexample every time, and the shortest for safety.
-        model = dataclasses.replace(models[name], options=(*models[name].options, "-fp", "1"))
-        result = run_model(model, tla_dir, workers=1)
+        # The manifest gives a defect's model one worker and a fixed fingerprint function (TLC draws one at random
+        # per run otherwise, and the order of its liveness search follows it): the same counterexample every time,
+        # and the shortest for safety.  With a cache, the run the main job or the tests kept is drawn.
+        model = models[name]
+        if model.workers != 1 or "-fp" not in model.options:
+            raise RuntimeError(f"{name}: a defect's model runs with workers = 1 and -fp (tla/models.toml)")
+        result = run_model(model, tla_dir, cache=cache)
         trace = parse_trace(result.run.output)
         if not result.matches_expectation or not trace:
             raise RuntimeError(f"{name} gave {result.outcome}, not {models[name].expect}: no picture of {defect}")

@@ -16,15 +16,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from ..core import group as gr
 from ..core import transitions as t
-from .launcher import protocol_action, run_tlc
-from .manifest import Cfg, Model
+from .cache import Cache, default_cache
+from .launcher import protocol_action
+from .manifest import Model
 
 __all__ = [
     "DEEP_MODEL_SHAPES",
@@ -193,10 +192,18 @@ def explore(shape: Shape) -> Iterator[tuple[gr.GroupState, str, gr.GroupState]]:
 
 
 def python_graph(shape: Shape) -> Graph:
-    """Every state and labelled transition reachable with :func:`cbpause.core.group.next_steps` (``MCSpec``)."""
+    """Every state and labelled transition reachable with :func:`cbpause.core.group.next_steps` (``MCSpec``).
+
+    In the same exploration, every invariant of :data:`cbpause.core.group.GROUP_INVARIANTS` holds in every state
+    and ``MonotoneStopInv`` on every step, or ``AssertionError`` names the first that breaks (the Python transitions
+    keep the TLA+ invariants on their own; the state space is explored once for both checks)."""
     start = gr.initial_group(shape.n_ranks, shape.rank_of, shape.n_requests)
     reached, edges = {start}, set()
     for g, label, succ in explore(shape):
+        assert gr.monotone_stop_inv(g, succ), f"MonotoneStopInv broken by {label}: {g} -> {succ}"
+        if succ not in reached:
+            for name, inv in gr.GROUP_INVARIANTS.items():
+                assert inv(succ), f"{name} broken by {label}: {succ}"
         edges.add((encode(g), gr.action_name(label), encode(succ)))
         reached.add(succ)
     for g in reached:
@@ -205,17 +212,17 @@ def python_graph(shape: Shape) -> Graph:
     return Graph(init={encode(start)}, states={encode(g) for g in reached}, edges=edges)
 
 
-def tlc_graph(model: Model, tla_dir: Path, workdir: Path | None = None) -> Graph:
-    """Run TLC on ``model`` (safety only: its properties are dropped) and read its state graph."""
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="cbpause-graph-"))
-    for f in Path(tla_dir).glob("*.tla"):
-        shutil.copy(f, workdir / f.name)
-    (workdir / "graph.cfg").write_text(Cfg.read(Path(tla_dir) / model.cfg).without("PROPERTY"))
-    dot = workdir / "graph.dot"
-    run = run_tlc(model.module, "graph.cfg", workdir, mode="graph", dump=dot, options=model.options)
-    if run.outcome != "ok":
-        raise RuntimeError(f"TLC did not finish {model.name} cleanly ({run.outcome}):\n{run.output[-3000:]}")
-    return read_dot(dot)
+def tlc_graph(model: Model, tla_dir: Path, *, cache: Cache | None = None) -> Graph:
+    """The state graph of ``model``'s run (:func:`~cbpause.tlc.models.run_model`, which checks the model too; with
+    ``cache``, a kept run of the same spec is read instead).  ``RuntimeError`` unless the run gave the model's expected
+    result."""
+    from .models import run_model
+
+    result = run_model(dataclasses.replace(model, graph=True), tla_dir, cache=cache)
+    if not result.passed or result.graph is None:
+        raise RuntimeError(f"TLC did not check {model.name} cleanly ({result.outcome}; {result.mismatches()}):\n"
+                           f"{result.run.output[-3000:]}")  # fmt: skip
+    return read_dot(result.graph)
 
 
 # ------------------------------------------------------------------------------------------- comparing
@@ -268,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for name in args.model or sorted(DEEP_MODEL_SHAPES):
         start = time.monotonic()
-        tlc = tlc_graph(models[name], tla_dir)
+        tlc = tlc_graph(models[name], tla_dir, cache=default_cache())
         py = python_graph(shapes[name])
         diffs = compare(tlc, py)
         if len(tlc.states) != models[name].distinct_states:

@@ -40,6 +40,7 @@ __all__ = [
     "parse_coverage",
     "parse_trace",
     "protocol_action",
+    "read_output",
     "run_tlc",
 ]
 
@@ -117,7 +118,8 @@ def run_tlc(
     """Run TLC on ``module`` with ``cfg`` (both in ``cwd``; ``cfg`` may be an absolute path) and classify what
     it found.
 
-    ``mode="graph"`` writes the state graph to ``dump``; ``mode="trace"`` turns deadlock checking off.
+    ``mode="graph"`` writes the state graph to ``dump`` (so does ``mode="check"`` given ``dump``: one run that checks
+    the model and writes its graph); ``mode="trace"`` turns deadlock checking off.
     ``mode="check"`` checks temporal properties once, on the complete graph (``-lncheck final``): TLC's
     periodic checks on the partial graph repeat work and can only find earlier what the final one finds.
     ``coverage`` has TLC count, for each action, the states it generated (``TLCRun.coverage``).
@@ -134,7 +136,7 @@ def run_tlc(
     if mode == "graph" and dump is None:
         raise ValueError("mode='graph' needs dump=PATH for the state graph")
     extra = [*options]
-    if mode == "graph":
+    if dump is not None and mode in ("graph", "check"):
         extra += ["-dump", "dot,actionlabels", str(dump)]
     if mode == "trace" and "-deadlock" not in extra:
         extra.append("-deadlock")
@@ -153,7 +155,7 @@ def run_tlc(
     finally:
         shutil.rmtree(metadir, ignore_errors=True)
     seconds = time.monotonic() - start
-    return _read(output, seconds, single_property)
+    return read_output(output, seconds, single_property)
 
 
 def _stream(cmd: list[str], cwd: Path, start: float, on_line, timeout: float | None) -> str:
@@ -189,7 +191,8 @@ def _int(text: str) -> int:
     return int(text.replace(",", ""))
 
 
-def _read(output: str, seconds: float, single_property: str | None) -> TLCRun:
+def read_output(output: str, seconds: float, single_property: str | None = None) -> TLCRun:
+    """What a TLC run that printed ``output`` in ``seconds`` found (``single_property``: see :func:`run_tlc`)."""
     outcome, message = classify(output, single_property)
     counts = _COUNTS_RE.findall(output)
     depth = _DEPTH_RE.findall(output)

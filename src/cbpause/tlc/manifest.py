@@ -5,11 +5,15 @@ and, as in tlaplus/Examples' manifest, what a run of it is: its distinct and tot
 search, its features (``liveness``, ``symmetry``, ``ignore deadlock``) and its runtime on the development
 machine.  A model expected to fail passes only if TLC still finds that failure.
 
-Two fields go beyond that manifest.  ``never_fires`` lists the actions that a complete run of a passing model
+Four fields go beyond that manifest.  ``never_fires`` lists the actions that a complete run of a passing model
 must never take (TLC's action coverage; any other action that never fires fails the run: a guard that
 disables an action makes every safety property hold, vacuously).  ``witnesses`` lists, as expected results,
-the witness properties that must fail on the constants of that model: each becomes a model of its own,
-``Witness_<Property>_<model>``, whose cfg is the model's with the witness as its only invariant or property.
+the witness properties that must fail on the constants of that model: the model's own run observes them
+(:mod:`~cbpause.tlc.witnesses`), and each is also a model of its own, ``Witness_<Property>_<model>``, whose cfg is
+the model's with the witness as its only invariant or property (run alone, it shows the witness's counterexample).
+``graph = true`` has the model's run dump its state graph (TLC's ``-dump dot,actionlabels``), for the comparison
+with the Python transitions and the documentation's phase diagram; ``workers`` fixes TLC's workers (a defect's
+counterexample, drawn in the documentation, must be the same every time: one worker and a fixed fingerprint).
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from .launcher import TLCError
 
 __all__ = ["FEATURES", "SUITES", "Cfg", "Model", "default_tla_dir", "load_manifest", "select"]
 
-SUITES = ("fast", "deep")
+# "main": the main job (`nox -s tlc`: the headline models and every defect of upstream, in minutes); "fast": the
+# other models that finish in seconds (`nox -s verify`, or `--suite fast`: main and fast); "deep": minutes each.
+SUITES = ("main", "fast", "deep")
 FEATURES = ("liveness", "symmetry", "ignore deadlock", "simulation")
 _REQUIRED = {"name", "module", "cfg", "suite", "expect", "features"}
 
@@ -49,7 +55,10 @@ class Model:
     note: str = ""
     never_fires: tuple[str, ...] = ()
     witnesses: tuple[str, ...] = ()
+    graph: bool = False
+    workers: int | None = None
     witness: str = ""  # set on a witness model derived from ``witnesses``: its expected result
+    parent: str = ""  # set on a witness model: the model whose run observes it
 
     @property
     def simulated(self) -> bool:
@@ -78,7 +87,8 @@ def _witness_models(model: Model) -> list[Model]:
         derived.append(Model(
             name=f"Witness_{prop.removesuffix('Witness')}_{short}", module=model.module, cfg=model.cfg,
             suite=model.suite, expect=expect, description=f"non-vacuity: {prop} must fail on {model.name}'s constants",
-            witness=expect, features=tuple(f for f in model.features if f in ("symmetry", "ignore deadlock")),
+            witness=expect, parent=model.name,
+            features=tuple(f for f in model.features if f in ("symmetry", "ignore deadlock")),
             options=tuple(o for o in model.options if o == "-deadlock"),  # a model whose behaviours end keeps it
         ))  # fmt: skip
     return derived
@@ -122,8 +132,8 @@ def load_manifest(tla_dir: Path) -> list[Model]:
             **entry, "features": tuple(entry["features"]), "options": tuple(entry.get("options", ())),
             "never_fires": tuple(entry.get("never_fires", ())), "witnesses": tuple(entry.get("witnesses", ())),
         }  # fmt: skip
-        if fields.get("witness"):
-            raise TLCError(f"{manifest}: model {name}: 'witness' is set by the runner; list 'witnesses' instead")
+        if fields.get("witness") or fields.get("parent"):
+            raise TLCError(f"{manifest}: model {name}: 'witness' and 'parent' are set by the runner; list 'witnesses'")
         model = Model(**fields)
         models.append(model)
         for derived in _witness_models(model):
@@ -134,7 +144,8 @@ def load_manifest(tla_dir: Path) -> list[Model]:
 
 
 def select(models: list[Model], names: Iterable[str], suite: str) -> list[Model]:
-    """The models called ``names``, or else those of ``suite`` (``"all"`` for every one)."""
+    """The models called ``names``, or else those of ``suite``: ``"main"``, ``"fast"`` (every model that finishes in
+    seconds: main's and fast's), ``"deep"``, or ``"all"``."""
     names = list(names)
     if names:
         by_name = {m.name: m for m in models}
@@ -145,7 +156,8 @@ def select(models: list[Model], names: Iterable[str], suite: str) -> list[Model]
         return [by_name[n] for n in names]
     if suite == "all":
         return list(models)
-    return [m for m in models if m.suite == suite]
+    suites = ("main", "fast") if suite == "fast" else (suite,)
+    return [m for m in models if m.suite in suites]
 
 
 # ------------------------------------------------------------------------------------------------ .cfg
