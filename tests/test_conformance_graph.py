@@ -41,10 +41,11 @@ def graphs(tlc_results):
     return get
 
 
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=[] if MODELS[n].suite == "main" else [pytest.mark.extended]) for n in sorted(FAST_MODEL_SHAPES)],
-)
+def _param(name: str):
+    return pytest.param(name, marks=[] if MODELS[name].suite == "main" else [pytest.mark.extended])
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in sorted(FAST_MODEL_SHAPES)])
 def test_same_states_and_transitions_as_tlc(name, graphs):
     tlc, py = graphs(name)
     assert compare(tlc, py) == []

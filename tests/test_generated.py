@@ -1,6 +1,7 @@
-import pytest
 """The generated code is what its generator writes: ``scripts/gen_hot_steps.py`` regenerates the hot steps of
 ``cbpause.core.loop.LoopSteps`` and the file must not differ (as trio checks its generated wrappers)."""
+
+import pytest
 
 from cbpause.core import loop
 

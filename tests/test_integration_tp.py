@@ -15,13 +15,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from cbpause.testing import free_port, spawn_ranks, tiny_llama  # noqa: E402
+from cbpause.testing import HANG_S, free_port, spawn_ranks, tiny_llama  # noqa: E402
 
 from . import tp_workers  # noqa: E402
 from .conftest import MAX_NEW  # noqa: E402
 
 pytestmark = pytest.mark.layer("system")
-DEADLINE = 240.0  # seconds for a whole group, load included; the fault bounds are far below it
+DEADLINE = HANG_S  # a whole group, load included: a hang, not slowness; the fault bounds are far below it
 
 
 @pytest.fixture(scope="module")

@@ -26,13 +26,13 @@ import pytest
 
 from cbpause.core import condition as cond_module
 from cbpause.core.condition import SafeCondition
-from cbpause.testing import JOIN_TIMEOUT, run_thread
+from cbpause.testing import HANG_S, JOIN_TIMEOUT, run_thread
 
 from .test_holds import undeliverable
 
 pytestmark = pytest.mark.layer("loop")
 
-WAIT_ALL = 240.0  # seconds: a few hundred pauses in turn
+WAIT_ALL = HANG_S  # a few hundred pauses in turn: a hang, not slowness
 
 
 class Planted(BaseException):

@@ -15,7 +15,7 @@ from fractions import Fraction
 import pytest
 
 from cbpause import PauseProtocol, PeerParkTimeout
-from cbpause.testing import JOIN_TIMEOUT, FakeLoop, Group, Interrupter, call_interrupted, run_thread
+from cbpause.testing import HANG_S, JOIN_TIMEOUT, FakeLoop, Group, Interrupter, call_interrupted, run_thread
 
 pytestmark = pytest.mark.layer("core")
 
@@ -24,7 +24,7 @@ try:
 except Exception:  # noqa: BLE001 - transformers (and torch) are optional for these tests
     BackgroundThreadStatus = None
 
-WAIT = 10.0  # bound on every wait for an event that must happen
+WAIT = HANG_S  # bound on every wait for an event that must happen: a hang, not slowness
 
 
 def ours():
@@ -41,7 +41,8 @@ IMPLS = [pytest.param(ours, id="cbpause"), pytest.param(BackgroundThreadStatus, 
 def upstream_fails(defect: str):
     """Parametrize over both; upstream must fail (strict xfail)."""
     xfail = pytest.mark.xfail(strict=True, reason=f"transformers 5.23.0 has {defect}")
-    params = [pytest.param(ours, id="cbpause"), pytest.param(BackgroundThreadStatus, id="upstream", marks=[*_UPSTREAM, xfail])]
+    upstream = pytest.param(BackgroundThreadStatus, id="upstream", marks=[*_UPSTREAM, xfail])
+    params = [pytest.param(ours, id="cbpause"), upstream]
     return pytest.mark.parametrize("make", params)
 
 

@@ -1,7 +1,8 @@
-import pytest
 """spec/PROTOCOL.md and tla/PauseProtocol.tla name the same requirements and actions."""
 
 import re
+
+import pytest
 
 from cbpause.tlc import Cfg, load_manifest
 from cbpause.tlc.tla import checked_definitions, definitions, next_actions

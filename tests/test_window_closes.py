@@ -13,11 +13,11 @@ import threading
 import pytest
 
 from cbpause import PauseProtocol
-from cbpause.testing import JOIN_TIMEOUT, FakeLoop, run_thread
+from cbpause.testing import HANG_S, JOIN_TIMEOUT, FakeLoop, run_thread
 
 pytestmark = pytest.mark.layer("loop")
 
-WAIT = 10.0
+WAIT = HANG_S  # bound on every wait for an event that must happen: a hang, not slowness
 
 
 def started() -> FakeLoop:

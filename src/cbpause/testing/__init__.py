@@ -4,7 +4,8 @@ trio's users).
 Standard library only, importable without torch:
 
 * :class:`Interrupter` and :func:`call_interrupted` -- real SIGINTs for a wait on the main thread;
-* :func:`run_thread`, :func:`enter_and_leave`, ``JOIN_TIMEOUT`` -- threads joined with a bound;
+* :func:`run_thread`, :func:`enter_and_leave`, ``HANG_S`` and ``JOIN_TIMEOUT`` -- threads joined with a bound that
+  only catches a hang;
 * :class:`FakeLoop` (transformers' loop reduced to its calls into the status object) and :class:`Group` (a TP
   group in one process, on the explicit loop API), :func:`end_leftover_loops`;
 * :class:`StepGate`, :func:`wait_for_phase`: hold the loop at one of its steps, or fail it there;
@@ -27,7 +28,7 @@ from .gates import StepGate, wait_for_phase
 from .loops import FakeLoop, Group, end_leftover_loops
 from .signals import Interrupter, call_interrupted
 from .stats import percentile
-from .threads import JOIN_TIMEOUT, enter_and_leave, run_thread
+from .threads import HANG_S, JOIN_TIMEOUT, enter_and_leave, run_thread
 from .tp import free_port
 from .traffic import Ledger, Traffic
 
@@ -39,7 +40,7 @@ _LAZY = {
 }  # fmt: skip
 
 __all__ = [
-    "JOIN_TIMEOUT", "FakeLoop", "Group", "Interrupter", "StepGate", "call_interrupted", "end_leftover_loops",
+    "HANG_S", "JOIN_TIMEOUT", "FakeLoop", "Group", "Interrupter", "StepGate", "call_interrupted", "end_leftover_loops",
     "Ledger", "Traffic", "enter_and_leave", "free_port", "percentile", "run_thread", "wait_for_phase", *_LAZY,
 ]  # fmt: skip
 
