@@ -66,8 +66,8 @@ def _py(*args: str, env: dict[str, str] | None = None) -> list[tuple[list[str], 
 
 
 # Each named session's commands: the full run (with the session's arguments), and the brief one CI makes (given a
-# folder for what it writes).  A command is (argv, environment).  Sessions that only run pytest over a layer (core, loop, verify, system, ci) have none:
-# they are what runs the brief commands.
+# folder for what it writes).  A command is (argv, environment).  The sessions that run pytest over a layer (core,
+# loop, verify, system, ci) have none: they are what runs the brief commands.
 COMMANDS = {
     "tlc": {
         "full": lambda a: _py("-m", "cbpause.tlc", "--fresh", *a, env=TLC_CACHE),
