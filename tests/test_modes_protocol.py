@@ -6,6 +6,7 @@ import pytest
 
 from cbpause import PauseProtocol, PeerParkTimeout
 from cbpause.core.transitions import ABORT, DRAIN, KEEP, RETRACT
+from cbpause.testing import HANG_S
 
 pytestmark = pytest.mark.layer("core")
 
@@ -56,15 +57,15 @@ def test_a_rank_whose_holder_asks_more_than_the_peers_window_says_so_when_its_pa
     p = PauseProtocol(peer_park_timeout=0)
     p.clear()
     with ThreadPoolExecutor(max_workers=1) as loop:  # the loop's own thread (holders may not pause from it: D4)
-        loop.submit(decided, p, KEEP).result(10)  # a peer asked for keep; nobody here yet
-        loop.submit(p.park_for_peer).result(10)
+        loop.submit(decided, p, KEEP).result(HANG_S)  # a peer asked for keep; nobody here yet
+        loop.submit(p.park_for_peer).result(HANG_S)
         hold = p.request_pause(mode="abort")
         with pytest.raises(TimeoutError):
             p.enter_pause(hold, timeout=0)  # the peers' window is keep: this holder waits for the next one
         hold = p.request_pause(mode="abort")
         with pytest.raises(RuntimeError, match="not enabled"):
-            loop.submit(p.join_peer_pause).result(10)
-        error = loop.submit(p.peer_park_timeout).result(10)
+            loop.submit(p.join_peer_pause).result(HANG_S)
+        error = loop.submit(p.peer_park_timeout).result(HANG_S)
     assert isinstance(error, PeerParkTimeout)
     assert "'abort', stronger than the group's 'keep'" in str(error) and "same mode" in str(error)
     with pytest.raises(RuntimeError, match="stopped before it could pause"):

@@ -41,6 +41,7 @@ from hypothesis.stateful import (
 from cbpause import PauseProtocol, PeerParkTimeout
 from cbpause.core import group as gr
 from cbpause.core import transitions
+from cbpause.testing import HANG_S
 from cbpause.tlc.tla import checked_definitions, next_actions
 
 from .conftest import TLA_DIR
@@ -57,7 +58,7 @@ SHAPES = [
 ]
 STEPS = [0]  # steps taken by every machine of this process, for the fuzz report
 LOOP = ThreadPoolExecutor(max_workers=1, thread_name_prefix="machine-loop")  # the loops' own thread
-CALL_TIMEOUT = 10.0
+CALL_TIMEOUT = HANG_S  # a loop call never blocks: only a hang runs out
 
 
 def _finished_thread():

@@ -7,7 +7,7 @@ import pytest
 
 from cbpause import PauseProtocol, TraceRecorder
 from cbpause.apps.scenarios.group import run_scenario
-from cbpause.testing import Group
+from cbpause.testing import HANG_S, JOIN_TIMEOUT, Group
 from cbpause.tlc.traces import describe_rejection, validate
 
 from .conftest import TLA_DIR
@@ -24,25 +24,26 @@ def test_random_threaded_scenarios_are_accepted(seed, tmp_path, tlc_ready):
 
 
 def paused_group_trace():
-    """Two ranks, a holder pausing each, then a hard stop: a small trace with a pause window."""
+    """Two ranks, a holder pausing each, then a hard stop: a small trace with a pause window.  (A rank whose holder
+    comes later than its peer's parks for it: ``peer_park_timeout`` must not run out however slow the machine.)"""
     recorder = TraceRecorder()
-    group = Group(2, peer_park_timeout=5.0, trace=recorder).start()
+    group = Group(2, peer_park_timeout=HANG_S, trace=recorder).start()
     inside = threading.Barrier(3)
     done = threading.Event()
 
     def holder(p):
         p.acquire_pause(None)
-        inside.wait(10)
-        done.wait(10)
+        inside.wait(HANG_S)
+        done.wait(HANG_S)
         p.release_pause()
 
     threads = [threading.Thread(target=holder, args=(p,), daemon=True) for p in group.ranks]
     for th in threads:
         th.start()
-    inside.wait(10)
+    inside.wait(HANG_S)
     done.set()
     for th in threads:
-        th.join(10)
+        th.join(JOIN_TIMEOUT)
     group.ranks[0].request_stop(PauseProtocol.HARD_STOP, 0)
     assert group.join()
     return recorder

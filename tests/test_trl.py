@@ -23,7 +23,7 @@ from cbpause.integrations.trl import (  # noqa: E402
     check_trl_version,
     engine_name,
 )
-from cbpause.testing import JOIN_TIMEOUT  # noqa: E402
+from cbpause.testing import HANG_S, JOIN_TIMEOUT  # noqa: E402
 from cbpause.testing.trl_cpu import tiny_task, trl_on_cpu, varlen_attention  # noqa: E402
 
 pytestmark = pytest.mark.layer("system")
@@ -50,8 +50,10 @@ def trainer_for(task, sync, worker):
 
 
 def worker_for(task, manager, **kwargs):
+    """The rollout worker; its thread must end when stopped, however slow the machine (``join_timeout``)."""
     return CBRolloutWorker(manager, task.dataset, task.reward, num_generations=task.num_generations,
-                           max_new_tokens=task.max_new_tokens, processing_class=task.tokenizer, **kwargs)  # fmt: skip
+                           max_new_tokens=task.max_new_tokens, processing_class=task.tokenizer,
+                           **{"join_timeout": JOIN_TIMEOUT, **kwargs})  # fmt: skip
 
 
 def first_logged(trainer, key):
@@ -63,7 +65,7 @@ def test_async_grpo_trains_through_the_paused_loop(tmp_path, mode, steps):
     task = tiny_task(tmp_path, steps=steps, max_staleness=1)
     # the engine's staleness bound is the trainer's: nothing is generated for a sample it would drop
     engine, manager = engine_for(task, max_staleness=task.args.max_staleness, on_stale="abort")
-    sync = PauseWeightSync(manager, mode=mode, timeout=60)
+    sync = PauseWeightSync(manager, mode=mode, timeout=HANG_S)  # every sync must pause
     worker = worker_for(task, manager)
     try:
         with trl_on_cpu():
@@ -95,7 +97,7 @@ def test_the_reward_rises_from_chance(tmp_path):
     _, manager = engine_for(task)
     try:
         with trl_on_cpu():
-            trainer = trainer_for(task, PauseWeightSync(manager), worker_for(task, manager))
+            trainer = trainer_for(task, PauseWeightSync(manager, timeout=HANG_S), worker_for(task, manager))
             trainer.train()
     finally:
         manager.stop(block=True, timeout=JOIN_TIMEOUT)
@@ -121,7 +123,7 @@ class FailingSync(PauseWeightSync):
 
 def test_a_failing_weight_sync_makes_train_raise_and_the_manager_stops_cleanly(task):
     _, manager = engine_for(task)
-    sync, worker = FailingSync(manager, timeout=60), worker_for(task, manager)
+    sync, worker = FailingSync(manager, timeout=HANG_S), worker_for(task, manager)
     done = threading.Event()
     try:
         with trl_on_cpu(), pytest.raises(OSError, match="the transfer broke"):
@@ -137,7 +139,7 @@ def test_a_failing_weight_sync_makes_train_raise_and_the_manager_stops_cleanly(t
 
 def test_a_dead_loop_makes_train_raise(task):
     _, manager = engine_for(task)
-    sync, worker = PauseWeightSync(manager, timeout=30), worker_for(task, manager)
+    sync, worker = PauseWeightSync(manager, timeout=HANG_S), worker_for(task, manager)
 
     class StopAtSecondSync(PauseWeightSync):
         def pause(self):
@@ -145,7 +147,7 @@ def test_a_dead_loop_makes_train_raise(task):
                 manager.stop(block=True, timeout=JOIN_TIMEOUT)
             super().pause()
 
-    sync = StopAtSecondSync(manager, timeout=30)
+    sync = StopAtSecondSync(manager, timeout=HANG_S)
     with trl_on_cpu(), pytest.raises(RuntimeError, match="no generation loop is running"):
         trainer_for(task, sync, worker).train()
     assert sync.syncs == 2 and not manager.is_running() and not worker._thread.is_alive()
@@ -156,7 +158,7 @@ def test_a_pause_that_times_out_raises(task):
     inside, leave = threading.Event(), threading.Event()
 
     def other_holder():  # keeps the loop paused in keep mode...
-        with manager.pause(timeout=30):
+        with manager.pause(timeout=HANG_S):
             inside.set()
             leave.wait(JOIN_TIMEOUT)
 
@@ -178,7 +180,7 @@ def test_a_pause_that_times_out_raises(task):
 def test_the_weight_sync_refuses_misuse_and_copies_nothing_after_a_bad_parameter(task):
     engine, manager = engine_for(task)
     try:
-        sync = PauseWeightSync(manager)
+        sync = PauseWeightSync(manager, timeout=HANG_S)
         for call in (lambda: sync.send_weights([]), sync.resume):
             with pytest.raises(RuntimeError):
                 call()

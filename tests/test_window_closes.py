@@ -97,7 +97,7 @@ def test_a_thread_inside_a_closing_window_pauses_again_at_once():
     leave_b.set()
     assert b_left.wait(WAIT)
     assert status.state.closing  # B left: closing, and A still inside
-    status.acquire_pause(loop.wake, timeout=1.0)  # nested: enters at once, without a TimeoutError
+    status.acquire_pause(loop.wake, timeout=WAIT)  # nested: enters at once (a wait for the next window would hang)
     assert status.state.inside == 2
     status.release_pause()
     status.release_pause()
@@ -224,7 +224,7 @@ def test_a_stronger_pause_from_a_thread_inside_raises_at_once():
     assert hold.state == "idle"
     s = status.state
     assert s.count == 1 and s.inside == 1, s
-    status.acquire_pause(loop.wake, mode="keep", timeout=1.0)  # a covered mode nests at once
+    status.acquire_pause(loop.wake, mode="keep", timeout=WAIT)  # a covered mode nests at once
     status.release_pause()
     status.release_pause()
     assert status.state.count == 0

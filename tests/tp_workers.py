@@ -19,11 +19,14 @@ from cbpause.testing import HANG_S
 
 WAIT = HANG_S  # a hang, not slowness (cbpause.testing)
 N_REQUESTS = 6
+# The product's bounds on a peer, in the fault scenarios, where a peer never comes and the bound running out is what
+# they check.  A healthy scenario's peer is only ever slow (still loading, descheduled on a loaded machine): there the
+# bounds are HANG_S, so that they never run out.
 PEER_PARK_TIMEOUT = 3.0
 CPU_GROUP_TIMEOUT = 10.0
 
 
-def _setup(rank: int, world: int, port: int, ckpt: str, backend: str):
+def _setup(rank: int, world: int, port: int, ckpt: str, backend: str, fault: bool = False):
     import torch
     import torch.distributed as dist
 
@@ -35,8 +38,8 @@ def _setup(rank: int, world: int, port: int, ckpt: str, backend: str):
     join_tp_group(rank, world, port, backend)
     model = load_tp_model(ckpt, world)
     manager = init_continuous_batching(
-        model, greedy_config(MAX_NEW), batching_config(cpu_group_timeout=CPU_GROUP_TIMEOUT),
-        peer_park_timeout=PEER_PARK_TIMEOUT,
+        model, greedy_config(MAX_NEW), batching_config(cpu_group_timeout=CPU_GROUP_TIMEOUT if fault else HANG_S),
+        peer_park_timeout=PEER_PARK_TIMEOUT if fault else HANG_S,
     )  # fmt: skip
     probe = ForwardProbe()
     probe.attach(model)
@@ -188,7 +191,7 @@ def _outcome(manager, record) -> None:
 
 def peer_never_pauses(rank, world, port, ckpt, backend, record):
     """Test 9a (D3): rank 0 pauses, rank 1's pauser never comes."""
-    torch, dist, manager, probe = _setup(rank, world, port, ckpt, backend)
+    torch, dist, manager, probe = _setup(rank, world, port, ckpt, backend, fault=True)
     manager.start()
     ids = _submit(manager, rank)
     if rank == 0:
@@ -201,7 +204,7 @@ def peer_never_pauses(rank, world, port, ckpt, backend, record):
 
 def rank_killed_mid_pause(rank, world, port, ckpt, backend, record):
     """Test 9b: both ranks pause; rank 1's process is killed while its holder is inside."""
-    torch, dist, manager, probe = _setup(rank, world, port, ckpt, backend)
+    torch, dist, manager, probe = _setup(rank, world, port, ckpt, backend, fault=True)
     manager.start()
     ids = _submit(manager, rank)
     with manager.pause(timeout=WAIT):
@@ -218,7 +221,7 @@ def rank_killed_mid_pause(rank, world, port, ckpt, backend, record):
 
 def rank_killed_mid_step(rank, world, port, ckpt, backend, record):
     """Reliability: rank 1's process is killed inside a forward step (its TP collectives never come)."""
-    torch, dist, manager, probe = _setup(rank, world, port, ckpt, backend)
+    torch, dist, manager, probe = _setup(rank, world, port, ckpt, backend, fault=True)
     if rank == 1:
         steps = [0]
 

@@ -17,9 +17,11 @@ traces that each start from ``Init`` (:func:`~cbpause.tlc.traces.cut_at_restarts
 restarts the loop at least K times for that), and K of them, drawn with the seed, are validated by TLC
 against ``tla/PauseProtocol.tla``: the faults above are then checked by the spec, not only by the ledger.
 
-A watchdog fails the run when a pause, a stop or a request makes no progress within ``--bound`` seconds,
-after dumping every thread's stack (``faulthandler``).  At the end every submitted request must have had
-exactly one terminal output and every ``pause()`` call must have entered or raised.  The last line::
+With ``--each`` the run goes on past its duration until every kind of event of ``EACH`` has happened (a loaded
+machine takes fewer actions in a minute).  A watchdog fails the run when a pause, a stop or a request makes no
+progress within ``--bound`` seconds (a hang: 300 by default), after dumping every thread's stack
+(``faulthandler``).  At the end every submitted request must have had exactly one terminal output and every
+``pause()`` call must have entered or raised.  The last line::
 
     soak: seconds=… pauses=… modes=keep/retract/drain/abort versions=… … collective_faults=… requests=…
           lost=0 duplicated=0 hangs=0 [traced=K rejected=0]        (on one line)
@@ -31,7 +33,6 @@ must, or fewer than K traces could be validated).
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import itertools
 import logging
 import random
@@ -39,15 +40,15 @@ import sys
 import threading
 import time
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from ..testing import Traffic, call_interrupted, enter_and_leave
+from ..testing import HANG_S, Traffic, Watchdog, call_interrupted, enter_and_leave
 
 __all__ = ["Soak", "main", "run"]
 
+# The kinds of event (figures of the last line) that ``--each`` goes on for until each has happened.
+EACH = "pauses interrupts timeouts stops errors_injected misuse requests deaths collected handovers stops_with_timeout"
 
 
 @dataclass
@@ -65,50 +66,6 @@ class Tally:
             self.unexpected.append(what)
 
 
-class Watchdog:
-    """Fails the run when an operation outlives its bound; dumps every thread's stack first."""
-
-    def __init__(self, bound: float, ledger: Any):
-        self.bound, self.ledger = bound, ledger
-        self.ops: dict[int, tuple[str, float]] = {}
-        self.lock = threading.Lock()
-        self.hangs: list[str] = []
-        self.failed = threading.Event()
-        self.stopped = threading.Event()
-        self.requests_expected = threading.Event()  # set while the loop should be making progress
-        self.thread = threading.Thread(target=self._run, name="soak-watchdog", daemon=True)
-        self._next = 0
-
-    @contextmanager
-    def op(self, name: str):
-        with self.lock:
-            key, self._next = self._next, self._next + 1
-            self.ops[key] = (name, time.monotonic() + self.bound)
-        try:
-            yield
-        finally:
-            with self.lock:
-                self.ops.pop(key, None)
-
-    def hang(self, what: str) -> None:
-        self.hangs.append(what)
-        print(f"soak: HANG: {what}; every thread's stack follows", file=sys.stderr, flush=True)
-        faulthandler.dump_traceback(all_threads=True)
-        self.failed.set()
-
-    def _run(self) -> None:
-        while not self.stopped.wait(0.5):
-            now = time.monotonic()
-            with self.lock:
-                late = [name for name, deadline in self.ops.values() if deadline < now]
-            if late:
-                self.hang(f"{late[0]} made no progress within {self.bound} s")
-                return
-            if self.requests_expected.is_set() and self.ledger.open() and now - self.ledger.progress > self.bound:
-                self.hang(f"no request finished within {self.bound} s while {self.ledger.open()} were open")
-                return
-
-
 # ------------------------------------------------------------------------------------------------- soak
 
 
@@ -119,7 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--seconds", type=float, default=None)
     p.add_argument("--seed", type=int, default=None, help="replays the sequence of actions (printed); thread "
                    "timing is the machine's")  # fmt: skip
-    p.add_argument("--bound", type=float, default=30.0, help="watchdog bound in seconds (default 30)")
+    p.add_argument("--bound", type=float, default=HANG_S, help="watchdog bound in seconds: a hang (default 300)")
+    p.add_argument("--each", action="store_true", help="go on past the duration until every kind of event happened")
     p.add_argument("--trace-sample", type=int, default=0, metavar="K", help="record the run and have TLC "
                    "validate K of its traces (default 0)")  # fmt: skip
     p.add_argument("--tla-dir", type=Path, default=None, help="the spec's folder (default: ./tla)")
@@ -218,7 +176,10 @@ class Soak:
         if reached.wait(1.0):
             return release
         self.probe.hold = None
-        return release if reached.is_set() else None
+        if reached.is_set():
+            return release
+        release.set()  # should the loop have taken the hold just now, it goes on at once (it would wait for HANG_S)
+        return None
 
     def requested(self) -> threading.Event:
         """An event that the next pause() sets once its request is in (the loop is held: it clears nothing)."""
@@ -350,9 +311,10 @@ class Soak:
             raise RuntimeError("injected fault in the payload broadcast (soak)")
 
         helper.tp_broadcast_object_from_rank_0 = failing
-        try:  # an iteration that drained no request fires nothing: the wait is bounded
-            if self.manager._generation_thread is not None:
-                self.manager._generation_thread.join(min(self.args.bound, 5.0))
+        try:  # an iteration that drained no request fires nothing: the wait for one is bounded
+            if (thread := self.manager._generation_thread) is not None:
+                thread.join(min(self.args.bound, 5.0))
+                thread.join(self.args.bound if fired.is_set() else 0)  # it fired: the loop must end
         finally:
             helper.tp_broadcast_object_from_rank_0 = original
         if fired.is_set():
@@ -543,6 +505,7 @@ class Soak:
         actions = [getattr(self, name) for name in self.ACTIONS]
         restarts_at_cut = 0
         started = time.monotonic()
+        end = started + args.duration  # and on, however long the actions take, until the cuts (and --each) are done
         # With --trace-sample K, at least one restart in each K+1-th of the run, so that there are K+1 traces.
         cuts = [started + args.duration * (j + 1) / (args.trace_sample + 1) for j in range(args.trace_sample)]
         wd.thread.start()
@@ -550,7 +513,7 @@ class Soak:
         wd.requests_expected.set()
         self.traffic.start()
         try:
-            while time.monotonic() - started < args.duration and not wd.failed.is_set():
+            while not wd.failed.is_set() and (time.monotonic() < end or cuts or self.unseen(end + args.bound)):
                 if cuts and time.monotonic() >= cuts[0]:
                     cuts.pop(0)
                     if tally.counts["restarts"] == restarts_at_cut:
@@ -588,6 +551,15 @@ class Soak:
             "versions": c["versions_set"], "chains": c["chains"], "stale": self.manager.versions.stale,
             "modes": "/".join(str(c[f"pauses_{m}"]) for m in self.MODE_CHOICES[1:]),
         }  # fmt: skip
+
+    def unseen(self, deadline: float) -> list[str]:
+        """With ``--each``: the kinds of event of ``EACH`` that have not happened yet (past ``deadline``, a hang)."""
+        counts = dict(self.tally.counts, requests=self.traffic.requests)
+        missing = [kind for kind in EACH.split() if self.args.each and not counts.get(kind)]
+        if missing and time.monotonic() > deadline:
+            self.wd.hang(f"--each: no {', '.join(missing)} by the end of the run and the bound after it")
+            return []
+        return missing
 
     def validate_sample(self) -> dict:
         """TLC validates ``--trace-sample`` of the run's traces (cut at its restarts), drawn with the seed."""

@@ -174,17 +174,15 @@ class PauseProtocol(RankProtocol):
         clock: Callable[[], float] = time.monotonic,
         trace: TraceRecorder | None = None,
     ):
-        super().__init__(peer_park_timeout=peer_park_timeout, clock=clock, trace=trace)
         self._deferred: int | None = None  # the agreed status of an AllReduce the loop reported, not applied yet
         self._shown_status: int | None = None  # the loop's local_status after a fatal error, until it stops
-        self._observe_memo = (None, None, None, None)  # is_pause_requested()'s hot path (see LoopSteps._remember)
+        super().__init__(peer_park_timeout=peer_park_timeout, clock=clock, trace=trace)
 
     # ------------------------------------------------------------------------------ what the explicit APIs defer
 
     def _forget_loop(self) -> None:
         super()._forget_loop()
         self._shown_status = None
-        self._observe_memo = (None, None, None, None)
 
     def _apply_deferred(self, pause: bool) -> None:
         """Apply the AllReduce a drop-in ``update_with_tp_status()`` deferred, with the pause decision ``pause`` (the
@@ -265,30 +263,20 @@ class PauseProtocol(RankProtocol):
         """
         if local:
             return any(h.state != "idle" for h in self._thread_holds())
-        me = threading.get_ident()
-        memo, lock = self._observe_memo, self._lock
-        lock.acquire()  # the hot path, as LoopSteps._remember says
-        try:
-            if memo[0] is self._state and memo[1] == self._deferred and memo[2] == me == self._loop_thread:
-                # A steady loop cycles through the same state objects: the steps are the ones taken last time.
-                self._state = s = memo[3]
-                self._deferred = None
-                return s.obs_pause
-        finally:
-            lock.release()
+        return self.observe_dropin()  # type: ignore[return-value]  # a mode (0 for none), read as a bool upstream
+
+    def _observe_dropin_slow(self, me: int) -> int:
         with self._lock:
             loop = self._loop_thread
             if loop is None:
                 self._loop_thread = loop = me
-            start = self._state
+            start, deferred = self._state, self._deferred
             if loop != me:
-                return start.count > 0
-            deferred = self._deferred
+                return int(start.count > 0)
             s, observed = self._to_reduce()
             if not observed:  # (e.g. it asked again after seeing a pause, before its window)
-                return s.count > 0
-            if self._may_remember(start, s):
-                self._observe_memo = (start, deferred, me, s)
+                return int(s.count > 0)
+            self._remember("observe_dropin", start, s, deferred, me)
             return s.obs_pause
 
     def _to_reduce(self) -> tuple[RankState, bool]:
@@ -319,34 +307,20 @@ class PauseProtocol(RankProtocol):
         if tp_status > HARD_STOP:
             tp_status = HARD_STOP
         me = threading.get_ident()
-        if me == self._observe_memo[2]:  # the hot path of a loop whose is_pause_requested() replays its memo
-            lock = self._lock
-            lock.acquire()
-            try:
-                s = self._state
-                if (
-                    self._deferred is None
-                    and t.can_all_reduce(s)
-                    and s.obs_status <= tp_status
-                    and s.tp_status <= tp_status
-                    and self._loop_thread == me
-                ):
-                    self._deferred = tp_status
-                    return
-            finally:
-                lock.release()
         with self._lock:
-            # Only the loop calls this: it settles which thread is the loop's, should another thread's
-            # is_pause_requested() have come first.
-            self._loop_thread = me
-            agreed = self._deferred if self._deferred is not None else self._state.tp_status
-            if tp_status < agreed:
-                raise ValueError(f"TP communicated a lower stop status: {tp_status = }, tp_status = {agreed}")
-            s = self._state
-            if not t.can_all_reduce(s) or self._deferred is not None:
-                s, _ = self._to_reduce()
-            if not t.can_all_reduce(s):
-                raise RuntimeError(not_enabled("update_with_tp_status", s))
+            s, deferred = self._state, self._deferred
+            if deferred is not None or self._loop_thread != me or not t.can_all_reduce(s):
+                # Only the loop calls this: it settles which thread is the loop's, should another thread's
+                # is_pause_requested() have come first; and a loop that did not report its Observe goes round first.
+                self._loop_thread = me
+                if deferred is not None and tp_status < deferred:
+                    raise ValueError(f"TP communicated a lower stop status: {tp_status = }, tp_status = {deferred}")
+                if deferred is not None or not t.can_all_reduce(s):
+                    s, _ = self._to_reduce()
+                if not t.can_all_reduce(s):
+                    raise RuntimeError(not_enabled("update_with_tp_status", s))
+            if tp_status < s.tp_status:
+                raise ValueError(f"TP communicated a lower stop status: {tp_status = }, tp_status = {s.tp_status}")
             if tp_status < s.obs_status:
                 raise ValueError(f"TP stop status {tp_status} is not a MAX including this rank's {s.obs_status}")
             self._deferred = tp_status
@@ -405,6 +379,32 @@ class PauseProtocol(RankProtocol):
             self._run(plan)
             self._condition.notify_all()
 
+    # ---- generated by scripts/gen_hot_steps.py: do not edit (tests/test_generated.py checks it) ----
+    # The hot steps, and the width of one memo of each: (before, *keys, after).
+    _MEMO_WIDTHS = {**RankProtocol._MEMO_WIDTHS, "observe_dropin": 4}
+
+    def observe_dropin(self) -> int:
+        """P-OBSERVE as the drop-in loop reports it (``is_pause_requested()``): the steps the
+        loop took since its last call, then Observe; returns this rank's pause request (0 for none)."""
+        me = threading.get_ident()
+        memo, lock = self._memo_observe_dropin, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state and memo[1] == self._deferred and memo[2] == me:
+                self._state = s = memo[3]
+                self._deferred = None
+                return s.obs_pause
+            if memo[4] is self._state and memo[5] == self._deferred and memo[6] == me:  # the other of the last two
+                self._state = s = memo[7]
+                self._deferred = None
+                self._memo_observe_dropin = (*memo[4:], *memo[:4])
+                return s.obs_pause
+        finally:
+            lock.release()
+        return self._observe_dropin_slow(me)
+
+    # ---- end of the generated hot steps ----
+
     # ------------------------------------------------------------------------------------------- the holders
 
     def _thread_holds(self) -> list[PauseHold]:
@@ -415,18 +415,6 @@ class PauseProtocol(RankProtocol):
         except AttributeError:
             local.holds = []
             return local.holds
-
-    def _refuse_self_wait(self, mode: int, holds: list[PauseHold]) -> None:
-        """R-NO-SELF-WAIT (the caller holds the lock): a thread inside the open window through ``acquire_pause`` (its
-        ``holds``) that asks for a stronger mode than the window's would wait for the next window, which its own pause
-        keeps from opening (nothing else ends a drop-in hold but this thread, short of an explicit ``leave_pause``).
-        The explicit API's holds may be ended by any thread, so ``enter_pause`` waits (with its timeout)."""
-        s = self._state
-        if s.paused and not t.can_enter_window(s, mode) and any(h.state == "inside" for h in holds):
-            raise RuntimeError(
-                f"pause(mode={t.MODE_NAMES[mode]!r}) from a thread inside a {t.MODE_NAMES[s.tp_pause]!r} pause: it "
-                "would wait for the next window, which this thread's own pause keeps closed; nothing was changed"
-            )
 
     def acquire_pause(
         self,
@@ -461,29 +449,12 @@ class PauseProtocol(RankProtocol):
         if holds:
             holds[:] = [h for h in holds if h.state != "idle"]  # left from another thread (leave_pause)
         with self._lock:
-            self._refuse_self_wait(number, holds)
-            timeout = self._wait_while_closing(timeout)
-            hold = self._new_hold(threading.get_ident(), number)
+            sinks = (holds,) if into is None else (holds, into)
             try:
-                self._apply(t.request_pause, number, hold=hold)
-                holds.append(hold)
-                if into is not None:
-                    into.append(hold)
-                s = self._state
-                if t.can_enter_window(s, number):
-                    # The fast path: a window that covers the hold is open, so it enters now, with no wait and no
-                    # wake-up (the loop is parked in the window, not in its idle wait).
-                    self._enter(hold)
-                    return hold
-                if wake_up_loop is not None:
-                    wake_up_loop.set()
-                self._wait_for_window(hold, timeout)
+                return self._request_and_enter(number, timeout, wake_up_loop, sinks, threading.get_ident())
             except BaseException:
-                self._withdraw(hold)  # P-INTERRUPT (D1), or P-LEAVE-PAUSE just after the entry
-                if hold in holds:
-                    holds.remove(hold)
+                holds[:] = [h for h in holds if h.state != "idle"]  # the request withdrawn is no hold of this thread
                 raise
-            return hold
 
     def release_pause(self) -> None:
         """Drop-in P-LEAVE-PAUSE (``LeavePause``): this thread's last pause ends; the last holder out lets the

@@ -3,22 +3,24 @@
 A loop that reports each step of its iteration calls these, in the order of ``tla/PauseProtocol.tla``
 (``observe``, ``all_reduce``, then ``open_window``/``skip_window``/``park_for_peer`` or ``no_pause``, ...,
 ``barrier``, ``start_step``, ``end_step``).  Each method applies its transition of
-:mod:`cbpause.core.transitions` under the protocol's lock if the action's guard holds there, and otherwise raises
-``RuntimeError`` and changes nothing.  None of them waits, except :meth:`LoopSteps.pause_window`, which is
-the whole window (open, or park and join, then close) as a loop that does not step through it calls it.
+:mod:`cbpause.core.transitions` under the protocol's lock if the action's guard holds there (the guard's one home
+is the ``can_<action>`` of :mod:`~cbpause.core.transitions`), and otherwise raises ``RuntimeError`` and changes
+nothing.  None of them waits, except :meth:`LoopSteps.pause_window`, which is the whole window (open, or park and
+join, then close) as a loop that does not step through it calls it.
 
-The class is mixed into :class:`~cbpause.core.protocol.RankProtocol`; it holds the memos of its hot steps.
+:class:`LoopSteps` is the rank (:class:`~cbpause.core.rank.RankCore`: the state, its lock, ``_apply``) with the
+loop's API and the memos of its hot steps; :class:`~cbpause.core.protocol.RankProtocol` adds the holders' and the
+stoppers' API on top.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from . import transitions as t
-from .condition import SafeCondition
 from .errors import PeerParkTimeout
+from .rank import RankCore
 from .transitions import STOPPED, RankState
 
 __all__ = ["HOLDER_CHECK_S", "LoopSteps", "not_enabled", "quiet"]
@@ -45,28 +47,14 @@ def quiet(before: RankState, after: RankState) -> bool:
     )
 
 
-class LoopSteps:
+class LoopSteps(RankCore):
     """The explicit loop API (see the module's docstring)."""
 
-    if TYPE_CHECKING:  # provided by RankProtocol
-        fatal_error: BaseException | None
-        _lock: threading.RLock  # SafeCondition's lock
-        _condition: SafeCondition
-        _state: RankState
-        _holds: dict
-        _loop_thread: int | None
-        _peer_park_timeout: float | None
-        _clock: Callable[[], float]
-        _trace: object
-        _memo_observe: tuple
-        _memo_all_reduce: tuple
-        _memo_no_pause: tuple
-        _memo_start_step: tuple
-        _memo_end_step: tuple
-        _memo_idle: tuple
-
-        def _apply(self, fn: Callable[..., RankState], *args: object) -> RankState: ...
-        def _release_dead_holders(self) -> int: ...
+    def __init__(self, **kwargs: object):
+        """Takes :class:`~cbpause.core.rank.RankCore`'s keyword arguments."""
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        # Memos of the loop's steps, replayed while the loop cycles through the same states (trace off).
+        self._forget_memos()
 
     def _step(self, fn: Callable[..., RankState], guard: Callable[[RankState], bool]) -> RankState:
         """One loop step, the slow path: ``fn`` if ``guard`` holds (checked under the lock), else ``RuntimeError``
@@ -214,30 +202,30 @@ class LoopSteps:
         Blocks while a holder is inside; releases the holds of holders whose thread died (P-RELEASE-DEAD-HOLDER),
         within ``HOLDER_CHECK_S`` seconds of the death.  Raises :class:`~cbpause.PeerParkTimeout` (the fatal error is
         recorded and the loop is stopped, P-FAIL-LOOP) when parked for a peer's pause with no local holder
-        within ``peer_park_timeout`` seconds.
+        within ``peer_park_timeout`` seconds.  Raises ``RuntimeError`` and changes nothing where none of the three
+        is enabled: no pause decided, or a drain decided (the loop steps its batch first: :meth:`drain_first`).
         """
         with self._lock:
             s = self._state
-            # The common case first, with as little as possible before the holders are woken (every line here costs
-            # a microsecond or more, the loop's caches being cold after the forward step): SkipWindow needs no
-            # pending holder, so a decided pause with one opens.
-            if t.pending(s) > 0 and t.pause_decided(s):
+            # The common case first (every line here costs a microsecond or more, the loop's caches being cold after
+            # the forward step): a decided pause with a pending holder opens.  Each branch is its action's guard.
+            if t.can_open_window(s):
                 self._apply(t.open_window)
-            elif not t.pause_decided(s):
-                raise RuntimeError(not_enabled("pause_window", s))
             elif t.can_skip_window(s):
                 self._apply(t.skip_window)
                 return
-            else:
+            elif t.can_park_for_peer(s):
                 self._apply(t.park_for_peer)
                 timeout = self._peer_park_timeout
                 deadline = None if timeout is None else self._clock() + timeout
-                while t.pending(self._state) == 0:
+                while not t.can_join_peer_pause(self._state):
                     remaining = None if deadline is None else deadline - self._clock()
                     if remaining is not None and remaining <= 0:
                         raise self._peer_park_expired()
                     self._condition.wait(remaining)
                 self._apply(t.join_peer_pause)
+            else:
+                raise RuntimeError(not_enabled("pause_window", s))
             # Parked: wake at least every HOLDER_CHECK_S to release the holds of holders whose thread died
             # (P-RELEASE-DEAD-HOLDER; the fairness of ReleaseDeadHolder in the spec rests on this loop).  The first
             # look comes before the first wait, so that no hold of a thread that died is entered from another thread.
@@ -281,6 +269,30 @@ class LoopSteps:
             if self.fatal_error is None:
                 self.fatal_error = error
             self._apply(t.fail_loop)
+
+    def record_fatal_error(self, error: BaseException) -> None:
+        """P-RECORD-FATAL-ERROR (``RecordFatalError``): an exception in the loop's own code between two iterations'
+        collectives (``read``, ``body``, ``step``: the forward step, preparing the batch); record ``error`` (the first
+        fatal error wins), hard-stop, and go to the group's next all-reduce, which tells the peers (``observe()`` is
+        not called again: the rank sends HARD_STOP).  Waiting holders raise with the error as ``__cause__``.
+
+        Where the rank has failed or stopped already, or is parked in its window, no step is enabled: ``error`` is
+        kept if none was (the first wins) and nothing else changes (the loop's exit path then takes the step the
+        spec has there: ``fail_loop``, ``exit_loop``).  Raises ``RuntimeError`` and changes nothing in the other
+        phases (``reduce``, ``decided``, ``peer``, ``barrier``: a failure there is a collective's, or the window's:
+        :meth:`collective_timeout`, :meth:`fail_loop`)."""
+        with self._lock:
+            s = self._state
+            if t.can_record_fatal_error(s):
+                if self.fatal_error is None:
+                    self.fatal_error = error
+                self._apply(t.record_fatal_error)
+            elif s.fatal or s.phase in ("stopped", "dead", "window"):
+                if self.fatal_error is None:
+                    self.fatal_error = error
+                self._condition.notify_all()
+            else:
+                raise RuntimeError(not_enabled("record_fatal_error", s))
 
     def collective_timeout(self, error: BaseException) -> None:
         """P-COLLECTIVE-TIMEOUT (``CollectiveTimeout``): a peer never joined the all-reduce, the barrier or (at

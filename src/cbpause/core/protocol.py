@@ -1,90 +1,45 @@
 """``RankProtocol``: one rank's side of the protocol, thread-safe, standard library only.
 
-Every state change is a pure function of :mod:`cbpause.core.transitions` (one per TLA+ action of
-``tla/PauseProtocol.tla``) applied under ``self._lock``; this module adds what pure functions cannot:
-waiting, threads, errors and clocks.  Invariants kept by every method, under the lock (the per-rank parts
-of the TLA+ invariants, :func:`cbpause.core.transitions.rank_invariant`):
+The rank (:class:`~cbpause.core.rank.RankCore`: its state, its lock, and ``_apply``, where every state change
+happens, each a pure function of :mod:`cbpause.core.transitions`, one per TLA+ action of ``tla/PauseProtocol.tla``)
+with its two explicit APIs, one method per TLA+ action each:
 
-* ``CountsInv``: ``count == waiting + inside >= 0``; an open window has a holder.
-* ``SameWindowInv``: a holder is inside only while ``phase == "window"`` and ``paused``.
-* ``MonotoneStopInv``: ``local_status`` and ``tp_status`` only grow, except in ``clear()``.
+* the loop's (``observe``, ``all_reduce``, ``open_window``, ..., ``barrier``, ``start_step``,
+  ``record_fatal_error``; :class:`~cbpause.core.loop.LoopSteps`), in which the loop reports each step of its
+  iteration;
+* the holders' (``request_pause`` returns a :class:`PauseHold`; ``enter_pause``, ``leave_pause``, ``interrupt``
+  take it; ``request_and_enter_pause`` is the first two under one acquisition of the lock) and the stoppers'
+  (``request_stop``), with ``clear()``: this module.
 
-Two APIs here, one method per TLA+ action each:
-
-* the explicit holder API (``request_pause`` returns a :class:`PauseHold`; ``enter_pause``, ``leave_pause``,
-  ``interrupt`` take it), with the stops (``request_stop``) and ``clear()``;
-* the explicit loop API (``observe``, ``all_reduce``, ``open_window``, ..., ``barrier``, ``start_step``; the
-  mixin :class:`~cbpause.core.loop.LoopSteps`), in which the loop reports each step of its iteration.
-
-:class:`cbpause.PauseProtocol` (:mod:`cbpause.core.dropin`) is this object with the drop-in API of
-transformers 5.23's ``BackgroundThreadStatus`` on top, and the state that adapter defers.
-
-Waiting holders are woken by ``notify_all`` on every change that can enable them (``_wakes``), which is the weak
-fairness the spec assumes for ``HolderWakes`` (``EnterPause`` or ``PauseFails``; spec section 4.4).
+This module adds what pure functions cannot: waiting, threads, errors and clocks.  Its methods keep the invariants
+:mod:`cbpause.core.rank` lists.  :class:`cbpause.PauseProtocol` (:mod:`cbpause.core.dropin`) is this object with the
+drop-in API of transformers 5.23's ``BackgroundThreadStatus`` on top, and the state that adapter defers.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
-import logging
 import threading
-import time
-from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING
+from collections.abc import Hashable
 
 from . import transitions as t
 from .arguments import check_mode, check_timeout
-from .condition import SafeCondition, thread_alive
-from .group import HOLDER_ACTIONS, python_name
 from .loop import HOLDER_CHECK_S, LoopSteps
 from .metrics import PauseMetrics
+from .rank import PauseHold
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankState
 
-if TYPE_CHECKING:
-    from .recorder import TraceRecorder
-
 __all__ = ["HOLDER_CHECK_S", "PauseHold", "PauseMetrics", "RankProtocol"]
-
-logger = logging.getLogger("cbpause")
 
 # CPython loses a SIGINT that lands after the main thread released the GIL to block on a lock and before
 # the block starts: the handler runs only when the thread wakes.  A holder waiting on the main thread
 # therefore wakes at least this often, so Ctrl-C reaches it within this bound (P-INTERRUPT).
 MAIN_THREAD_WAKE_S = 0.1
 
-# The holder's state after each holder transition (TLA+ hs[h]), by function name: from group.HOLDER_ACTIONS.
-_HOLD_AFTER = {python_name(action): after for action, (_, after) in HOLDER_ACTIONS.items()}
-
-
-class PauseHold:
-    """One holder's pause on one rank, from :meth:`RankProtocol.request_pause` to its end.
-
-    ``state`` is the holder's TLA+ state ``hs[h]``: ``"waiting"``, ``"inside"``, then ``"idle"`` once it
-    left, failed, timed out, was interrupted, or was released because ``thread`` died (P-RELEASE-DEAD-HOLDER).
-    ``mode`` is the pause mode it asked for (TLA+ ``hmode[h]``: ``transitions.KEEP`` ... ``ABORT``).
-    A hold belongs to the protocol object that issued it; any thread may end it (:meth:`RankProtocol.leave_pause`),
-    but it lives only as long as ``thread``, the thread that asked for it.
-    """
-
-    __slots__ = ("_protocol", "holder", "mode", "requested_at", "state", "thread")
-
-    def __init__(self, protocol: RankProtocol, holder: Hashable, requested_at: float, mode: int = t.KEEP):
-        self._protocol = protocol
-        self.holder = holder  # who holds it, for traces: a thread of the drop-in API, or this hold
-        self.mode = mode
-        self.requested_at = requested_at
-        self.state = "idle"
-        self.thread = threading.current_thread()
-
-    def __repr__(self) -> str:
-        return f"<PauseHold {self.state} ({t.MODE_NAMES[self.mode]}) of thread {self.thread.name!r}>"
-
 
 class RankProtocol(LoopSteps):
     """Pause, stop and fatal-error protocol of one rank's continuous-batching loop: the explicit holder and loop
-    APIs.  :class:`cbpause.PauseProtocol` adds transformers' drop-in API; use that one unless the loop reports
-    every step itself and no caller uses ``acquire_pause``.
+    APIs.  :class:`cbpause.PauseProtocol` adds transformers' drop-in API; use that one where transformers' own loop
+    (which reports only some of its steps) drives it, or a caller uses ``acquire_pause``/``release_pause``.
 
     Args:
         peer_park_timeout: how long a rank parked for a peer's pause waits for its local holder before
@@ -98,51 +53,7 @@ class RankProtocol(LoopSteps):
     HARD_STOP = HARD_STOP
     STOPPED = STOPPED
 
-    def __init__(
-        self,
-        *,
-        peer_park_timeout: float | None = 300.0,
-        clock: Callable[[], float] = time.monotonic,
-        trace: TraceRecorder | None = None,
-    ):
-        self._peer_park_timeout = check_timeout(peer_park_timeout, "peer_park_timeout")
-        # Opt-in trace recording (cbpause.core.recorder); None costs one attribute test per transition.
-        self._trace = trace
-        self.trace_rank = trace.attach() if trace is not None else 0
-        self.fatal_error: BaseException | None = None
-        self._clock = clock
-        # No method re-enters the lock.  Every method takes it with `with self._lock`: the lock's __enter__/__exit__
-        # are C, with no point where CPython delivers a signal between acquiring (releasing) the lock and returning.
-        # Waits go through SafeCondition, whose lock ownership survives an interrupt anywhere (issue 26, point 1).
-        self._condition = SafeCondition()
-        self._lock = self._condition.lock
-        self._state = RankState()  # TLA+'s Init: a loop about to start
-        self._local = threading.local()
-        self._serial = itertools.count()
-        self._loop_thread: int | None = None
-        self._holds: dict[PauseHold, None] = {}  # the holds waiting or inside, in request order
-        # Memos of the loop's steps, replayed while the loop cycles through the same states (trace off).
-        self._forget_memos()
-        # metrics
-        self._pauses_taken = 0
-        self._windows_opened = 0
-        self._window_opened_at: float | None = None
-        self._window_entries = 0
-        self._total_paused = 0.0
-        self._last_paused: float | None = None
-        self._last_entry_latency: float | None = None
-
     # ------------------------------------------------------------------------------------------- inspection
-
-    @property
-    def state(self) -> RankState:
-        """The current :class:`~cbpause.core.transitions.RankState` (an immutable snapshot)."""
-        return self._state
-
-    @property
-    def peer_park_timeout_s(self) -> float | None:
-        """The ``peer_park_timeout`` this object was built with (seconds, or None for ever)."""
-        return self._peer_park_timeout
 
     def can_accept_new_requests(self) -> str | None:
         """Why the loop cannot accept new requests, or None if it can (upstream's contract)."""
@@ -198,79 +109,6 @@ class RankProtocol(LoopSteps):
                 open_window_entries=0 if opened is None else self._window_entries,
                 window_closing=s.closing,
             )
-
-    # ------------------------------------------------------------------------------------------- internals
-
-    def _apply(self, fn: Callable[..., RankState], *args: object, hold: PauseHold | None = None) -> RankState:
-        """Apply one transition under the lock (the caller holds it) and wake the waiters it may enable.
-
-        With ``hold``, the holder's state changes in the same breath as the rank's (no call between the two
-        stores), so an exception landing in the caller sees them agree.
-        """
-        before = self._state
-        after = _transition(fn, before, args)
-        if hold is None:
-            self._state = after
-        else:
-            # One statement, so that no line event (where settrace, or a test standing in for a signal, could
-            # raise) separates the rank's state from the holder's.
-            self._state, hold.state = after, _HOLD_AFTER[fn.__name__]
-            if hold.state == "idle":
-                self._holds.pop(hold, None)
-            else:
-                self._holds[hold] = None
-        if self._trace is not None:
-            holder, holder_state = (None, "") if hold is None else (hold.holder, hold.state)
-            self._trace.record(self.trace_rank, fn.__name__, args, before, after, holder, holder_state)
-        if after.paused != before.paused:  # a window opened or closed: its waiters are woken, then the metrics
-            self._condition.notify_all()  # (which the woken wait for: they need this lock, and the CPU)
-            self._window_metrics(after.paused)
-        elif _wakes(fn, before, after):
-            self._condition.notify_all()
-        return after
-
-    def _window_metrics(self, opened: bool) -> None:
-        now = self._clock()
-        if opened:
-            self._window_opened_at = now
-            self._windows_opened += 1
-            self._window_entries = 0
-        elif self._window_opened_at is not None:
-            self._last_paused = now - self._window_opened_at
-            self._total_paused += self._last_paused
-            self._window_opened_at = None
-
-    def bind_loop_thread(self) -> None:
-        """Declare the calling thread the generation loop's, until the next ``clear()``.
-
-        A loop that calls this first needs no inference from ``is_pause_requested()`` (see there); D4's
-        check (``acquire_pause()`` from the loop's own thread raises) then holds from the first iteration.
-        """
-        with self._lock:
-            self._loop_thread = threading.get_ident()
-
-    def _refuse_loop_thread(self) -> None:
-        """R-NO-SELF-PAUSE (D4): a pause asked from the loop's own thread would wait for itself."""
-        if self._loop_thread is not None and self._loop_thread == threading.get_ident():
-            raise RuntimeError(
-                "pause() called from the generation loop's own thread (a callback or logits processor): "
-                "the loop would wait for itself"
-            )
-
-    def _release_dead_holders(self) -> int:
-        """P-RELEASE-DEAD-HOLDER for every hold whose thread died without leaving (the caller holds the lock; the
-        loop is parked in its window, or stopped); returns how many.  Logs an error that names the thread."""
-        dead = [h for h in self._holds if h.state != "idle" and not thread_alive(h.thread)]
-        for hold in dead:
-            logger.error(
-                "a pause held by thread %r (%s) was released: the thread ended while it %s, without leaving",
-                hold.thread.name, hold.state, "waited for the pause" if hold.state == "waiting" else "was inside",
-            )  # fmt: skip
-            if self._trace is not None:  # P-HOLDER-DIES, recorded where the protocol learns it (it changes no state)
-                s = self._state
-                self._trace.record(self.trace_rank, "holder_dies", (), s, s, hold.holder, "dead")
-            self._apply(t.release_dead_holder, hold.state == "inside", hold.mode, hold=hold)
-        return len(dead)
 
     # ------------------------------------------------------------------------------------------- stopping
 
@@ -341,6 +179,77 @@ class RankProtocol(LoopSteps):
                     self._apply(t.interrupt, hold.mode, hold=hold)
                 raise
             return hold
+
+    def request_and_enter_pause(
+        self,
+        wake_up_loop: threading.Event | None = None,
+        mode: str | int = "keep",
+        *,
+        timeout: float | None = None,
+        into: list[PauseHold] | None = None,
+    ) -> PauseHold:
+        """P-REQUEST-PAUSE, then wait for P-ENTER-PAUSE, P-PAUSE-FAILS, P-INTERRUPT or P-PAUSE-TIMEOUT, under one
+        acquisition of the lock: :meth:`request_pause` and :meth:`enter_pause` in one call.
+
+        Returns the hold once it is inside (leave with :meth:`leave_pause`, from any thread).  Raises as those two
+        do; an exception from this call means no pause is held: an interrupt anywhere in between withdraws exactly
+        the request that went in, and one that lands just after the entry leaves again.  A window already open in a
+        mode that covers ``mode`` is entered at once, without setting ``wake_up_loop`` (the loop is parked in it),
+        unless a holder has left it already (R-WINDOW-CLOSES: the call waits for the next window, the wait counting
+        against ``timeout``).  ``into``, a list, gets the hold appended the moment it is requested, for a caller that
+        must find it even when an asynchronous exception lands after this returns and before the caller stored the
+        result."""
+        number = check_mode(mode)
+        timeout = check_timeout(timeout)
+        self._refuse_loop_thread()
+        with self._lock:
+            return self._request_and_enter(number, timeout, wake_up_loop, () if into is None else (into,), None)
+
+    def _request_and_enter(self, mode: int, timeout: float | None, wake_up_loop: threading.Event | None,
+                           into: tuple[list, ...], holder: Hashable) -> PauseHold:  # fmt: skip
+        """:meth:`request_and_enter_pause` (the caller holds the lock); each list of ``into`` gets the hold."""
+        self._refuse_self_wait(mode)
+        timeout = self._wait_while_closing(timeout)
+        hold = self._new_hold(holder, mode)
+        hold.one_call = True
+        try:
+            self._apply(t.request_pause, mode, hold=hold)
+            for sink in into:
+                sink.append(hold)
+            if t.can_enter_window(self._state, mode):
+                # The fast path: a window that covers the hold is open, so it enters now, with no wait and no wake-up
+                # (the loop is parked in the window, not in its idle wait).
+                self._enter(hold)
+                return hold
+            if wake_up_loop is not None:
+                wake_up_loop.set()
+            self._wait_for_window(hold, timeout)
+        except BaseException:
+            self._withdraw(hold)  # P-INTERRUPT (D1), or P-LEAVE-PAUSE just after the entry
+            raise
+        return hold
+
+    def _refuse_self_wait(self, mode: int) -> None:
+        """R-NO-SELF-WAIT (the caller holds the lock): a thread inside the open window through the one-call entry
+        (its hold's ``one_call``) that asks again, in one call, for a stronger mode than the window's would wait for
+        the next window, which its own pause keeps from opening: ``RuntimeError`` at once, nothing changed.  (A hold
+        of the two-call API may be ended by any thread, so its holder's thread waits within its timeout.)"""
+        s = self._state
+        if s.paused and not t.can_enter_window(s, mode):
+            me = threading.current_thread()
+            if any(h.thread is me and h.state == "inside" and h.one_call for h in self._holds):
+                raise RuntimeError(
+                    f"pause(mode={t.MODE_NAMES[mode]!r}) from a thread inside a {t.MODE_NAMES[s.tp_pause]!r} pause: "
+                    "it would wait for the next window, which this thread's own pause keeps closed; nothing was changed"
+                )
+
+    def held_by(self, thread: threading.Thread | None = None) -> list[PauseHold]:
+        """The holds that ``thread`` (default: the calling one) requested and entered in one call (``one_call``: the
+        holds only that thread ends) and that wait or are inside, in request order.  A thread with one cannot wait
+        for the loop (to stop, to produce an output): the loop stays paused until that thread leaves."""
+        thread = threading.current_thread() if thread is None else thread
+        with self._lock:
+            return [h for h in self._holds if h.thread is thread and h.one_call and h.state != "idle"]
 
     def _wait_while_closing(self, timeout: float | None) -> float | None:
         """R-WINDOW-CLOSES (the caller holds the lock): while the rank's window is closing, a newcomer waits for it
@@ -470,54 +379,6 @@ class RankProtocol(LoopSteps):
             self._own(hold, "inside", "leave_pause")
             self._apply(t.leave_pause, hold.mode, hold=hold)
 
-
-
-# Phases a waiter may wait for (besides an open window, a stop, and a failure): a park for a peer, the barrier after
-# a window (tests wait for these with testing.wait_for_phase).
-_WAKING_PHASES = frozenset({"peer", "barrier", "stopped", "dead"})
-
-
-# The steps taken in a live holder's thread (the others are the loop's, or a stop's): from group.HOLDER_ACTIONS.
-_HOLDER_STEPS = frozenset(
-    getattr(t, python_name(action))
-    for action, (by, after) in HOLDER_ACTIONS.items()
-    if by != "loop" and after != "dead"
-)
-
-
-def _wakes(fn: Callable[..., RankState], before: RankState, after: RankState) -> bool:
-    """Whether ``_apply`` wakes the waiters after a step.
-
-    Those a step can enable (holders wait for an open window that covers their mode, or a stopped or failed loop;
-    the loop waits for its last holder to leave, or, parked for a peer, for a request) are woken by a step that
-    opens or closes the window, moves the stop status, fails, enters a phase a waiter waits for (``peer``,
-    ``barrier``, ``stopped``, ``dead``), releases a dead holder, or asks for a pause of a loop parked for a peer.
-    A holder's own RequestPause and EnterPause, and a LeavePause that leaves the window open (the loop waits for
-    it to close; a holder deferred to a stronger mode, for the next window), wake nobody: waking every waiting
-    holder on each of them made a pause O(holders) wake-ups.
-
-    While holders wait, every step of the loop wakes them too, although it enables none of them: they look and
-    wait again.  Measured on the benchmark's machine (``docs/benchmarks.md``, "Where the time goes"), a holder
-    woken that recently gets into the window 20-40 µs sooner than one that has slept since its request, whose
-    CPU has gone idle: the window opens microseconds after the loop's decision.  The loop's memos
-    (``LoopSteps._remember``) replay only steps without holders, so that every step with them comes here.
-    """
-    return (
-        after.paused != before.paused
-        or after.local_status != before.local_status
-        or after.fatal != before.fatal
-        or fn is t.release_dead_holder
-        or (after.phase != before.phase and after.phase in _WAKING_PHASES)
-        or (fn is t.request_pause and before.phase == "peer")
-        or (before.waiting > 0 and fn not in _HOLDER_STEPS)
-    )
-
-
-@functools.lru_cache(maxsize=8192)
-def _transition(fn: Callable[..., RankState], s: RankState, args: tuple) -> RankState:
-    """``fn(s, *args)``, the same object for the same arguments: transitions are pure functions of small hashable
-    values, and a steady loop cycling through the same state objects lets the memos of its steps hit."""
-    return fn(s, *args)
 
 
 def _refusal(s: RankState) -> str:

@@ -118,7 +118,7 @@ class Admission:
         pause: the loop takes no request until it leaves (upstream's put would wait 10 s under the submit lock, then
         raise an empty ``Full``)."""
         size, status = self.input_queue.maxsize, self.background_thread_status
-        if size and self.input_queue.qsize() + n > size and status.is_pause_requested(local=True):
+        if size and self.input_queue.qsize() + n > size and status.held_by():
             raise queue.Full(
                 f"{n} request(s) do not fit the input queue (max_queue_size={size}) and this thread is inside a pause: "
                 "the loop takes no request until it leaves; nothing was enqueued"
@@ -160,7 +160,7 @@ class Admission:
         output queue raises ``RuntimeError`` at once (the loop cannot produce anything until the caller
         leaves), as ``stop()`` does there.  With a timeout it returns ``None`` when that runs out."""
         status = self.background_thread_status
-        if timeout is None and status.is_pause_requested(local=True) and self.output_router.output_queue.empty():
+        if timeout is None and status.held_by() and self.output_router.output_queue.empty():
             raise RuntimeError(
                 "get_result() without a timeout from inside a pause would wait for ever: the generation loop is "
                 "paused until this thread leaves the pause. Leave it first, or pass a timeout."
@@ -181,7 +181,7 @@ class Admission:
         status = self.background_thread_status
         get = super().get_result  # type: ignore[misc]
         while self.is_running():
-            if not status.is_pause_requested(local=True):
+            if not status.held_by():
                 result = get(request_id=request_id, timeout=0.1)
             else:  # look once at each output queued (another request's goes back to the end), without waiting
                 for _ in range(max(1, self.output_router.output_queue.qsize())):

@@ -361,13 +361,13 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         cause = status.fatal_error
         if not self.is_running():
             raise RuntimeError("Cannot pause generation while no generation loop is running.") from cause
-        # acquire_pause appends the hold to `holds` the moment it is requested: an asynchronous exception that lands
-        # after the entry and before the with block (where the assignment of a result would be) still finds it.
+        # request_and_enter_pause appends the hold to `holds` the moment it is requested: an asynchronous exception that
+        # lands after the entry and before the with block (where the assignment of a result would be) still finds it.
         holds: list[PauseHold] = []
         entered = False
         try:
             try:
-                status.acquire_pause(self._wake_up_loop, timeout=timeout, into=holds, mode=mode)
+                status.request_and_enter_pause(self._wake_up_loop, mode, timeout=timeout, into=holds)
                 entered = True
                 if not weights_changed:
                     self.versions.unchanged_entries += 1
@@ -380,7 +380,8 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
                                       "released when its context manager was garbage-collected")  # fmt: skip
                 raise
             finally:
-                # acquire_pause leaves nothing held when it raises; an exception after it returned leaves it inside.
+                # request_and_enter_pause leaves nothing held when it raises; an exception after it returned leaves
+                # the hold inside.
                 if holds and (entered or holds[0].state == "inside"):
                     _leave(status, holds[0])
         except BaseException:
@@ -462,7 +463,7 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
                          hard_stop=hard_stop)  # fmt: skip
             return
         status = self.background_thread_status
-        if status.is_pause_requested(local=True):  # the loop cannot exit while this thread keeps it paused
+        if status.held_by():  # the loop cannot exit while this thread keeps it paused
             raise RuntimeError(
                 "stop() from inside a pause would wait for ever: the loop cannot exit while this thread holds it "
                 "paused. Leave the pause first; nothing was changed."

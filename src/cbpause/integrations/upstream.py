@@ -65,8 +65,7 @@ STAMPS = {
     "_cbpause_delivers_cancellations": "the scheduler (admission.deliver_cancellations)",
     "_cbpause_stale": "the cache (weights.never_share_stale_blocks)",
     "_cbpause_model": "the batch processor (PausableContinuousBatchingManager._create_batch_processor)",
-    "_cbpause_layout": "the batch processor (the same)",
-    "_cbpause_first_parameter": "the batch processor (weights.check_model_unchanged)",
+    "_cbpause_layout": "the batch processor (the same; weights.check_model_unchanged renews it)",
 }
 
 # sha256 (first 16 hex digits) of each upstream function's source in transformers CHECKED_WITH.
@@ -115,7 +114,7 @@ def patch_processor(processor: Any, cls: type, model: Any, versions: weights.Wei
     if type(processor) is cls.__base__:
         processor.__class__ = cls
     processor._cbpause_model = model  # for the check at the resume (weights.check_model_unchanged)
-    processor._cbpause_layout = weights.parameter_layout(model)  # each parameter's dtype and device, now
+    processor._cbpause_layout = weights.ModelLayout(model)  # each parameter's dtype and device, now
     never_share_stale_blocks(processor, versions)
     hold_admission(processor.scheduler)
     scheduler = processor.scheduler

@@ -36,7 +36,7 @@ from typing import Any
 
 __all__ = [
     "STALE", "VersionedManager", "WeightVersions", "checked_staleness", "check_model_unchanged",
-    "forget_shared_prefixes", "set_new_version", "agree_versions", "parameter_layout", "version_digest",
+    "forget_shared_prefixes", "set_new_version", "agree_versions", "ModelLayout", "version_digest",
     "window_changed_weights", "engine_name",
 ]  # fmt: skip
 
@@ -253,9 +253,32 @@ def agree_versions(versions: WeightVersions, helper: Any, top: int, bottom: int,
     return True
 
 
-def parameter_layout(model: Any) -> dict[str, tuple]:
-    """Each parameter's (dtype, device), by name: what the loop was built for."""
-    return {name: (p.dtype, p.device) for name, p in model.named_parameters()}
+class ModelLayout:
+    """What the loop was built for: each parameter's dtype and device, by name (:attr:`dtypes`), and a snapshot of
+    the module tree (each module's children and parameters, the objects themselves, with each parameter's dtype and
+    device) that :meth:`unchanged` compares in one pass of identity tests: a few microseconds, where a walk of
+    ``named_parameters()`` costs tens (the resume pays it after every window that may have changed the weights)."""
+
+    __slots__ = ("dtypes", "_places", "_params")
+
+    def __init__(self, model: Any):
+        self.dtypes = {name: (p.dtype, p.device) for name, p in model.named_parameters()}
+        modules = list(model.modules())
+        params = [(m._parameters, name, p) for m in modules for name, p in m._parameters.items() if p is not None]
+        # (the dict that holds it, its key, the object): every child module and every parameter, where it hangs
+        self._places = [(m._modules, name, child) for m in modules for name, child in m._modules.items()] + params
+        self._params = [(p, p.dtype, p.device) for _, _, p in params]
+
+    def unchanged(self) -> bool:
+        """Whether every module and parameter of the snapshot is still in place, with its dtype and device (a module
+        or parameter swapped, or ``.to()``, ``.half()``, ``load_state_dict(assign=True)``, all show here)."""
+        for place, name, obj in self._places:
+            if place.get(name) is not obj:
+                return False
+        for param, dtype, device in self._params:
+            if param.dtype is not dtype or param.device != device:
+                return False
+        return True
 
 
 def check_model_unchanged(processor: Any, changed: bool = True) -> None:
@@ -263,49 +286,31 @@ def check_model_unchanged(processor: Any, changed: bool = True) -> None:
     (the loop's fatal error, every request in flight failed with it) instead of a low-level one from the first
     kernel that mixes the model with the KV cache, which keeps the dtype and device it was built with.
 
-    After a window that may have changed the weights (``changed``), every parameter is compared with the layout the
-    loop was built with (a module swapped for one of another dtype, a ``float64`` ``lm_head``: issue 26, point 13;
-    one walk of the parameters, tens of microseconds, beside a weight update's milliseconds); otherwise the first
-    floating-point parameter, the one ``model.dtype`` reads."""
+    The module tree is compared with the snapshot taken when the loop was built (:class:`ModelLayout`); only a
+    difference pays for the full check: every parameter against the layout (a module swapped for one of another
+    dtype, a ``float64`` ``lm_head``: issue 26, point 13), and the model's dtype and device against the cache's.  A
+    difference that passes (parameters replaced by others of the same dtype and device) becomes the new snapshot.
+    ``changed`` (whether the window may have changed the weights) is kept for the callers: the snapshot makes the
+    check as cheap either way."""
     cache, model = processor.cache, getattr(processor, "_cbpause_model", None)
-    if model is None:
-        return
     layout = getattr(processor, "_cbpause_layout", None)
-    if changed and layout is not None:
-        for name, param in model.named_parameters():
-            was = layout.get(name)
-            if was is not None and (param.dtype, param.device) != was:
-                raise RuntimeError(
-                    f"the model's parameter {name!r} became {param.dtype} on {param.device} inside a pause, where the "
-                    f"loop was built with {was[0]} on {was[1]}: change dtype or device only while the manager is "
-                    "stopped (stop(), then start() builds a new cache), or move it back before the pause ends"
-                )
-    # transformers' own `model.dtype` and `model.device` read the first (floating-point) parameter, each walking the
-    # module tree to find it, which costs tens of microseconds on every resume.  The check reads that parameter through
-    # the module that holds it, found once: `.to()`, `.half()` and a `load_state_dict(assign=True)` all show there.
-    # Only a mismatch pays for the full check.  (A holder that replaces that module by one of another dtype or device
-    # is caught by the full check only if that parameter's own dtype or device no longer match too.)
-    first = getattr(processor, "_cbpause_first_parameter", None)
-    if first is None:
-        first = processor._cbpause_first_parameter = _first_floating_parameter(model)
-    param = first[0]._parameters.get(first[1]) if first else None
-    if param is not None and (param.dtype, param.device) == (cache.dtype, cache.device):
+    if model is None or layout is None or layout.unchanged():
         return
+    for name, param in model.named_parameters():
+        was = layout.dtypes.get(name)
+        if was is not None and (param.dtype, param.device) != was:
+            raise RuntimeError(
+                f"the model's parameter {name!r} became {param.dtype} on {param.device} inside a pause, where the "
+                f"loop was built with {was[0]} on {was[1]}: change dtype or device only while the manager is "
+                "stopped (stop(), then start() builds a new cache), or move it back before the pause ends"
+            )
     if (model.dtype, model.device) != (cache.dtype, cache.device):
         raise RuntimeError(
             f"the model was moved to {model.dtype} on {model.device} inside a pause, but the KV cache of this loop is "
             f"{cache.dtype} on {cache.device}: change dtype or device only while the manager is stopped (stop(), "
             "then start() builds a new cache), or move the model back before the pause ends"
         )
-
-
-def _first_floating_parameter(model: Any) -> tuple:
-    """(module, attribute name) of the first floating-point parameter in ``model.parameters()`` order, or ``()``."""
-    for module in model.modules():
-        for name, param in module._parameters.items():
-            if param is not None and param.is_floating_point():
-                return (module, name)
-    return ()
+    processor._cbpause_layout = ModelLayout(model)
 
 
 # What wraps a parameter's name on the trainer's side and not on the engine's: DDP and FSDP1 (``module.``),

@@ -10,6 +10,7 @@ Standard library only, importable without torch:
   group in one process, on the explicit loop API), :func:`end_leftover_loops`;
 * :class:`StepGate`, :func:`wait_for_phase`: hold the loop at one of its steps, or fail it there;
 * :class:`Traffic` and its :class:`Ledger`: requests flowing through a manager, each output counted;
+* :class:`Watchdog`: fails a long run (the soak) when an operation or the requests make no progress within a bound;
 * :func:`percentile`, :func:`free_port`.
 
 With the ``transformers`` extra (imported on first use): the tiny random Llama and its configs
@@ -31,6 +32,7 @@ from .stats import percentile
 from .threads import HANG_S, JOIN_TIMEOUT, enter_and_leave, run_thread
 from .tp import free_port
 from .traffic import Ledger, Traffic
+from .watchdog import Watchdog
 
 _LAZY = {
     "ForwardProbe": "llama", "PAGE_SIZE": "llama", "batching_config": "llama", "cache_blocks": "llama",
@@ -41,7 +43,8 @@ _LAZY = {
 
 __all__ = [
     "HANG_S", "JOIN_TIMEOUT", "FakeLoop", "Group", "Interrupter", "StepGate", "call_interrupted", "end_leftover_loops",
-    "Ledger", "Traffic", "enter_and_leave", "free_port", "percentile", "run_thread", "wait_for_phase", *_LAZY,
+    "Ledger", "Traffic", "Watchdog", "enter_and_leave", "free_port", "percentile", "run_thread", "wait_for_phase",
+    *_LAZY,
 ]  # fmt: skip
 
 

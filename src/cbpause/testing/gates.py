@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .threads import HANG_S
+
 __all__ = ["StepGate", "wait_for_phase"]
 
 
@@ -24,7 +26,7 @@ class StepGate:
     """
 
     def __init__(self, protocol: Any, method: str, *, before: bool = False, fail_with: BaseException | None = None,
-                 then: Callable[[], object] | None = None, wait: float = 30.0):  # fmt: skip
+                 then: Callable[[], object] | None = None, wait: float = HANG_S):  # fmt: skip
         self.protocol, self.method, self.before, self.fail_with = protocol, method, before, fail_with
         self.then, self.wait = then, wait
         self.reached = threading.Event()

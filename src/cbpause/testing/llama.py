@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from transformers import ContinuousBatchingConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from .threads import enter_and_leave, run_thread
+from .threads import HANG_S, JOIN_TIMEOUT, enter_and_leave, run_thread
 
 __all__ = [
     "PAGE_SIZE",
@@ -107,7 +107,7 @@ class ForwardProbe:
             reached, release = self.hold
             self.hold = None
             reached.set()
-            release.wait(60.0)
+            release.wait(HANG_S)  # held until the test releases it: a bound on a hang only
         if self.fail_with is not None:
             error, self.fail_with = self.fail_with, None
             raise error
@@ -162,7 +162,7 @@ def pending_pause(manager: Any, probe: ForwardProbe, timeout: float) -> tuple[th
 
 
 @contextmanager
-def probed(manager: Any, model: torch.nn.Module, stop_timeout: float = 30.0) -> Iterator[Any]:
+def probed(manager: Any, model: torch.nn.Module, stop_timeout: float = JOIN_TIMEOUT) -> Iterator[Any]:
     """``manager`` with a :class:`ForwardProbe` on ``model`` as ``manager.probe``; unhooked, and stopped if still
     running, on exit."""
     probe = ForwardProbe()

@@ -12,15 +12,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from .threads import HANG_S
 from .tp import free_port
 
 __all__ = ["free_port", "serve_process", "wait_healthy"]
 
-START_TIMEOUT_S = 120.0  # importing torch and transformers on a loaded 2-core machine
 
-
-def wait_healthy(url: str, process: subprocess.Popen | None = None, timeout: float = START_TIMEOUT_S) -> None:
-    """Return once ``url/health`` answers 200; ``RuntimeError`` if ``process`` exits first or ``timeout`` runs out.
+def wait_healthy(url: str, process: subprocess.Popen | None = None, timeout: float = HANG_S) -> None:
+    """Return once ``url/health`` answers 200; ``RuntimeError`` if ``process`` exits first or ``timeout`` runs out (a
+    hang: the server imports torch and transformers, which a loaded machine may make take minutes).
     (Polling: the server is another process, with nothing to wait on but its port.)"""
     import httpx
 

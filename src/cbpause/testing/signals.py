@@ -7,6 +7,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from .threads import HANG_S
+
 __all__ = ["Interrupter", "call_interrupted"]
 
 
@@ -42,7 +44,7 @@ class Interrupter:
         self._previous = signal.signal(signal.SIGINT, self._handler)
         return self
 
-    def fire(self, timeout: float = 10.0) -> bool:
+    def fire(self, timeout: float = HANG_S) -> bool:
         """From another thread: SIGINT the main thread until its handler ran; False after ``timeout``."""
         deadline = time.monotonic() + timeout
         with self._sending:
@@ -60,7 +62,7 @@ class Interrupter:
         signal.signal(signal.SIGINT, self._previous)
 
 
-def call_interrupted(call: Callable[[], object], ready: threading.Event, timeout: float = 10.0) -> bool:
+def call_interrupted(call: Callable[[], object], ready: threading.Event, timeout: float = HANG_S) -> bool:
     """Call ``call()`` on the main thread and interrupt it with a real SIGINT once ``ready`` is set (by
     ``call()`` itself, typically: a pause sets its ``wake_up_loop`` event once its request is in).
 

@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any
 
+from .threads import JOIN_TIMEOUT
+
 __all__ = ["Ledger", "Traffic"]
 
 
@@ -86,7 +88,7 @@ class Traffic:
     """
 
     def __init__(self, manager: Any, vocab_size: int, max_new_tokens: int, *, in_flight: int = 8, seed: int = 0,
-                 cancel_rate: float = 0.1, join_timeout: float = 30.0):  # fmt: skip
+                 cancel_rate: float = 0.1, join_timeout: float = JOIN_TIMEOUT):  # fmt: skip
         self.manager, self.vocab_size, self.max_new = manager, vocab_size, max_new_tokens
         self.in_flight, self.cancel_rate, self.join_timeout = in_flight, cancel_rate, join_timeout
         self.rng = random.Random(seed)

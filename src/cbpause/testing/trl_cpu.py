@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .threads import HANG_S
+
 __all__ = [
     "TARGET", "save_tiny_policy", "target_reward", "tiny_task", "tiny_tokenizer", "trl_on_cpu", "varlen_attention",
 ]  # fmt: skip
@@ -119,7 +121,7 @@ def tiny_task(path: Path, *, steps: int, num_generations: int = 8, max_new_token
         output_dir=str(Path(path) / "out"), max_steps=steps, per_device_train_batch_size=num_generations,
         num_generations=num_generations, max_completion_length=max_new_tokens, learning_rate=learning_rate,
         token_budget=0, report_to=[], logging_steps=1, save_strategy="no", use_cpu=True, bf16=False,
-        max_staleness=max_staleness, heartbeat_stale_after_s=120.0, temperature=1.0, dtype="float32", seed=seed,
+        max_staleness=max_staleness, heartbeat_stale_after_s=HANG_S, temperature=1.0, dtype="float32", seed=seed,
         disable_tqdm=True,
     )  # fmt: skip
     fields.update(config)

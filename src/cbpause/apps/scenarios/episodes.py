@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...core import transitions as t
-from ...testing import StepGate, Traffic, call_interrupted, enter_and_leave, run_thread, wait_for_phase
+from ...testing import HANG_S, StepGate, Traffic, call_interrupted, enter_and_leave, run_thread, wait_for_phase
 
 __all__ = ["EPISODES", "Killed", "RealRank", "quiet_logs"]
 
@@ -45,8 +45,8 @@ def quiet_logs() -> None:
 class RealRank:
     """One rank's real loop under cbpause, recorded (see the module's docstring)."""
 
-    def __init__(self, model: Any, probe: Any, recorder: Any, *, traffic: bool, seed: int, bound: float = 30.0,
-                 peer_park_timeout: float = 30.0, cpu_group_timeout: float | None = None):  # fmt: skip
+    def __init__(self, model: Any, probe: Any, recorder: Any, *, traffic: bool, seed: int, bound: float = HANG_S,
+                 peer_park_timeout: float = HANG_S, cpu_group_timeout: float | None = None):  # fmt: skip
         from ...integrations.transformers import init_continuous_batching
         from ...testing import batching_config, greedy_config
 
@@ -269,7 +269,8 @@ def sigint(rank: RealRank, phase: str | None) -> None:
     rank._reached(reached, "step")
     rank.manager._wake_up_loop.clear()
     try:
-        call_interrupted(lambda: enter_and_leave(rank.manager.pause(timeout=rank.bound)), rank.manager._wake_up_loop)
+        call_interrupted(lambda: enter_and_leave(rank.manager.pause(timeout=rank.bound)), rank.manager._wake_up_loop,
+                         rank.bound)
     finally:
         release.set()
 

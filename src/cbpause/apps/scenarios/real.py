@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.recorder import TraceRecorder
+from ...testing import HANG_S
 from ...tlc.manifest import default_tla_dir
 from ...tlc.traces import Trace, TraceResult, describe_rejection, validate
 from .coverage import Coverage
@@ -81,8 +82,9 @@ def run_single(model: Any, probe: Any, plan: list[tuple[str, Any]], seed: int) -
     return recorder, info
 
 
-def run_tp(plan: str, checkpoint: str, seed: int, workdir: Path, deadline: float = 120.0) -> tuple[Trace, dict]:
-    """One TP=2 scenario in two spawned processes; the group's merged trace and what happened."""
+def run_tp(plan: str, checkpoint: str, seed: int, workdir: Path, deadline: float = HANG_S) -> tuple[Trace, dict]:
+    """One TP=2 scenario in two spawned processes; the group's merged trace and what happened.  ``deadline``: for the
+    group, loading torch and the model included (a hang, not slowness)."""
     from ...testing import free_port, spawn_ranks
 
     outdir = workdir / f"tp-{plan}-{seed}"

@@ -18,18 +18,23 @@ from typing import Any
 
 from ...core.recorder import TraceEvent
 from ...core.transitions import RankState
+from ...testing import HANG_S
 from ...tlc.traces import Trace, event_from_json, event_to_json, merge
 from .episodes import RealRank, quiet_logs
 
-__all__ = ["KILL_PHASES", "KILL_PLANS", "TP_PLANS", "load_group_trace", "tp_worker"]
+__all__ = ["KILL_PHASES", "KILL_PLANS", "TIMEOUT_PLANS", "TP_PLANS", "load_group_trace", "tp_worker"]
 
-PEER_PARK_TIMEOUT = 2.0
-CPU_GROUP_TIMEOUT = 4.0
 KILL_PHASES = ("read", "reduce", "decided", "body", "step", "window", "peer", "barrier")
 # kill_payload: rank 1 dies after the group all-reduce that agreed a non-empty payload, before the broadcast that
 # would carry it: rank 0 holds the requests it drained (in transit) when the broadcast meets the death (issue 24).
 KILL_PLANS = (*(f"kill_{phase}" for phase in KILL_PHASES), "kill_payload")
 TP_PLANS = ("pauses", "two_holders", "peer_never", "stop", "fatal", *KILL_PLANS)
+# The plans in which a peer never comes (it never pauses, or it died): there the product's bounds on a peer running
+# out is what the plan checks, and they are short.  In the others a peer is only ever slow (still loading, or
+# descheduled on a loaded machine): their bounds are HANG_S, so that they never run out.
+TIMEOUT_PLANS = ("peer_never", *KILL_PLANS)
+PEER_PARK_TIMEOUT = 2.0
+CPU_GROUP_TIMEOUT = 4.0
 
 
 def _write(outdir: str, rank: int, recorder: Any, **extra: Any) -> None:
@@ -44,15 +49,17 @@ def tp_worker(rank: int, world: int, port: int, ckpt: str, plan: str, seed: int,
 
     recorder = TraceRecorder(first_rank=rank)
     extra: dict = {}
+    fault = plan in TIMEOUT_PLANS
     quiet_logs()
     try:
         join_tp_group(rank, world, port)
         model = load_tp_model(ckpt, world)
         probe = ForwardProbe()
         probe.attach(model)
-        real = RealRank(model, probe, recorder, traffic=rank == 0, seed=seed + rank, bound=30.0,
-                        peer_park_timeout=PEER_PARK_TIMEOUT, cpu_group_timeout=CPU_GROUP_TIMEOUT).start()  # fmt: skip
-        probe.wait_steps(2, 30.0)
+        real = RealRank(model, probe, recorder, traffic=rank == 0, seed=seed + rank, bound=HANG_S,
+                        peer_park_timeout=PEER_PARK_TIMEOUT if fault else HANG_S,
+                        cpu_group_timeout=CPU_GROUP_TIMEOUT if fault else HANG_S).start()  # fmt: skip
+        probe.wait_steps(2, HANG_S)
         _play(real, rank, plan, lambda: _die(outdir, rank, recorder))
         extra["lost"], extra["duplicated"] = real.finish()
     except BaseException:  # noqa: BLE001 - the parent reports it
