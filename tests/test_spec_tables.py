@@ -133,3 +133,81 @@ def test_the_verification_table_has_every_action_and_checks_each():
         checks = [graph, traces, crosshair]
         assert "not covered" not in " ".join(checks + [tests])
         assert any(c.startswith("yes") for c in checks) and re.search(r"tests/", tests), f"{action} unchecked"
+
+
+# ------------------------------------------------------------------ the code the prose names (issue 38, point 5)
+
+
+def _code_facts() -> tuple[dict[str, set[str]], dict[str, object]]:
+    """Read from the sources, without importing them: each class of cbpause with the names it defines (methods,
+    class attributes, ``self.x`` it assigns), and each module-level constant with its value."""
+    import ast
+
+    classes: dict[str, set[str]] = {}
+    constants: dict[str, object] = {}
+    for path in (ROOT / "src" / "cbpause").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        constants[target.id] = node.value.value
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                names = classes.setdefault(node.name, set())
+                for item in ast.walk(node):
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        names.add(item.name)
+                    elif isinstance(item, ast.Attribute) and getattr(item.value, "id", None) == "self":
+                        names.add(item.attr)
+                    elif isinstance(item, (ast.Assign, ast.AnnAssign)):
+                        for target in item.targets if isinstance(item, ast.Assign) else [item.target]:
+                            if isinstance(target, ast.Name):
+                                names.add(target.id)
+    # A class has what its bases in cbpause have (RankProtocol has RankCore's _apply).
+    for path in (ROOT / "src" / "cbpause").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                stack = [b.id for b in node.bases if isinstance(b, ast.Name)]
+                seen = set()
+                while stack:
+                    base = stack.pop()
+                    if base in classes and base not in seen:
+                        seen.add(base)
+                        classes[node.name] |= classes[base]
+    return classes, constants
+
+
+def _prose() -> dict[str, str]:
+    files = [ROOT / "spec" / "PROTOCOL.md", ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return {str(p.relative_to(ROOT)): p.read_text() for p in files}
+
+
+def test_the_code_the_prose_names_exists():
+    """Every ``src/cbpause/...`` path, and every ``Class.name`` of a cbpause class, that the spec, the README or the
+    docs name exists (the spec's fairness table says which line of code makes each premise true: a rename must not
+    leave it naming code that is gone)."""
+    classes, _ = _code_facts()
+    missing = []
+    for where, text in _prose().items():
+        for path in set(re.findall(r"`(src/cbpause/[\w/]+\.py)`", text)):
+            if not (ROOT / path).is_file():
+                missing.append(f"{where}: {path}")
+        for cls, name in set(re.findall(r"`([A-Z]\w+)\.(_?[a-z]\w*)`", text)):
+            if cls in classes and name not in classes[cls] and name not in ("tla", "cfg", "py", "md", "toml"):  # files
+                missing.append(f"{where}: {cls}.{name}")
+    assert missing == []
+
+
+def test_the_figures_the_prose_gives_for_constants_are_the_code_s():
+    """`NAME` = value (a constant of the code and the value the prose gives it) agree, in the spec, the README and
+    the docs: the prose restates them, so a test compares."""
+    _, constants = _code_facts()
+    wrong, found = [], 0
+    for where, text in _prose().items():
+        for name, value in re.findall(r"`([A-Z][A-Z_]+)` = ([\d.]+)", text):
+            if name in constants:
+                found += 1
+                if float(value) != float(constants[name]):
+                    wrong.append(f"{where}: {name} = {value}, the code says {constants[name]}")
+    assert wrong == [] and found > 0

@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 from . import transitions as t
 from .transitions import (
     ABORT,
-    DONT_STOP,
     DRAIN,
     FLUSH_AND_STOP,
     HARD_STOP,
@@ -145,9 +144,7 @@ def _set_request(g: GroupState, i: int, state: str) -> GroupState:
 
 def submit(g: GroupState, i: int) -> GroupState:
     """P-SUBMIT (``Submit``): request ``i`` is queued if the driver accepts requests, else rejected, in one step."""
-    driver = g.ranks[DRIVER]
-    accepting = t.live(driver) and driver.local_status == DONT_STOP and not driver.fatal
-    return _set_request(g, i, "queued" if accepting else "rejected")
+    return _set_request(g, i, "queued" if t.can_submit(g.ranks[DRIVER]) else "rejected")
 
 
 def deliver(g: GroupState, i: int) -> GroupState:

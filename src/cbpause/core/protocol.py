@@ -56,12 +56,14 @@ class RankProtocol(LoopSteps):
     # ------------------------------------------------------------------------------------------- inspection
 
     def can_accept_new_requests(self) -> str | None:
-        """Why the loop cannot accept new requests, or None if it can (upstream's contract)."""
-        if self.fatal_error is not None or self._state.fatal:
+        """Why the loop cannot accept new requests, or None if it can (upstream's contract): P-SUBMIT's acceptance
+        (``transitions.can_submit``, TLA+ ``CanSubmit``), and no fatal error recorded."""
+        s = self._state
+        if t.can_submit(s) and self.fatal_error is None:
+            return None
+        if self.fatal_error is not None or s.fatal:
             return "The background thread died with a fatal error."
-        if self._state.local_status != DONT_STOP:
-            return "The background thread is stopping."
-        return None
+        return "The background thread is stopping."
 
     def submit(self, request_id: str) -> str | None:
         """P-SUBMIT's acceptance check (``can_accept_new_requests``) under the lock, so that a recorder sees it in

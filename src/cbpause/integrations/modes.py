@@ -124,10 +124,10 @@ def abort(processor: Any, taken: list) -> int:
 
 
 def at_decision(processor: Any, status: Any, taken: list) -> None:
-    """What the agreed mode does at the decision, on every rank (the caller has applied the all-reduce): a drain that
-    found work holds admission for this iteration; a retract or an abort takes effect before any window opens."""
+    """What the agreed mode does at the decision, on every rank (the caller has applied the all-reduce): a retract or
+    an abort takes effect before any window opens.  (A drain that found work holds admission while the rank drains:
+    :func:`~cbpause.integrations.upstream.hold_admission` reads the protocol's flag.)"""
     s = status.state
-    processor.scheduler._cbpause_draining = s.draining
     if s.tp_status >= t.HARD_STOP:
         return
     if s.tp_pause == t.RETRACT:

@@ -1,19 +1,23 @@
-"""``PauseProtocol`` driving transformers' own continuous-batching loop (transformers 5.23.x only).
+"""``PauseProtocol`` driving transformers' own continuous-batching loop (transformers 5.23.x only): the manager and
+its entry point, :func:`init_continuous_batching`.
 
-This module and its two helpers, :mod:`~cbpause.integrations.admission` (what ``add_request`` refuses, what
-fails alone) and :mod:`~cbpause.integrations.weights` (what a pause means for the KV cache), are the only code
-of cbpause that knows transformers' internals.  It returns transformers' own
-``ContinuousBatchingManager`` (a subclass, same methods) whose status object is a
+The package :mod:`cbpause.integrations` is the only code of cbpause that knows transformers' internals: this module
+(the manager), :mod:`~cbpause.integrations.iteration` (one iteration of the loop, each step reported to the protocol),
+:mod:`~cbpause.integrations.admission` (what ``add_request`` refuses, what fails alone, ``while_paused``),
+:mod:`~cbpause.integrations.weights` (what a pause means for the KV cache; weight versions, the staleness bound),
+:mod:`~cbpause.integrations.modes` (what a pause mode does to the requests), :mod:`~cbpause.integrations.upstream`
+(the table of every change made to transformers, with fingerprints), :mod:`~cbpause.integrations.serving`
+(``transformers serve`` on this manager) and :mod:`~cbpause.integrations.trl` (TRL's trainer on it).  It returns
+transformers' own ``ContinuousBatchingManager`` (a subclass, same methods) whose status object is a
 :class:`~cbpause.PauseProtocol`, and changes the loop only where the protocol needs it:
 
 * ``pause(timeout=None, mode="keep", weights_changed=True)`` keeps upstream's signature and adds a timeout
   (P-PAUSE-TIMEOUT) and a pause mode (R-MODES, :mod:`~cbpause.integrations.modes`); from the loop's own thread
   (a logits processor, a callback) it raises at once (D4).  Outputs carry weight versions (R-VERSIONS).
-* The TP group step (``ContinuousBatchProcessor._update_tp_group_state``) tells the protocol what this rank
-  observed before the all-reduce (P-OBSERVE) and what the group decided (P-ALL-REDUCE, then the pause
-  window and P-BARRIER), so a withdrawn request no longer parks the loop (D1) and a rank parked for a peer's
-  pause leaves after ``peer_park_timeout`` seconds (D3).  A collective that fails (a peer died or never
-  came) is P-COLLECTIVE-TIMEOUT: the loop stops with the error recorded, and every waiter is told.
+* The TP group step tells the protocol what this rank observed before the all-reduce (P-OBSERVE) and what the
+  group decided (P-ALL-REDUCE, then the pause window and P-BARRIER), so a withdrawn request no longer parks the
+  loop (D1) and a rank parked for a peer's pause leaves after ``peer_park_timeout`` seconds (D3); a collective that
+  fails is P-COLLECTIVE-TIMEOUT (:mod:`~cbpause.integrations.iteration`).
 * ``stop()`` never tears down a loop that still runs: a stop that does not wait, whose wait runs out, or that
   comes from the loop's own thread asks for the stop and returns; the loop's exit path tears down.
 
@@ -32,10 +36,8 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from typing import Any
 
-from ..core import transitions as t
 from ..core.condition import SafeEvent
 from ..core.dropin import PauseProtocol
 from ..core.protocol import PauseHold
@@ -68,152 +70,11 @@ check_transformers_version(_transformers.__version__)
 
 from transformers import ContinuousBatchingConfig, GenerationConfig  # noqa: E402
 from transformers.generation.continuous_batching import continuous_api as _api  # noqa: E402
-from transformers.generation.continuous_batching.distributed import dist as _dist  # noqa: E402
 
-from . import admission, modes, upstream, weights  # noqa: E402
+from . import admission, upstream, weights  # noqa: E402
+from .iteration import LoopIteration, PausableBatchProcessor  # noqa: E402
 
 __all__ = ["PausableBatchProcessor", "PausableContinuousBatchingManager", "init_continuous_batching"]
-
-
-class PausableBatchProcessor(_api.ContinuousBatchProcessor):
-    """transformers' batch processor whose TP group step reports to a :class:`PauseProtocol`.
-
-    It adds no state: :meth:`PausableContinuousBatchingManager._create_batch_processor` turns the processor
-    upstream builds into this class, so the construction code (cache, scheduler, IO buffers) stays upstream's.
-    """
-
-    background_thread_status: PauseProtocol
-
-    def _update_tp_group_state(self) -> bool:
-        """Upstream's TP group step, each action of it reported to the protocol's explicit loop API.
-
-        Observe, AllReduce, then ExitLoop on a hard stop, the window (open, skip for a withdrawn request, or
-        park for a peer for at most ``peer_park_timeout``) and Barrier if the group decided to pause, NoPause
-        otherwise.  Returns True if the group is hard-stopping.  Unlike upstream, the requests in hand (drained,
-        then carried by the broadcast, until the scheduler has each: the exit path cannot see them) fail, not get
-        lost, when anything fails before they are admitted or the group hard-stops (D5; the broadcast, issue 24).
-        """
-        status = self.background_thread_status
-        # The driver empties its two queues (what was submitted, then what was cancelled, since its last group step);
-        # a rank without queues brings nothing.
-        if self.input_queue is None or self.cancel_queue is None:
-            payload: tuple[list, list] = ([], [])
-        else:
-            payload = (_api.drain_queue(self.input_queue), _api.drain_queue(self.cancel_queue))
-        in_hand = payload[0]  # an abort at the decision empties it
-        for state in in_hand:  # TracePauseProtocol's Drain, just before the Observe
-            status.record_request("Drain", state.request_id)
-        try:
-            payload_size, hard_stopping = self._group_decision(status, len(payload[0]) + len(payload[1]), in_hand)
-            if hard_stopping:
-                admission.fail_in_hand(self, in_hand, RuntimeError("The loop hard-stopped before this request ran."))
-                return True
-            if not payload_size:  # the driver's payload size, all-reduced with the decision: nothing to hand out
-                return False
-            broadcast = self.distributed_helper.tp_broadcast_object_from_rank_0(payload)  # P-BROADCAST
-            in_hand, cancellations = list(broadcast[0]), broadcast[1]
-            if in_hand:
-                status.record_request("Broadcast")  # P-BROADCAST, on every rank once its collective returned
-            while in_hand:  # each leaves the hand once the scheduler has it, or once it failed alone (as upstream)
-                self._admit(in_hand[0])
-                in_hand.pop(0)
-        except BaseException as error:
-            admission.fail_in_hand(self, in_hand, error if isinstance(error, Exception) else RuntimeError(repr(error)))
-            raise
-        for cancelled in cancellations:  # every rank marks the driver's cancellations, in its order
-            self.scheduler.set_request_cancellation(cancelled)
-        return False
-
-    def _generation_step(self, model: Any) -> None:
-        """Upstream's forward step, its version noted (R-VERSIONS: async batching reads it back after a window)."""
-        self.output_router.versions.launch()
-        super()._generation_step(model)
-
-    def update_batch(self) -> None:
-        """Upstream's read-back of a step's tokens, labelled with that step's version."""
-        self.output_router.versions.read_back()
-        super().update_batch()
-
-    def _admit(self, state: Any) -> None:
-        """Give one request of the broadcast to the scheduler.  One it cannot take (logits-processor arguments it
-        refuses, a prompt too long for the cache) fails alone, its error in its output (``_handle_request_error``),
-        and is logged: the loop and the other requests go on, as upstream's do."""
-        try:
-            self.logit_processor.check_kwargs(state.logit_processor_kwargs)
-            self.scheduler.add_waiting_request(state)
-        except Exception as error:
-            _api.logger.error("request %s cannot be admitted: %s", state.request_id, error, exc_info=True)
-            self._handle_request_error(error, state)
-
-    def _group_decision(self, status: PauseProtocol, payload_size: int, taken: list) -> tuple[int, bool]:
-        """Observe, AllReduce, then ExitLoop, or the pause window with its Barrier (DrainFirst in a drain that found
-        work), or NoPause.  The agreed mode's effect on the requests (:mod:`~cbpause.integrations.modes`) comes
-        before any window; ``taken`` are the requests taken from the input queue this iteration (TLA+ ``drained``).
-
-        Returns the group's payload size and whether the group is hard-stopping.
-        """
-        observed_status, observed_pause = status.observe()  # P-OBSERVE: what this rank sends (its strongest mode)
-        try:
-            payload_size, tp_status, tp_pause = self.distributed_helper.tp_all_reduce_state(
-                payload_size=payload_size, stop_status=observed_status, pause_requested=observed_pause
-            )
-        except Exception as error:
-            _collective_failed(status, error)
-            raise
-        busy = tp_pause == t.DRAIN and modes.busy(self)
-        status.all_reduce(tp_status, int(tp_pause), busy)  # P-ALL-REDUCE (raises unless tp_status is the agreed one)
-        # What a mode does at the decision (a keep pause does nothing there: the hot path and a keep pause skip it).
-        if tp_pause > t.KEEP or self.scheduler._cbpause_draining:
-            modes.at_decision(self, status, taken)
-        if tp_status == status.HARD_STOP:
-            status.exit_loop()  # P-EXIT-LOOP: a hard stop exits before any window
-            return payload_size, True
-        if busy:
-            status.drain_first()  # P-DRAIN-FIRST: step the batch, admitting nothing, and ask again
-        elif tp_pause:
-            stream = self.inputs_and_outputs.compute_stream
-            if stream is not None:  # the GPU's work of the last step ends before any holder touches the model
-                stream.synchronize()
-            before = self.output_router.versions.current
-            status.pause_window()  # P-OPEN-WINDOW / P-SKIP-WINDOW / P-PARK-FOR-PEER, P-CLOSE-WINDOW; raises on D3
-            changed = weights.window_changed_weights(self.output_router.versions, status.pauses_taken)
-            if self.distributed_helper.cpu_comm_group is not None:
-                timeout = self.cb_config.cpu_group_timeout
-                try:
-                    # Every rank, at the barrier: whether any rank's window may have changed the weights (the
-                    # ranks must forget their shared prefixes alike, or their batches would part).
-                    # and whether the ranks set the same weight version (a digest and its complement, in the same MAX)
-                    versions = self.output_router.versions
-                    digest = weights.version_digest(versions.current)
-                    top, low, changed = self.distributed_helper.tp_all_reduce_state(digest, -digest, int(changed))
-                    changed = weights.agree_versions(versions, self.distributed_helper, top, -low, bool(changed))
-                    # P-BARRIER's collective, on the group's CPU channel, bounded by its timeout (None: for ever);
-                    # wait_all_ranks names every rank that did not come.
-                    bound = None if timeout is None else timedelta(seconds=timeout)
-                    _dist.monitored_barrier(group=self.distributed_helper.cpu_comm_group, timeout=bound,
-                                            wait_all_ranks=True)  # fmt: skip
-                except Exception as error:
-                    _collective_failed(status, error)
-                    raise
-            status.barrier()  # P-BARRIER: the group leaves the window together
-            weights.check_model_unchanged(self, changed)
-            if changed:
-                weights.forget_shared_prefixes(self)  # D6: no new request reads KV from before the pause
-            versions = self.output_router.versions
-            if versions.max_staleness is not None and weights.set_new_version(versions, before):
-                modes.restart_stale(self)  # R-STALENESS
-        else:
-            status.no_pause()  # P-NO-PAUSE
-        return payload_size, False
-
-
-def _collective_failed(status: PauseProtocol, error: BaseException) -> None:
-    """P-COLLECTIVE-TIMEOUT: a peer died or never came.  Record ``error`` and stop, waking every waiter.  Where the
-    spec has no collective failing, the error is recorded all the same (the caller must see it, not a complaint)."""
-    try:
-        status.collective_timeout(error)
-    except RuntimeError:
-        status.record_fatal_error(error)
 
 
 EXIT_STOP_TIMEOUT = 10.0  # seconds the interpreter's exit waits for a loop that was not stopped
@@ -245,7 +106,9 @@ def _stop_at_exit(ref: weakref.ref) -> None:
         manager.stop(block=True, timeout=EXIT_STOP_TIMEOUT, hard_stop=True)
 
 
-class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admission, _api.ContinuousBatchingManager):
+class PausableContinuousBatchingManager(
+    LoopIteration, weights.VersionedManager, admission.Admission, _api.ContinuousBatchingManager
+):
     """transformers' ``ContinuousBatchingManager`` driven by :class:`PauseProtocol`.
 
     Build it with :func:`init_continuous_batching`.  Same methods as upstream's; ``pause()`` adds
@@ -496,81 +359,9 @@ class PausableContinuousBatchingManager(weights.VersionedManager, admission.Admi
         if hasattr(device, "empty_cache"):
             device.empty_cache()
 
-    def _generation_loop_body(self, batch_processor: Any, bootstrapping: bool) -> bool:
-        """Upstream's loop body, with the steps the spec names around the forward step reported:
-        P-START-STEP before the forward step (refused while a holder is inside: R-EXCLUSION is enforced where
-        the step runs), P-END-STEP once the batch is updated, P-IDLE before waiting for work, P-EXIT-LOOP on a
-        flush with nothing left.  A loop asked to flush whose pending requests cannot be scheduled now goes
-        round through an empty step (spec section 5).
-        """
-        try:
-            return self._loop_body(batch_processor, bootstrapping)
-        except BaseException as error:
-            status = self.background_thread_status
-            s = status.state
-            if not isinstance(error, Exception) and t.live(s) and s.phase != "window":
-                # Upstream handles Exception only: anything else ends the thread (P-FAIL-LOOP, with this error).
-                status.fail_loop(error)
-            raise
-
-    def _loop_body(self, batch_processor: Any, bootstrapping: bool) -> bool:
-        status = self.background_thread_status
-        if batch_processor.prepare_next_batch():  # a batch to step
-            status.start_step()
-            self._generation_step()
-            self.current_batch += 1  # (upstream's count of forward steps)
-            if not bootstrapping:  # no update when bootstrapping an async batching generation
-                batch_processor.update_batch()
-            status.end_step()
-            return not bootstrapping
-        if status.tp_status == status.HARD_STOP:
-            return False  # P-EXIT-LOOP was taken in the group step
-        if status.tp_status == status.FLUSH_AND_STOP and not batch_processor.has_pending_requests():
-            status.exit_loop()
-            return False
-        if status.tp_status == status.DONT_STOP:
-            status.idle()
-        else:
-            status.start_step()
-            status.end_step()
-        # Nothing to step: sleep until a request (or a pause, a stop) wakes the loop, at most 0.1 s (P-IDLE's wait).
-        self._wake_up_loop.wait(timeout=0.1)
-        self._wake_up_loop.clear()
-        return True
-
-    def _handle_critical_error(self, error: Exception, batch_processor: Any) -> None:
-        """Upstream's fatal-error path, reported to the protocol, without its group all-reduce where the group is
-        already broken.
-
-        Between two iterations' collectives (read, body, step) it is P-RECORD-FATAL-ERROR: as upstream, fail
-        what remains and tell the group through one more all-reduce, then P-EXIT-LOOP.  Elsewhere (around the
-        window) it is P-FAIL-LOOP, and after P-PEER-PARK-TIMEOUT or P-COLLECTIVE-TIMEOUT the rank has stopped
-        already: a collective could only wait for peers that are elsewhere, so none is attempted (spec section
-        5, "A fatal error"); the peers fail at their own barrier or all-reduce.
-        """
-        status = self.background_thread_status
-        s = status.state
-        if s.phase in ("read", "body", "step") and not s.fatal:
-            # As upstream: fail what remains (retrieving partial outputs) before recording the error.
-            self._fail_all_remaining_requests(error, batch_processor)
-            status.record_fatal_error(error)
-            try:
-                _, tp_status, tp_pause = self.distributed_helper.tp_all_reduce_state(0, status.HARD_STOP)
-            except Exception as collective_error:
-                _collective_failed(status, collective_error)
-                return
-            status.all_reduce(tp_status, int(tp_pause))
-            status.exit_loop()
-            return
-        if s.phase not in ("stopped", "dead", "window"):
-            status.fail_loop(error)
-        else:
-            status.record_fatal_error(error)  # recorded; the rank has stopped already
-        self._fail_all_remaining_requests(error, batch_processor)  # every request still held gets its output
-
     def _create_batch_processor(self) -> _api.ContinuousBatchProcessor:
         return upstream.patch_processor(super()._create_batch_processor(), PausableBatchProcessor, self.model,
-                                        self.versions)  # fmt: skip
+                                        self.versions, self.background_thread_status)  # fmt: skip
 
 
 INIT_KEYWORDS = ("workload_hints", "peer_park_timeout", "trace", "while_paused", "max_staleness", "on_stale")

@@ -40,7 +40,7 @@ _PACKAGE = "transformers.generation.continuous_batching."
 
 # Methods wrapped on an instance: "module.Class.method" -> the upstream functions that call it (they must still).
 WRAPPED = {
-    "scheduler.Scheduler._get_waiting_candidates": (  # modes.hold_admission: a drain admits nothing new
+    "scheduler.Scheduler._get_waiting_candidates": (  # hold_admission: a drain admits nothing new
         "scheduler.FIFOScheduler.schedule_batch", "scheduler.PrefillFirstScheduler.schedule_batch",
     ),
     "scheduler.Scheduler.add_waiting_request": (  # admission.refuse_what_cannot_fit: a request too long fails alone
@@ -61,7 +61,7 @@ RESTATED = {
 
 # The attributes the integration keeps on upstream's objects, and who sets them.
 STAMPS = {
-    "_cbpause_draining": "the scheduler (modes.hold_admission)",
+    "_cbpause_holds_admission": "the scheduler (hold_admission)",
     "_cbpause_delivers_cancellations": "the scheduler (admission.deliver_cancellations)",
     "_cbpause_stale": "the cache (weights.never_share_stale_blocks)",
     "_cbpause_model": "the batch processor (PausableContinuousBatchingManager._create_batch_processor)",
@@ -106,7 +106,7 @@ FINGERPRINTS = {
 # ------------------------------------------------------------------------------------------------ the patches
 
 
-def patch_processor(processor: Any, cls: type, model: Any, versions: weights.WeightVersions) -> Any:
+def patch_processor(processor: Any, cls: type, model: Any, versions: weights.WeightVersions, status: Any) -> Any:
     """Every change the integration makes to a batch processor upstream built (``_create_batch_processor``), in one
     place: its class becomes ``cls`` (the integration's ``PausableBatchProcessor``, which adds no state, so that
     upstream's constructor is not copied), the stamps the resume check reads, and the wraps of :data:`WRAPPED`.
@@ -116,7 +116,7 @@ def patch_processor(processor: Any, cls: type, model: Any, versions: weights.Wei
     processor._cbpause_model = model  # for the check at the resume (weights.check_model_unchanged)
     processor._cbpause_layout = weights.ModelLayout(model)  # each parameter's dtype and device, now
     never_share_stale_blocks(processor, versions)
-    hold_admission(processor.scheduler)
+    hold_admission(processor.scheduler, status)
     scheduler = processor.scheduler
     if not getattr(scheduler, "_cbpause_delivers_cancellations", False):  # a reused processor has it
         deliver_cancellations(scheduler, processor.output_router)
@@ -124,20 +124,21 @@ def patch_processor(processor: Any, cls: type, model: Any, versions: weights.Wei
     return processor
 
 
-def hold_admission(scheduler: Any) -> None:
-    """Wrap the scheduler's choice of waiting requests on the instance: while ``scheduler._cbpause_draining``, only
-    requests in flight (:func:`~cbpause.integrations.modes.in_flight`) are candidates, so a drain admits no new
-    request into the batch.  Idempotent."""
-    if hasattr(scheduler, "_cbpause_draining"):
+def hold_admission(scheduler: Any, status: Any) -> None:
+    """Wrap the scheduler's choice of waiting requests on the instance: while the protocol's rank drains
+    (``status.state.draining``, the flag's one home: P-DRAIN-FIRST), only requests in flight
+    (:func:`~cbpause.integrations.modes.in_flight`) are candidates, so a drain admits no new request into the batch.
+    Idempotent (a processor reused for the next session keeps its wrapper, and its manager's protocol)."""
+    if getattr(scheduler, "_cbpause_holds_admission", False):
         return
-    scheduler._cbpause_draining = False
     candidates = scheduler._get_waiting_candidates
 
     def _get_waiting_candidates() -> list:
         states = candidates()
-        return [s for s in states if modes.in_flight(s)] if scheduler._cbpause_draining else states
+        return [s for s in states if modes.in_flight(s)] if status.state.draining else states
 
     scheduler._get_waiting_candidates = _get_waiting_candidates
+    scheduler._cbpause_holds_admission = True
 
 
 def refuse_what_cannot_fit(scheduler: Any, processor: Any) -> None:
