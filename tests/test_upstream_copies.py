@@ -10,6 +10,7 @@ calling upstream or said in the project's own words.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import re
 
@@ -87,23 +88,25 @@ def test_a_copy_would_be_noticed():
 
 def overridden() -> set[str]:
     """Every upstream function a class of the integration overrides (a method or property its class or a mixin
-    defines, which an upstream base defines too), as ``module.Class.function``."""
-    from cbpause.integrations import admission, modes
+    defines, which an upstream base defines too), as the table names it (``upstream.upstream_name``)."""
+    from cbpause.integrations import admission, modes, upstream
     from cbpause.integrations import transformers as cbt
 
-    package = "transformers.generation.continuous_batching."
     ours = [cbt.PausableContinuousBatchingManager, cbt.PausableBatchProcessor, admission.TrackingRouter,
             modes.RetractedRequestState]  # fmt: skip
+    if importlib.util.find_spec("fastapi") is not None:  # transformers serve (the serve extra)
+        from cbpause.integrations import serving
+
+        ours.append(serving.PausableCBGenerateManager)
     found = set()
     for cls in ours:
         for klass in (k for k in cls.__mro__ if k.__module__.startswith("cbpause")):
             for name, value in vars(klass).items():
                 if not (inspect.isfunction(value) or isinstance(value, property)):
                     continue
-                upstream = [b for b in cls.__mro__ if b.__module__.startswith("transformers") and name in vars(b)]
-                base = upstream[0] if upstream else None
-                if base is not None:
-                    found.add(f"{base.__module__.removeprefix(package)}.{base.__qualname__}.{name}")
+                upstream_bases = [b for b in cls.__mro__ if b.__module__.startswith("transformers") and name in vars(b)]
+                if upstream_bases:
+                    found.add(upstream.upstream_name(upstream_bases[0], name))
     return found
 
 
@@ -111,7 +114,26 @@ def test_every_override_wrap_and_restatement_of_upstream_has_a_fingerprint():
     from cbpause.integrations import upstream
 
     callers = {c for cs in upstream.WRAPPED.values() for c in cs}
-    assert overridden() | set(upstream.WRAPPED) | callers | set(upstream.RESTATED) == set(upstream.FINGERPRINTS)
+    readers = {r for rs in upstream.SETS.values() for r in rs}
+    touched = overridden() | set(upstream.WRAPPED) | callers | set(upstream.RESTATED) | readers
+    assert touched | set(upstream.REMOVED_ROUTES.values()) == set(upstream.FINGERPRINTS)
+
+
+def test_the_private_attributes_set_and_the_routes_removed_are_the_table_s():
+    """The serving module sets exactly the upstream attributes of ``SETS`` (each still assigned by upstream's class)
+    and removes exactly the routes of ``REMOVED_ROUTES`` (each still declared by the function that builds the app)."""
+    from cbpause.integrations import upstream
+
+    text = (SRC / "integrations" / "serving.py").read_text()
+    assert {f"_{name}" for name in re.findall(r"\bstate\._(\w+)", text)} == {k.rsplit(".", 1)[1] for k in upstream.SETS}
+    for name, readers in upstream.SETS.items():
+        attribute = name.rsplit(".", 1)[1]
+        init = inspect.getsource(upstream.upstream_function(readers[0]))
+        assert re.search(rf"self\.{attribute}\b", init), f"{readers[0]} no longer sets {attribute}"
+    for route, builder in upstream.REMOVED_ROUTES.items():
+        source = inspect.getsource(upstream.upstream_function(builder))
+        assert re.search(rf"@app\.\w+\(\"{re.escape(route)}\"\)", source), f"{builder} no longer declares {route}"
+    assert "upstream.REMOVED_ROUTES" in text
 
 
 def test_upstream_is_the_transformers_the_integration_was_checked_against():

@@ -1,21 +1,33 @@
-"""What the integration changes in transformers, in one module: the patches, and a fingerprint of each upstream
-function they touch.
+"""The one table of what the integration changes in transformers, with a fingerprint of each upstream function it
+touches; and the patches of the loop's objects.
 
-The integration changes transformers' continuous batching in three ways: subclasses whose methods override
-upstream's (``PausableContinuousBatchingManager``, ``PausableBatchProcessor``, which the manager swaps in with
-``__class__``, ``TrackingRouter``, ``RetractedRequestState``), methods wrapped on an instance
-(:data:`WRAPPED`: the wrapper calls upstream's, and upstream's own caller must still call it), and the
-``_cbpause_*`` attributes those wrappers keep on the instance (:data:`STAMPS`).  No line of transformers is copied
-into the project; where the integration must do what an upstream function does, it calls it or restates it in its
-own words (:data:`RESTATED`).  So every upstream function the integration overrides, wraps or restates, and every
-caller of a wrapped method, has a fingerprint here (:data:`FINGERPRINTS`: a hash of its source in the
-transformers version the integration was checked against), and ``tests/test_upstream_copies.py`` fails when the
-installed transformers differs anywhere in one of them (a copy check could not see a line upstream adds around
-copied lines, nor upstream ceasing to call a method the integration wrapped), or when an override, a wrap or a
-stamp is missing from the tables.
+The integration changes transformers' continuous batching (``transformers.generation.continuous_batching``) and its
+server (``transformers serve``, ``transformers.cli.serving``, which :mod:`cbpause.integrations.serving` runs on a
+cbpause manager) in five ways:
 
-The patches themselves are here too (:func:`patch_processor`, which the manager applies to every batch processor
-upstream builds, and the wraps it installs); the subclasses' overrides live with their classes.
+* subclasses whose methods override upstream's (``PausableContinuousBatchingManager``, ``PausableBatchProcessor``,
+  which the manager swaps in with ``__class__``, ``TrackingRouter``, ``RetractedRequestState``,
+  ``PausableCBGenerateManager``);
+* methods wrapped on an instance (:data:`WRAPPED`: the wrapper calls upstream's, and upstream's own caller must still
+  call it);
+* the ``_cbpause_*`` attributes those wrappers keep on the instance (:data:`STAMPS`);
+* upstream's own private attributes that the integration sets (:data:`SETS`: the server's generation manager, built
+  at start-up where upstream builds one lazily), with the upstream functions that read them;
+* routes of upstream's app that the server takes away (:data:`REMOVED_ROUTES`).
+
+No line of transformers is copied into the project; where the integration must do what an upstream function does,
+it calls it or restates it in its own words (:data:`RESTATED`).  So every upstream function the integration
+overrides, wraps, reads through a private attribute, edits the routes of or restates, and every caller of a wrapped
+method, has a fingerprint here (:data:`FINGERPRINTS`: a hash of its source in the transformers version the
+integration was checked against), and ``tests/test_upstream_copies.py`` fails when the installed transformers
+differs anywhere in one of them (a copy check could not see a line upstream adds around copied lines, nor upstream
+ceasing to call a method the integration wrapped), or when an override, a wrap, a stamp, an attribute or a route is
+missing from the tables.  Names are relative to ``transformers.generation.continuous_batching``, or, starting with
+``cli.``, to ``transformers``.
+
+The patches of the loop's objects are here too (:func:`patch_processor`, which the manager applies to every batch
+processor upstream builds, and the wraps it installs); the subclasses' overrides live with their classes, and the
+server's patches in :func:`cbpause.integrations.serving.openai_app`.
 
 ``python -m cbpause.integrations.upstream`` prints the table for the installed transformers (to review the
 changes of a new release, then update :data:`FINGERPRINTS`).
@@ -31,12 +43,14 @@ from typing import Any
 from . import admission, modes, weights
 
 __all__ = [
-    "CHECKED_WITH", "FINGERPRINTS", "RESTATED", "STAMPS", "WRAPPED", "deliver_cancellations", "fingerprint",
-    "hold_admission", "never_share_stale_blocks", "patch_processor", "refuse_what_cannot_fit", "upstream_function",
+    "CHECKED_WITH", "FINGERPRINTS", "REMOVED_ROUTES", "RESTATED", "SETS", "STAMPS", "WRAPPED", "deliver_cancellations",
+    "fingerprint", "hold_admission", "never_share_stale_blocks", "patch_processor", "refuse_what_cannot_fit",
+    "upstream_function", "upstream_name",
 ]  # fmt: skip
 
 CHECKED_WITH = "5.23.0"
 _PACKAGE = "transformers.generation.continuous_batching."
+_CLI = "cli."  # names under transformers itself (the server's)
 
 # Methods wrapped on an instance: "module.Class.method" -> the upstream functions that call it (they must still).
 WRAPPED = {
@@ -49,6 +63,12 @@ WRAPPED = {
     "scheduler.Scheduler.clear_cancelled_requests": (  # admission.deliver_cancellations: a cancelled request's output
         "continuous_api.ContinuousBatchProcessor.prepare_next_batch",
     ),
+    "cli.serving.chat_completion.ChatCompletionHandler._non_streaming": (  # serving._with_versions: version labels
+        "cli.serving.chat_completion.ChatCompletionHandler.handle_request",
+    ),
+    "cli.serving.completion.CompletionHandler._non_streaming": (  # the same
+        "cli.serving.completion.CompletionHandler.handle_request",
+    ),
     "cache.PagedAttentionCache.mark_complete_blocks": (  # weights.never_share_stale_blocks: no stale prefix (D6)
         "continuous_api.ContinuousBatchProcessor.update_batch",
     ),
@@ -57,7 +77,23 @@ WRAPPED = {
 # Upstream functions whose behaviour the integration restates in its own words without overriding them.
 RESTATED = {
     "continuous_api.ContinuousMixin.init_continuous_batching": "init_continuous_batching and _configs",
+    "cli.serve.Serve.__init__": "serving.openai_app (the model manager, the generation state, the handlers, the app)",
 }
+
+# Upstream's private attributes the integration sets on upstream's objects, and the upstream functions that read them.
+SETS = {
+    "cli.serving.utils.GenerationState._cb_manager": (  # serving.openai_app: the cbpause manager, built at start-up
+        "cli.serving.utils.GenerationState.__init__", "cli.serving.utils.GenerationState.get_manager",
+        "cli.serving.utils.GenerationState.shutdown", "cli.serving.utils.GenerationState.is_cb_alive",
+    ),
+    "cli.serving.utils.GenerationState._cb_model_id": (  # the model it serves, so get_manager keeps it
+        "cli.serving.utils.GenerationState.__init__", "cli.serving.utils.GenerationState.get_manager",
+    ),
+}  # fmt: skip
+
+# Routes of upstream's app (built by the function named) that the server removes: they would unload the model the
+# manager steps.
+REMOVED_ROUTES = {"/reset": "cli.serving.server.build_server", "/load_model": "cli.serving.server.build_server"}
 
 # The attributes the integration keeps on upstream's objects, and who sets them.
 STAMPS = {
@@ -70,6 +106,22 @@ STAMPS = {
 
 # sha256 (first 16 hex digits) of each upstream function's source in transformers CHECKED_WITH.
 FINGERPRINTS = {
+    "cli.serve.Serve.__init__": "9cdf7dd30dfecd7d",
+    "cli.serving.chat_completion.ChatCompletionHandler._non_streaming": "c5068d45a9c2c053",
+    "cli.serving.chat_completion.ChatCompletionHandler.handle_request": "61f8b6e137e1222e",
+    "cli.serving.completion.CompletionHandler._non_streaming": "c0feec2954951aae",
+    "cli.serving.completion.CompletionHandler.handle_request": "919777c37b056e18",
+    "cli.serving.server.build_server": "84b2277b9e8d679b",
+    "cli.serving.utils.CBGenerateManager.__init__": "da83f8210fe5dc3e",
+    "cli.serving.utils.CBGenerateManager._check_alive": "a904b9c9e8c4e3c7",
+    "cli.serving.utils.CBGenerateManager.generate_non_streaming": "c4d880fcd99dcb24",
+    "cli.serving.utils.CBGenerateManager.generate_streaming": "6097bafe29e501ca",
+    "cli.serving.utils.CBGenerateManager.init_cb": "ef34b6aa0ba099ce",
+    "cli.serving.utils.CBGenerateManager.stop": "13a680db9a536877",
+    "cli.serving.utils.GenerationState.__init__": "8b18fa6979b7d6de",
+    "cli.serving.utils.GenerationState.get_manager": "f8add1ae52618ef0",
+    "cli.serving.utils.GenerationState.is_cb_alive": "b07acf4f9715d4ed",
+    "cli.serving.utils.GenerationState.shutdown": "7960f7e614fc9ba1",
     "cache.PagedAttentionCache.mark_complete_blocks": "f6255bb6c6a6eb93",
     "continuous_api.ContinuousBatchProcessor._update_tp_group_state": "2731052eb9413443",
     "continuous_api.ContinuousBatchProcessor._generation_step": "91e7d3b5bd328f31",
@@ -199,12 +251,28 @@ def never_share_stale_blocks(processor: Any, versions: weights.WeightVersions | 
 
 
 def upstream_function(name: str) -> object:
-    """The upstream function ``module.Class.function`` of transformers' continuous batching."""
-    module, *path = name.split(".")
-    obj = importlib.import_module(_PACKAGE + module)
-    for part in path:
+    """The upstream function ``module.Class.function`` of transformers' continuous batching, or with a ``cli.`` name
+    of transformers' server (``cli.serving.server.build_server``)."""
+    parts = name.split(".")
+    base = "transformers." if name.startswith(_CLI) else _PACKAGE
+    for cut in range(len(parts) - 1, 0, -1):  # the longest prefix that is a module
+        try:
+            obj = importlib.import_module(base + ".".join(parts[:cut]))
+            break
+        except ModuleNotFoundError:
+            continue
+    else:
+        raise ModuleNotFoundError(f"no upstream module for {name}")
+    for part in parts[cut:]:
         obj = getattr(obj, part)
     return obj
+
+
+def upstream_name(cls: type, attribute: str) -> str:
+    """The table's name of ``attribute`` of the upstream class ``cls``."""
+    module = cls.__module__
+    short = module.removeprefix(_PACKAGE) if module.startswith(_PACKAGE) else module.removeprefix("transformers.")
+    return f"{short}.{cls.__qualname__}.{attribute}"
 
 
 def fingerprint(name: str) -> str:
