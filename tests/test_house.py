@@ -130,3 +130,13 @@ def test_the_import_reader_sees_relative_imports(tmp_path, monkeypatch):
     (fake / "core" / "protocol.py").write_text("from .. import tlc\nfrom .transitions import x\nimport torch\n")
     monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
     assert imports(fake / "core" / "protocol.py") == {"cbpause.tlc", "cbpause.core.transitions", "torch"}
+
+
+def test_ci_runs_the_readme_s_test_command():
+    """The README gives two commands: the main job, then the tests; `.ci/run` runs the second, word for word (one home
+    for what CI runs: the README)."""
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"```sh\n(python3 -m pip install nox && python3 -m nox [^\n]+)\n```", readme)
+    assert len(commands) >= 2 and commands[0].endswith("nox -s tlc")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert commands[1] in ci.splitlines(), f".ci/run does not run the README's test command {commands[1]!r}"

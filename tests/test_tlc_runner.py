@@ -235,8 +235,8 @@ def test_a_simulated_model_reports_its_behaviours():
 
 
 def test_the_models_table_of_the_docs_states_the_manifest_counts():
-    """One home per fact: every distinct and total state count in docs/tlc.md's table of models is the manifest's
-    (a count changed in models.toml and not in the docs, or the reverse, fails)."""
+    """One home per fact: every distinct and total state count, suite and time in docs/tlc.md's table of models is
+    the manifest's (a count changed in models.toml and not in the docs, or the reverse, fails)."""
     from cbpause.tlc.manifest import load_manifest
 
     from .conftest import ROOT, TLA_DIR
@@ -251,6 +251,9 @@ def test_the_models_table_of_the_docs_states_the_manifest_counts():
         model = models[cells[0]]
         stated = (int(cells[4].replace(",", "")), int(cells[5].replace(",", "")))
         assert stated == (model.distinct_states, model.total_states), (cells[0], stated)
+        assert cells[1] == model.suite, (cells[0], "suite", cells[1], model.suite)
+        minutes, _, seconds = model.runtime.partition(":")
+        assert cells[7].split()[0] == str(int(minutes) * 60 + int(seconds)), (cells[0], "seconds", cells[7], model.runtime)
         checked += 1
     assert checked >= 15, f"only {checked} rows of docs/tlc.md's table read: has its layout changed?"
 
