@@ -1,6 +1,7 @@
 """CrossHair checks the contracts of the pure transitions; a planted bug must be found.
 
-The whole module is checked by `nox -s crosshair` (minutes); here, one mutated transition.  The two planted bugs run
+The whole module is checked by `nox -s crosshair` (minutes); its brief run (``tests/test_sessions.py``) checks the
+real ``leave_pause``.  The two planted bugs run
 in `nox -s crosshair` only (``CBPAUSE_CROSSHAIR_PLANTED=1``): CrossHair's search is random, and on a 2-core machine it
 needs 30 to 150 s per condition to build a state that meets ``rank_invariant`` (found on 2026-12-04: with the 10 and
 30 s the tests had, it found neither bug, on 4491b2e as well, whose CI had passed), which is a flaky test in CI.
@@ -81,8 +82,3 @@ def test_crosshair_finds_an_open_window_without_a_holder(tmp_path):
     result = crosshair(tmp_path, "planted.open_window", timeout=SEARCH)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "open_window" in result.stdout
-
-
-def test_crosshair_accepts_the_real_transition(tmp_path):
-    result = crosshair(ROOT / "src", "cbpause.core.transitions.leave_pause")
-    assert result.returncode == 0, result.stdout + result.stderr

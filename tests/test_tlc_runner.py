@@ -253,7 +253,8 @@ def test_the_models_table_of_the_docs_states_the_manifest_counts():
         assert stated == (model.distinct_states, model.total_states), (cells[0], stated)
         assert cells[1] == model.suite, (cells[0], "suite", cells[1], model.suite)
         minutes, _, seconds = model.runtime.partition(":")
-        assert cells[7].split()[0] == str(int(minutes) * 60 + int(seconds)), (cells[0], "seconds", cells[7], model.runtime)
+        runtime = str(int(minutes) * 60 + int(seconds))
+        assert cells[7].split()[0] == runtime, (cells[0], "seconds", cells[7], model.runtime)
         checked += 1
     assert checked >= 15, f"only {checked} rows of docs/tlc.md's table read: has its layout changed?"
 
