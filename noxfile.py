@@ -122,8 +122,8 @@ COMMANDS = {
         "brief": lambda tmp: _py("-m", "cbpause.apps.soak", "--seconds", "8", "--seed", "7"),
     },
     "soak_http": {
-        "full": lambda a: _py("-m", "cbpause.apps.soak_http", *a),
-        "brief": lambda tmp: _py("-m", "cbpause.apps.soak_http", "--seconds", "8", "--seed", "29"),
+        "full": lambda a: _py("-m", "cbpause.apps.soak.http", *a),
+        "brief": lambda tmp: _py("-m", "cbpause.apps.soak.http", "--seconds", "8", "--seed", "29"),
     },
 }
 

@@ -365,7 +365,7 @@ def test_a_drop_in_all_reduce_deferred_under_explicit_steps_changes_nothing_when
     (the probe raises ``Wrong`` or ``Silent`` otherwise)."""
     from cbpause.apps import hostile
 
-    hostile.deferred_all_reduce_under_explicit_steps()
+    hostile.PROBES["deferred_all_reduce_under_explicit_steps"]()
 
 
 def test_the_weight_sync_refuses_every_misuse_and_holds_nothing():
@@ -374,14 +374,14 @@ def test_the_weight_sync_refuses_every_misuse_and_holds_nothing():
     pytest.importorskip("trl")
     from cbpause.apps import hostile
 
-    hostile.weight_sync_misuse()
+    hostile.PROBES["weight_sync_misuse"]()
 
 
 def test_every_request_made_stale_in_every_mode_restarts_and_is_delivered_once():
     """Issue 28: ``max_staleness=0`` under windows of every mode while requests keep coming."""
     from cbpause.apps import hostile
 
-    hostile.stale_requests_in_every_mode()
+    hostile.PROBES["stale_requests_in_every_mode"]()
 
 
 def test_leases_under_races():
@@ -389,4 +389,4 @@ def test_leases_under_races():
     pytest.importorskip("fastapi")
     from cbpause.apps import hostile
 
-    hostile.leases_under_races()
+    hostile.PROBES["leases_under_races"]()

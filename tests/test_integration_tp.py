@@ -62,6 +62,7 @@ def test_8_every_rank_pauses_in_the_same_window(checkpoint, tmp_path):
     check_pauses(run_group("pauses", checkpoint, tmp_path))
 
 
+@pytest.mark.extended  # CI has TP=2 through the real traces' covering subset: nox -s system
 def test_modes_and_versions_are_agreed_by_both_ranks(checkpoint, tmp_path):
     """Issue 14 under TP=2: in each window both ranks see the agreed mode, the ranks' batches stay copies of
     each other through keep, retract, drain and abort, and their outputs carry the same version spans."""
@@ -75,6 +76,7 @@ def test_modes_and_versions_are_agreed_by_both_ranks(checkpoint, tmp_path):
     assert r0["later_spans"] == r1["later_spans"] == [[0, 4]]
 
 
+@pytest.mark.extended  # CI has TP=2 through the real traces' covering subset: nox -s system
 def test_ranks_that_set_different_versions_agree_on_the_drivers_and_say_so(checkpoint, tmp_path):
     """Issue 26, point 12: set_weight_version is local to a rank; the ranks compare digests at the window's barrier
     and, when they differ, take the driver's version (with an error logged on each); equal versions log nothing."""
@@ -86,6 +88,7 @@ def test_ranks_that_set_different_versions_agree_on_the_drivers_and_say_so(check
     assert all(v != "b" for spans in r0["spans"].values() for _, v in spans)
 
 
+@pytest.mark.extended  # CI has TP=2 through the real traces' covering subset: nox -s system
 def test_9a_peer_never_pauses_both_ranks_end_with_a_clear_error(checkpoint, tmp_path):
     records = run_group("peer_never_pauses", checkpoint, tmp_path)
     r0, r1 = records[0], records[1]
@@ -113,6 +116,7 @@ def test_9b_rank_killed_mid_pause_survivor_errors(checkpoint, tmp_path):
     assert all(o["status"] != "FINISHED" or len(o["tokens"]) == MAX_NEW for o in r0["outputs"].values())
 
 
+@pytest.mark.extended  # CI has TP=2 through the real traces' covering subset: nox -s system
 def test_rank_killed_mid_step_survivor_errors_and_fails_every_request(checkpoint, tmp_path):
     records = run_group("rank_killed_mid_step", checkpoint, tmp_path)
     r0, r1 = records[0], records[1]

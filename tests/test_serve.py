@@ -493,7 +493,7 @@ def test_a_client_that_disconnects_while_queued_has_its_request_cancelled(checkp
 
 def test_a_short_soak_over_http_loses_nothing():
     """The covering subset of ``nox -s soak -- --http`` (two servers, trainers, abandoned and killed leases)."""
-    from cbpause.apps import soak_http
+    from cbpause.apps.soak import http as soak_http
 
     result = soak_http.run(soak_http.parse_args(["--seconds", "20", "--seed", "3", "--each"]))
     assert result["lost"] == result["duplicated"] == result["hangs"] == result["wrong"] == 0, result

@@ -101,6 +101,7 @@ def remove_conjunct(tla_dir: Path, module: str, definition: str, conjunct: str) 
     path.write_text(head + f"\n{definition} ==\n" + (body + "\n").replace(line, "").rstrip("\n") + sep + tail)
 
 
+@pytest.mark.extended  # a deep model (IndInv_1r1h, 15-40 s): nox -s verify
 def test_ind_inv_is_inductive_and_fails_without_its_mode_conjunct(tla_copy, tlc_ready):
     """IndInv is inductive with every mode and the death fault (one step from every state of its bounds); without
     ModeWindowInv it is not: a keep holder enters a DRAIN window with a request in flight (issue 25)."""

@@ -60,7 +60,15 @@ def first_logged(trainer, key):
     return next(h[key] for h in trainer.state.log_history if key in h)
 
 
-@pytest.mark.parametrize("mode, steps", [("keep", 20), ("retract", 20), ("drain", 6), ("abort", 6)])
+# keep in CI's selection; the other modes in nox -s system (CI has every mode on the real loop: tests/test_modes.py)
+_LATER = [pytest.mark.extended]
+
+
+@pytest.mark.parametrize(
+    "mode, steps",
+    [("keep", 20), pytest.param("retract", 20, marks=_LATER), pytest.param("drain", 6, marks=_LATER),
+     pytest.param("abort", 6, marks=_LATER)],
+)  # fmt: skip
 def test_async_grpo_trains_through_the_paused_loop(tmp_path, mode, steps):
     task = tiny_task(tmp_path, steps=steps, max_staleness=1)
     # the engine's staleness bound is the trainer's: nothing is generated for a sample it would drop
@@ -92,6 +100,7 @@ def test_async_grpo_trains_through_the_paused_loop(tmp_path, mode, steps):
     assert not manager.is_running()
 
 
+@pytest.mark.extended  # 20 more steps of training: nox -s system
 def test_the_reward_rises_from_chance(tmp_path):
     task = tiny_task(tmp_path, steps=24)
     _, manager = engine_for(task)

@@ -3,9 +3,10 @@
 The only module of cbpause that knows ``transformers.cli.serving``'s internals: the OpenAI routes, their
 handlers and their model loading are transformers' own (:func:`openai_app`); what changes is the generation
 manager behind them.  Every change it makes there (the subclass's overrides, the handlers' wrapped
-``_non_streaming``, the generation state's private attributes it sets, the routes it removes, the wiring it restates)
-is in :mod:`cbpause.integrations.upstream`'s table, with a fingerprint of each upstream function it touches.  ``transformers serve`` builds its continuous-batching manager lazily, on the first request,
-with that request's sampling settings; here the manager is a :class:`PausableContinuousBatchingManager` built at
+``_non_streaming``, the generation state's private attributes it sets, the routes it removes, the wiring it
+restates) is in :mod:`cbpause.integrations.upstream`'s table, with a fingerprint of each upstream function it
+touches.  ``transformers serve`` builds its continuous-batching manager lazily, on the first request, with that
+request's sampling settings; here the manager is a :class:`PausableContinuousBatchingManager` built at
 start-up, with the checkpoint's generation config (decision: one sampling configuration per server, the
 checkpoint's, so that a pause never waits for a manager that does not exist yet).  Per request:
 
@@ -30,9 +31,9 @@ from transformers.cli.serving import utils as _serving
 from transformers.cli.serving.server import build_server
 
 from ..core.errors import LoopPausedError
+from . import upstream
 from .admission import TOO_LONG
 from .modes import ABORTED_BY_PAUSE
-from . import upstream
 from .transformers import PausableContinuousBatchingManager, init_continuous_batching
 from .weights import STALE
 

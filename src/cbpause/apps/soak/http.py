@@ -1,4 +1,4 @@
-"""``python -m cbpause.apps.soak_http`` (``nox -s soak -- --http``): a soak of ``cbpause serve`` over HTTP.
+"""``python -m cbpause.apps.soak.http`` (``nox -s soak -- --http``): a soak of ``cbpause serve`` over HTTP.
 
 Two server processes (a tiny random Llama; one queues requests during a pause, one rejects them) take, for
 ``--minutes`` (or ``--seconds``), with a printed seed:
@@ -44,10 +44,10 @@ from pathlib import Path
 
 import httpx
 
-from ..client import Fleet, FleetError
-from ..testing import HANG_S
-from ..testing.servers import serve_process
-from ..testing.trl_cpu import save_tiny_policy
+from ...client import Fleet, FleetError
+from ...testing import HANG_S
+from ...testing.servers import serve_process
+from ...testing.trl_cpu import save_tiny_policy
 
 TTL = 2.0  # the leases' ttl, short so that expiries happen often
 VOCAB = 32
@@ -285,7 +285,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m cbpause.apps.soak_http", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m cbpause.apps.soak.http", description=__doc__.split("\n\n")[0])
     g = p.add_mutually_exclusive_group()
     g.add_argument("--minutes", type=float, default=None, help="how long (default 5)")
     g.add_argument("--seconds", type=float, default=None)

@@ -1,0 +1,7 @@
+"""``python -m cbpause.apps.hostile``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,7 @@
+"""``python -m cbpause.apps.soak``."""
+
+import sys
+
+from .run import main
+
+sys.exit(main())
