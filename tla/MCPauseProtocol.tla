@@ -51,7 +51,7 @@ MCSpecWithoutRecovery ==
 \* the model BroadcastOutside_2r1h must fail NothingLostInv, which shows the
 \* model sees a request in transit.
 BroadcastFailsOutsideTheHandler(r) ==
-    /\ phase[r] = "body" /\ InHand
+    /\ phase[r] = "body" /\ PayloadPending
     /\ \E q \in Ranks : phase[q] # phase[r]
     /\ fatal' = [fatal EXCEPT ![r] = TRUE]
     /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]

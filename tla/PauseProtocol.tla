@@ -150,6 +150,14 @@ InFlight == \E i \in Requests : req[i] = "active"
 \* carried yet.  The all-reduce tells every rank its size, so every rank
 \* takes part in the broadcast before any step of its body.
 InHand == \E i \in Requests : req[i] = "drained"
+\* The payload of a rank's iteration is still to be broadcast: requests are in
+\* hand and the driver has not gone on to its next iteration.  Once it has (it
+\* drains the next payload at its Observe), a peer still in the body of the
+\* iteration before, whose all-reduce agreed no payload or whose broadcast is
+\* done, steps or idles on: the next payload is not its iteration's (a real
+\* TP=2 trace showed that interleaving; the model had the peer time out
+\* instead, issue 38).
+PayloadPending == InHand /\ phase[Driver] \notin {"read", "reduce"}
 
 \* The holders of rank r that wait, are inside or died there, and whose mode
 \* the group's decision covers: those the window is for.  A holder that asked
@@ -341,7 +349,7 @@ PeerParkTimeout(r) ==
 \* group timeout).  What the driver holds fails, its hand included.
 CollectiveTimeout(r) ==
     /\ \/ phase[r] \in {"reduce", "barrier"}
-       \/ phase[r] = "body" /\ InHand
+       \/ phase[r] = "body" /\ PayloadPending
     /\ \E q \in Ranks : phase[q] # phase[r]
     /\ Fail(r)
 
@@ -379,7 +387,7 @@ Broadcast ==
 \* P-START-STEP: a forward step of the batch.
 StartStep(r) ==
     /\ phase[r] = "body"
-    /\ ~InHand
+    /\ ~PayloadPending
     /\ HasWork
     /\ Move(r, "step")
 
@@ -406,7 +414,7 @@ EndStep(r) ==
 \* P-IDLE: nothing to do and no stop: wait for work (the wake-up event), go round.
 Idle(r) ==
     /\ phase[r] = "body"
-    /\ ~InHand
+    /\ ~PayloadPending
     /\ ~HasWork
     /\ tpStatus = DONT_STOP
     /\ Move(r, "read")
@@ -415,7 +423,7 @@ Idle(r) ==
 \* once nothing is left to generate.  Whatever remains fails; mark_as_stopped.
 ExitLoop(r) ==
     /\ \/ phase[r] = "decided" /\ tpStatus = HARD_STOP
-       \/ phase[r] = "body" /\ tpStatus = FLUSH_AND_STOP /\ ~InHand /\ ~HasWork
+       \/ phase[r] = "body" /\ tpStatus = FLUSH_AND_STOP /\ ~PayloadPending /\ ~HasWork
     /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]
     /\ phase' = [phase EXCEPT ![r] = "stopped"]
     /\ FailRemaining(r)

@@ -26,7 +26,9 @@
 (*    steps are taken as recorded: Submit (PauseProtocol.submit, the       *)
 (*    acceptance check under the protocol's lock), Broadcast (every rank   *)
 (*    records it once its collective returned: the first record takes the  *)
-(*    step, the later ones find nothing in hand), and the failures of      *)
+(*    step, and the other live ranks owe theirs (`owed`), which may come   *)
+(*    after the driver went on: it has drained the next requests by then), *)
+(*    and the failures of                                                  *)
 (*    FailRemaining, inside the loop steps that take them. Two are the     *)
 (*    requests' own records: Drain (one per request taken from the queue,  *)
 (*    just before the rank's Observe, which then drains nothing:           *)
@@ -56,16 +58,17 @@ CONSTANT Log
 VARIABLES
     i,        \* how many records of the log were matched
     lagging,  \* ranks whose object has not recorded its part of the last group step
-    prev      \* [Ranks -> View]: what each rank's object showed before that group step
+    prev,     \* [Ranks -> View]: what each rank's object showed before that group step
+    owed      \* ranks that have not recorded the last Broadcast, which another rank's record took
 
-traceVars == <<i, lagging, prev>>
+traceVars == <<i, lagging, prev, owed>>
 
 \* What a rank's object shows of the loop's and the group's variables.
 View(r) ==
     [phase |-> phase[r], localStatus |-> localStatus[r], tpStatus |-> tpStatus,
      tpPause |-> tpPause, obsStatus |-> obsStatus[r], obsPause |-> obsPause[r]]
 
-TraceInit == Init /\ i = 0 /\ lagging = {} /\ prev = [r \in Ranks |-> View(r)]
+TraceInit == Init /\ i = 0 /\ lagging = {} /\ prev = [r \in Ranks |-> View(r)] /\ owed = {}
 
 TraceStartStep(r) ==
     IF Requests = {}
@@ -92,13 +95,14 @@ TraceReleaseDeadHolder(h) ==
 \* A group step taken by the first rank to record it; the later ranks' records
 \* stutter, each catching its rank up.
 GroupStep(A, r, before) ==
-    IF phase[r] = before
-    THEN /\ A
-         /\ lagging' = {q \in Ranks : q # r /\ phase[q] = before}
-         /\ prev' = [q \in Ranks |-> View(q)]
-    ELSE /\ UNCHANGED vars
-         /\ lagging' = lagging \ {r}
-         /\ UNCHANGED prev
+    /\ UNCHANGED owed
+    /\ IF phase[r] = before
+       THEN /\ A
+            /\ lagging' = {q \in Ranks : q # r /\ phase[q] = before}
+            /\ prev' = [q \in Ranks |-> View(q)]
+       ELSE /\ UNCHANGED vars
+            /\ lagging' = lagging \ {r}
+            /\ UNCHANGED prev
 
 \* The view the guards of a holder's step read: a lagging rank's object has not
 \* taken the group step yet.
@@ -127,9 +131,17 @@ TraceDrain(q) ==
     /\ req' = [req EXCEPT ![q] = "drained"]
     /\ UNCHANGED <<loopVars, groupVars, holderVars, out, restarts>>
 
-\* Every rank records the broadcast once it returned: the first record takes
-\* the group step, the later ones find nothing in hand.
-TraceBroadcast == IF InHand THEN Broadcast ELSE UNCHANGED vars
+\* Every rank records the broadcast once its collective returned: the first
+\* record takes the group step, and each other live rank owes its own record,
+\* which changes nothing.  (A rank's record can come late: once the broadcast
+\* returned, the driver needs no peer until its next all-reduce, and may have
+\* drained the next requests by then; found by a real TP=2 trace, issue 38.)
+TraceBroadcast(r) ==
+    IF r \in owed
+    THEN /\ UNCHANGED vars
+         /\ owed' = owed \ {r}
+    ELSE /\ Broadcast
+         /\ owed' = {q \in Ranks : q # r /\ phase[q] # "dead"}
 
 \* A terminal output of request q reaches its caller: the output the spec made
 \* already (Deliver), or one made and delivered in the same step.
@@ -184,7 +196,7 @@ Step(e) ==
          [] e.a = "Restart"           -> GroupStep(Restart, r, "stopped")
          [] e.a = "Submit"            -> TraceSubmit(e.q, e.arg)
          [] e.a = "Drain"             -> TraceDrain(e.q)
-         [] e.a = "Broadcast"         -> TraceBroadcast
+         [] e.a = "Broadcast"         -> TraceBroadcast(r)
          [] e.a = "Deliver"           -> TraceDeliver(e.q)
          [] OTHER                     -> FALSE
 
@@ -194,6 +206,7 @@ GroupActions == {"AllReduce", "Barrier", "Restart"}
 \* stop asked on a lagging rank grows the status its object shows.
 KeepLag(e) ==
     /\ lagging' = IF e.a = "Crash" THEN lagging \ {e.r} ELSE lagging
+    /\ e.a # "Broadcast" => owed' = IF e.a = "Crash" THEN owed \ {e.r} ELSE owed  \* (TraceBroadcast sets it)
     /\ prev' = IF e.a = "RequestStop" /\ e.r \in lagging
                THEN [prev EXCEPT ![e.r].localStatus =
                         IF e.arg >= prev[e.r].tpStatus THEN e.arg ELSE prev[e.r].tpStatus]

@@ -101,7 +101,7 @@ UpstreamOpenWindow(r) ==
 \* The loop's exits, with the drained payload dropped on a hard stop.
 UpstreamExitLoop(r) ==
     /\ \/ phase[r] = "decided" /\ tpStatus = HARD_STOP
-       \/ phase[r] = "body" /\ tpStatus = FLUSH_AND_STOP /\ ~InHand /\ ~HasWork
+       \/ phase[r] = "body" /\ tpStatus = FLUSH_AND_STOP /\ ~PayloadPending /\ ~HasWork
     /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]
     /\ phase' = [phase EXCEPT ![r] = "stopped"]
     /\ UpstreamFailRemaining(r)
@@ -124,7 +124,7 @@ UpstreamCriticalError(r) ==
 \* too, the exception leaves the handler and the thread marks itself stopped.
 UpstreamCollectiveTimeout(r) ==
     /\ \/ phase[r] \in {"reduce", "barrier"}
-       \/ phase[r] = "body" /\ InHand             \* the payload broadcast
+       \/ phase[r] = "body" /\ PayloadPending     \* the payload broadcast
     /\ \E q \in Ranks : phase[q] # phase[r]
     /\ IF fatal[r]
        THEN /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]

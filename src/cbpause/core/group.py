@@ -167,6 +167,13 @@ def in_hand(g: GroupState) -> bool:
     return "drained" in g.req
 
 
+def payload_pending(g: GroupState) -> bool:
+    """TLA+ ``PayloadPending``: the payload of a rank's iteration is still to be broadcast (requests in hand, the
+    driver not gone on to its next iteration, whose payload a peer still in the body of the one before does not
+    wait for)."""
+    return in_hand(g) and g.ranks[DRIVER].phase not in ("read", "reduce")
+
+
 def broadcast(g: GroupState) -> GroupState:
     """P-BROADCAST (``Broadcast``): every rank at ``body`` takes part in the payload broadcast, which admits what the
     driver drained to every rank's scheduler.
@@ -215,23 +222,23 @@ def _loop_steps(g: GroupState, r: int, s: RankState) -> Iterator[tuple[str, Grou
         yield "JoinPeerPause" + tag, _set_rank(g, r, t.join_peer_pause(s))
     if t.can_peer_park_timeout(s):
         yield "PeerParkTimeout" + tag, _fail_remaining(_set_rank(g, r, t.peer_park_timeout(s)), r)
-    collective = t.can_collective_timeout(s) and (s.phase != "body" or in_hand(g))
+    collective = t.can_collective_timeout(s) and (s.phase != "body" or payload_pending(g))
     if collective and any(q.phase != s.phase for q in g.ranks):
         yield "CollectiveTimeout" + tag, _fail_remaining(_set_rank(g, r, t.collective_timeout(s)), r)
     if t.can_close_window(s):
         yield "CloseWindow" + tag, _set_rank(g, r, t.close_window(s))
     if t.can_no_pause(s):
         yield "NoPause" + tag, _set_rank(g, r, t.no_pause(s))
-    if t.can_start_step(s) and has_work(g) and not in_hand(g):
+    if t.can_start_step(s) and has_work(g) and not payload_pending(g):
         yield "StartStep" + tag, _set_rank(g, r, t.start_step(s))
     if t.can_end_step(s):
         stepped = _finish(_set_rank(g, r, t.end_step(s)), r, ("active",))
         if r == DRIVER:  # a request's first step puts it in flight
             stepped = replace(stepped, req=tuple("active" if q == "waiting" else q for q in stepped.req))
         yield "EndStep" + tag, stepped
-    if t.can_idle(s) and not has_work(g) and not in_hand(g):
+    if t.can_idle(s) and not has_work(g) and not payload_pending(g):
         yield "Idle" + tag, _set_rank(g, r, t.idle(s))
-    if t.may_exit(s) and not (s.phase == "body" and (has_work(g) or in_hand(g))):
+    if t.may_exit(s) and not (s.phase == "body" and (has_work(g) or payload_pending(g))):
         yield "ExitLoop" + tag, _fail_remaining(_set_rank(g, r, t.exit_loop(s)), r)
 
 
@@ -448,7 +455,7 @@ GROUP_INVARIANTS = {
 __all__ = [
     "DRIVER", "FAULTS", "GROUP_INVARIANTS", "HELD", "HOLDER_STATES", "REQUEST_STATES", "Bounds", "GroupState",
     "action_name", "any_inside", "broadcast", "counts_inv", "deliver", "exclusion_inv", "has_work", "in_flight",
-    "in_hand", "initial_group",
+    "in_hand", "initial_group", "payload_pending",
     "holder_dies", "mode_inv", "monotone_stop_inv", "next_steps", "nothing_lost_inv", "same_window_inv", "submit",
     "terminated", "tla_holder_state", "tla_number", "type_ok",
 ]  # fmt: skip

@@ -100,14 +100,18 @@ def run_tp(plan: str, checkpoint: str, seed: int, workdir: Path, deadline: float
 class Campaign:
     """Runs the scenarios, validates their traces, keeps the figures."""
 
-    def __init__(self, tla_dir: Path, workdir: Path):
+    def __init__(self, tla_dir: Path, workdir: Path, keep: bool = False):
         self.tla_dir, self.workdir = tla_dir, workdir
         self.coverage = Coverage()
         self.validated = self.rejected = self.steps = self.tp2 = self.real = 0
         self.problems: list[str] = []
+        self.traces: dict[str, Any] = {}  # with ``keep``: each scenario's trace, by name (the tests alter some)
+        self.keep = keep
 
     def check(self, trace: Any, info: dict, name: str, n_ranks: int) -> None:
         result: TraceResult = validate(trace, self.tla_dir, self.workdir / f"v{self.validated + self.rejected}")
+        if self.keep:
+            self.traces[name] = trace
         self.steps += result.steps
         if result.accepted:
             self.validated += 1
@@ -216,12 +220,13 @@ def repeat_plans(args: argparse.Namespace, rng: random.Random, began: float) -> 
     return 1 if campaign.rejected or campaign.problems else 0
 
 
-def covering(tla_dir: Path, workdir: Path, seed: int) -> Campaign:
+def covering(tla_dir: Path, workdir: Path, seed: int, keep: bool = False) -> Campaign:
     """The covering subset: :data:`COVERING_TP` at TP=2 and :data:`COVERING_SINGLE` on one rank, every trace
-    validated; the campaign's figures (``coverage``, ``problems``, ``rejected``) say how it went."""
+    validated; the campaign's figures (``coverage``, ``problems``, ``rejected``) say how it went (with ``keep``, its
+    traces too, by scenario: ``tp2 pauses``, ...)."""
     quiet_logs()
     rng = random.Random(seed)
-    campaign = Campaign(tla_dir, workdir)
+    campaign = Campaign(tla_dir, workdir, keep)
     model, checkpoint = _model(workdir, seed % 1000)
     for plan in COVERING_TP:
         campaign.tp_scenario(plan, checkpoint, rng.randrange(2**31), f"tp2 {plan}")
