@@ -100,8 +100,7 @@ COMMANDS = {
     },
     "traces_real": {
         "full": lambda a: _py("-m", "cbpause.apps.scenarios", "--real", *a),
-        "brief": lambda tmp: _py("-m", "cbpause.apps.scenarios", "--real", "--count", "1", "--tp", "0",
-                                 "--seed", "1"),  # fmt: skip
+        "brief": lambda tmp: _py("-m", "cbpause.apps.scenarios", "--real", "--plans", "peer_never", "--seed", "1"),
     },
     "bench": {
         "full": lambda a: _py("-m", "cbpause.apps.bench", *a),

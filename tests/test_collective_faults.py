@@ -30,6 +30,7 @@ pytest.importorskip("transformers")
 
 from transformers.generation.continuous_batching.requests import RequestStatus  # noqa: E402
 
+from cbpause.integrations import iteration  # noqa: E402
 from cbpause.integrations import transformers as cbt  # noqa: E402
 from cbpause.testing import JOIN_TIMEOUT, batching_config, greedy_config, probed, run_thread  # noqa: E402
 
@@ -66,7 +67,7 @@ class Faults:
         self._all_reduce, self._broadcast = helper.tp_all_reduce_state, helper.tp_broadcast_object_from_rank_0
         monkeypatch.setattr(helper, "tp_all_reduce_state", self.all_reduce)
         monkeypatch.setattr(helper, "tp_broadcast_object_from_rank_0", self.broadcast)
-        monkeypatch.setattr(cbt._dist, "monitored_barrier", self.monitored_barrier, raising=False)
+        monkeypatch.setattr(iteration._dist, "monitored_barrier", self.monitored_barrier, raising=False)
 
     def _fire(self, site: str) -> None:
         if self.site == site and self.armed.is_set() and not self.fired.is_set():

@@ -8,7 +8,7 @@ manifest records).  The main suite's models are in CI's selection; the others ru
 
 import pytest
 
-from cbpause.core import transitions
+from cbpause.core import state
 from cbpause.tlc import Cfg, load_manifest
 from cbpause.tlc.conformance import (
     DEEP_MODEL_SHAPES,
@@ -57,7 +57,7 @@ def test_a_mutated_guard_is_found_and_named(monkeypatch, graphs):
     """Open the pause window even when the group hard-stops: the comparison names the transition."""
     tlc, _ = graphs("PauseProtocol_1r2h")
     monkeypatch.setattr(
-        transitions, "pause_decided", lambda s: s.phase == "decided" and s.tp_pause  # guard tp_status < HARD removed
+        state, "pause_decided", lambda s: s.phase == "decided" and s.tp_pause  # guard tp_status < HARD removed
     )
     diffs = compare(tlc, python_graph(FAST_MODEL_SHAPES["PauseProtocol_1r2h"]))
     assert diffs, "the mutated transitions must not match the spec"

@@ -38,6 +38,7 @@ def phases_of_the_spec(tlc_ready):
     return _phases(ROOT / "tla")
 
 
+@pytest.mark.extended  # two TLC runs of mutated specs with their graphs (20 s): nox -s verify
 def test_the_phase_diagram_changes_with_the_spec(tla_copy, tlc_ready, tmp_path, phases_of_the_spec):
     """Rename an action and a phase in a copy of the spec: TLC's graph, and so the picture, follow."""
     before = phases_of_the_spec

@@ -491,6 +491,7 @@ def test_a_client_that_disconnects_while_queued_has_its_request_cancelled(checkp
     assert not thread.is_alive() and not app.state.manager.is_running()
 
 
+@pytest.mark.extended  # 20 s and more; CI runs the HTTP soak briefly (tests/test_sessions.py): nox -s system
 def test_a_short_soak_over_http_loses_nothing():
     """The covering subset of ``nox -s soak -- --http`` (two servers, trainers, abandoned and killed leases)."""
     from cbpause.apps.soak import http as soak_http

@@ -227,7 +227,7 @@ def test_a_simulated_model_reports_its_behaviours():
 
     model = Model("s", "M", "m.cfg", "deep", "ok", options=("-simulate", "num=1500", "-depth", "100", "-seed", "1"))
     assert model.simulated and Cfg("SPECIFICATION S\n").features(model.options) == ("simulation",)
-    run = launcher._read("Progress: 100,113 states checked.\nFinished in 39s at (x)", 39.0, None)
+    run = launcher.read_output("Progress: 100,113 states checked.\nFinished in 39s at (x)", 39.0, None)
     assert run.outcome == "ok" and run.states_generated == 100113
     assert simulation_summary(model, run) == (
         "simulated: 1500 behaviours of up to 100 steps, 100,113 states checked, no error"

@@ -94,8 +94,8 @@ def _leave(status: PauseProtocol, hold: PauseHold) -> None:
         if hold.state != "idle":
             raise
         raise RuntimeError(
-            "this pause was already released (a release_pause() inside the with block, or its thread died and the "
-            "loop released it?): nothing was changed"
+            "this pause was already released (a leave_pause() of its hold inside the with block, or its thread died "
+            "and the loop released it?): nothing was changed"
         ) from None
 
 
