@@ -86,7 +86,7 @@ COMMANDS = {
         ], {})] + ([] if a else [(["pytest", "-p", "no:cacheprovider", "--layer", "core", "tests/test_crosshair.py"],
                                   {"CBPAUSE_CROSSHAIR_PLANTED": "1"})]),
         "brief": lambda tmp: [([
-            "crosshair", "check", "--analysis_kind=PEP316", "--per_condition_timeout=5", "--per_path_timeout=2",
+            "crosshair", "check", "--analysis_kind=PEP316", "--per_condition_timeout=3", "--per_path_timeout=1",
             "cbpause.core.transitions.leave_pause",
         ], {})],
     },  # fmt: skip
@@ -96,11 +96,11 @@ COMMANDS = {
     },
     "traces": {
         "full": lambda a: _py("-m", "cbpause.apps.scenarios", *(a or ["--count", "200"]), env=TLC_CACHE),
-        "brief": lambda tmp: _py("-m", "cbpause.apps.scenarios", "--count", "3", "--seed", "1"),
+        "brief": lambda tmp: _py("-m", "cbpause.apps.scenarios", "--count", "6", "--seed", "11"),
     },
     "traces_real": {
         "full": lambda a: _py("-m", "cbpause.apps.scenarios", "--real", *a),
-        "brief": lambda tmp: _py("-m", "cbpause.apps.scenarios", "--real", "--plans", "peer_never", "--seed", "1"),
+        "brief": lambda tmp: _py("-m", "cbpause.apps.scenarios", "--real", "--covering", "--seed", "24"),
     },
     "bench": {
         "full": lambda a: _py("-m", "cbpause.apps.bench", *a),
@@ -118,11 +118,11 @@ COMMANDS = {
     },
     "soak": {
         "full": lambda a: _py("-m", "cbpause.apps.soak", *a),
-        "brief": lambda tmp: _py("-m", "cbpause.apps.soak", "--seconds", "8", "--seed", "7"),
+        "brief": lambda tmp: _py("-m", "cbpause.apps.soak", "--seconds", "4", "--seed", "7"),
     },
     "soak_http": {
         "full": lambda a: _py("-m", "cbpause.apps.soak.http", *a),
-        "brief": lambda tmp: _py("-m", "cbpause.apps.soak.http", "--seconds", "8", "--seed", "29"),
+        "brief": lambda tmp: _py("-m", "cbpause.apps.soak.http", "--seconds", "4", "--seed", "29"),
     },
 }
 

@@ -479,7 +479,7 @@ def test_d9_a_cancelled_request_gets_its_output(cbpause_or_upstream_d9, model):
         assert reached.wait(WAIT)  # the request is in the batch, its step held
         manager.cancel_request(rid)
         release.set()
-        out = manager.get_result(timeout=output_wait(manager, 5.0))
+        out = manager.get_result(timeout=output_wait(manager, 2.0))
         assert out is not None, "the cancelled request got no output and never will (D9)"
         assert out.request_id == rid and out.status == RequestStatus.FAILED
 

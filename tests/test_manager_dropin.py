@@ -159,7 +159,7 @@ def test_holders_whose_pauses_overlap_cannot_starve_a_stop(manager, request):
         request.applymarker(pytest.mark.xfail(strict=True, reason="upstream admits new pauses under a stop: "
                                               "overlapping holders keep the stop from completing"))  # fmt: skip
     # The stop must complete: WAIT for cbpause; upstream's never does (the strict xfail), so a short wait there.
-    stop_s = 10.0 if upstream else WAIT
+    stop_s = 3.0 if upstream else WAIT
     manager.start()
     ids = submit(manager)
     cond = threading.Condition()

@@ -176,22 +176,3 @@ def test_a_peer_killed_with_requests_in_transit_loses_none(tmp_path, tlc_ready):
     assert info["lost"] == 0 and info["duplicated"] == 0, info
     result = validate(trace, TLA_DIR, tmp_path / "v")
     assert result.accepted, describe_rejection(trace, result)
-
-
-@pytest.fixture(scope="module")
-def covering_campaign(tmp_path_factory, tlc_ready):
-    from cbpause.apps.scenarios.real import covering
-
-    return covering(TLA_DIR, tmp_path_factory.mktemp("covering"), seed=24, keep=True)
-
-
-def test_the_covering_subset_of_the_campaign_takes_every_action_and_loses_nothing(covering_campaign):
-    """What CI keeps of ``nox -s traces -- --real`` (issue 24): a few chosen TP=2 plans and single-rank scenarios
-    that together take every action of the spec on the real loop, a kill plan with requests in transit among
-    them.  Every trace is accepted by TLC, no request is lost or duplicated, nothing hangs, and no action of the
-    spec is left untaken: a lost request or a coverage drop fails here."""
-    campaign = covering_campaign
-    assert campaign.problems == [], "\n".join(campaign.problems)
-    assert campaign.rejected == 0 and campaign.validated == campaign.real
-    _, unseen = campaign.coverage.actions()
-    assert unseen == set(), f"actions of the spec no trace took: {sorted(unseen)}\n{campaign.coverage.report()}"

@@ -19,6 +19,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tp", type=int, default=None, help="TP=2 scenarios among them (--real; default: every plan)")
     parser.add_argument("--plans", default=None, help="--real: run only the TP=2 plans matching this shell pattern")
     parser.add_argument("--repeat", type=int, default=1, help="--real --plans: how many times each plan runs")
+    parser.add_argument("--covering", action="store_true",
+                        help="--real: only the covering subset (a few TP=2 plans and single-rank scenarios that take "
+                             "every action of the spec; what CI runs)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--record", type=Path, default=None,
                         help="--real: write the run's command, commit, date, coverage and closing line to this file "
@@ -31,8 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--count must be >= 1")
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
-    if (args.plans is not None or args.repeat > 1 or args.record is not None) and not args.real:
-        parser.error("--plans, --repeat and --record go with --real")
+    if (args.plans is not None or args.repeat > 1 or args.record is not None or args.covering) and not args.real:
+        parser.error("--plans, --repeat, --record and --covering go with --real")
     return args
 
 
