@@ -15,6 +15,7 @@ import shutil
 import pytest
 
 from cbpause.apps import diagrams
+from cbpause.tlc.cache import default_cache
 from cbpause.tlc.conformance import tlc_graph
 from cbpause.tlc.manifest import load_manifest
 
@@ -28,7 +29,8 @@ def _models(tla_dir):
 
 
 def _phases(tla_dir):
-    graph = tlc_graph(_models(tla_dir)["PauseProtocol_1r2h"], tla_dir)
+    # The cache (CBPAUSE_TLC_CACHE) holds the main job's run of the spec as it is; a mutated copy is another key.
+    graph = tlc_graph(_models(tla_dir)["PauseProtocol_1r2h"], tla_dir, cache=default_cache())
     return diagrams.phase_edges([("PauseProtocol_1r2h", graph)])
 
 

@@ -207,24 +207,35 @@ def test_a_bad_witness_is_a_clear_error(tla_copy):
         load_manifest(tla_copy)
 
 
-def test_a_dead_action_fails_a_passing_model(tla_copy, tlc_ready):
-    """A guard made FALSE keeps every safety property true, vacuously: the coverage check catches it."""
+def test_a_dead_action_fails_a_passing_model_and_a_witness_that_holds_fails_its_row(tla_copy, tlc_ready):
+    """A guard made FALSE keeps every safety property true, vacuously: the coverage check catches it.  In the same
+    run (one exploration for both), an action witness made to hold fails its row, while another witness of the same
+    run passes."""
     spec = tla_copy / "PauseProtocol.tla"
     text = spec.read_text()
     spec.write_text(text.replace("Restart ==\n", "Restart ==\n    /\\ FALSE\n", 1))
     assert spec.read_text() != text
+    wrapper = tla_copy / "MCPauseProtocol.tla"
+    text = wrapper.read_text()
+    wrapper.write_text(text.replace("ResumesStep == ", "ResumesStep == FALSE /\\ ", 1))
+    assert wrapper.read_text() != text
     from cbpause.tlc import load_manifest
+    from cbpause.tlc.models import run_models
 
-    model = {m.name: m for m in load_manifest(tla_copy)}["PauseProtocol_1r2h"]
-    result = run_model(model, tla_copy, workers=2)
+    names = ("PauseProtocol_1r2h", "Witness_NeverResumes_1r2h", "Witness_NeverInside_1r2h")
+    models = [m for m in load_manifest(tla_copy) if m.name in names]
+    results = {r.model.name: r for r in run_models(models, tla_copy, jobs=1, workers=2)}
+    result = results["PauseProtocol_1r2h"]
     assert result.outcome == "ok" and not result.passed
     assert result.coverage_mismatches() == ["Restart never fired"]
-
+    assert results["Witness_NeverInside_1r2h"].passed
+    resumes = results["Witness_NeverResumes_1r2h"]
+    assert resumes.outcome == "ok" and not resumes.passed
 
 
 def test_a_witness_its_parents_run_never_breaks_fails_its_row(tla_copy, tlc_ready):
-    """A witness is observed in its parent's run (cbpause.tlc.witnesses): one made to hold, a state witness here and
-    an action witness below, must fail its row, while the parent's counts stay the manifest's."""
+    """A witness is observed in its parent's run (cbpause.tlc.witnesses): a state witness made to hold fails its row,
+    while the parent's counts stay the manifest's (an action witness: the test above)."""
     from cbpause.tlc import load_manifest
     from cbpause.tlc.models import run_models
 
@@ -238,22 +249,6 @@ def test_a_witness_its_parents_run_never_breaks_fails_its_row(tla_copy, tlc_read
     assert results["Witness_NeverTearsDown_StopTeardown_cbpause"].passed
     finishes = results["Witness_NeverFinishes_StopTeardown_cbpause"]
     assert finishes.outcome == "ok" and not finishes.passed
-
-
-def test_an_action_witness_its_parents_run_never_breaks_fails_its_row(tla_copy, tlc_ready):
-    from cbpause.tlc import load_manifest
-    from cbpause.tlc.models import run_models
-
-    wrapper = tla_copy / "MCPauseProtocol.tla"
-    text = wrapper.read_text()
-    wrapper.write_text(text.replace("ResumesStep == ", "ResumesStep == FALSE /\\ ", 1))
-    assert wrapper.read_text() != text
-    models = [m for m in load_manifest(tla_copy) if m.name in ("PauseProtocol_1r2h", "Witness_NeverResumes_1r2h",
-                                                               "Witness_NeverInside_1r2h")]  # fmt: skip
-    results = {r.model.name: r for r in run_models(models, tla_copy, jobs=1, workers=2)}
-    assert results["PauseProtocol_1r2h"].passed and results["Witness_NeverInside_1r2h"].passed
-    resumes = results["Witness_NeverResumes_1r2h"]
-    assert resumes.outcome == "ok" and not resumes.passed
 
 
 def test_a_simulated_model_reports_its_behaviours():

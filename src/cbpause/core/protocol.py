@@ -40,12 +40,7 @@ class RankProtocol(LoopSteps):
     """Pause, stop and fatal-error protocol of one rank's continuous-batching loop: the explicit holder and loop
     APIs.  :class:`cbpause.PauseProtocol` adds transformers' drop-in API; use that one where transformers' own loop
     (which reports only some of its steps) drives it, or a caller uses ``acquire_pause``/``release_pause``.
-
-    Args:
-        peer_park_timeout: how long a rank parked for a peer's pause waits for its local holder before
-            failing (spec section 5).  ``None`` waits for ever, as upstream does.
-        clock: a monotonic clock, for the metrics and the timeouts (tests may pass a fake).
-        trace: a :class:`~cbpause.core.recorder.TraceRecorder` that records every transition (off by default).
+    Its keyword arguments (``peer_park_timeout``, ``clock``, ``trace``) are :class:`~cbpause.core.rank.RankCore`'s.
     """
 
     DONT_STOP = DONT_STOP

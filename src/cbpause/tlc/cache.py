@@ -73,7 +73,10 @@ class Cache:
         if graph is not None:
             shutil.copy(graph, tmp / "graph.dot")
         entry = self.folder / key
-        shutil.rmtree(entry, ignore_errors=True)
+        if (entry / "seconds.txt").is_file():  # another process kept the same run: a reader may be reading it
+            shutil.rmtree(tmp, ignore_errors=True)
+            return entry / "graph.dot" if graph is not None else None
+        shutil.rmtree(entry, ignore_errors=True)  # a part left by a process that died writing it
         try:
             tmp.rename(entry)
         except OSError:  # another process kept the same run meanwhile: theirs is as good
