@@ -7,7 +7,9 @@ The main job: ``nox -s tlc``.  The tests, by what they need (``tests/conftest.py
 Every session installs one of a few environments (:data:`ENVIRONMENTS`), never a list of its own, so that the brief
 run of each session that CI makes (``tests/test_sessions.py``: the session's own commands, :data:`COMMANDS`, with
 their brief arguments, in a test of the layer whose environment is the session's) runs with what the session itself
-installs: a session cannot lack a package unseen.  Virtual environments are reused between runs; a session's TLC
+installs: a session cannot lack a package unseen.  One exception: the main job (``tlc``, whose environment is
+``.[tlc]``, a subset of the light one) runs in full in CI, so its brief run only lists the models, in the core
+layer.  Virtual environments are reused between runs; a session's TLC
 runs are kept in ``.cache/tlc`` (:mod:`cbpause.tlc.cache`), so that ``nox -s tlc core ci docs`` explores each state
 space once.
 """
@@ -48,7 +50,7 @@ SESSION_ENV = {
     "gpu": "full", "hostile": "full", "soak": "full", "soak_http": "full", "lint": "lint", "docs": "docs",
     "docs_check": "docs_check",
 }  # fmt: skip
-ENV_LAYER = {"light": "core", "full": "system", "tlc": "core"}
+ENV_LAYER = {"light": "core", "full": "system", "tlc": "core"}  # tlc: see the module's docstring
 
 FUZZ_SEED = "2027"
 
@@ -81,7 +83,7 @@ COMMANDS = {
         "brief": lambda tmp: _py("-m", "cbpause.tlc", "--list"),  # CI runs the main job in full (README)
     },
     "tlc_deep": {
-        "full": lambda a: _py("-m", "cbpause.tlc", "--suite", "deep", *a, env=TLC_CACHE)
+        "full": lambda a: _py("-m", "cbpause.tlc", *(a or ["--suite", "deep"]), env=TLC_CACHE)
         + ([] if a else _py("-m", "cbpause.tlc.conformance", env=TLC_CACHE)),
         "brief": lambda tmp: _py("-m", "cbpause.tlc", "--suite", "deep", "--list")
         + _py("-m", "cbpause.tlc.conformance", "--model", "PauseProtocol_1r2h", env=TLC_CACHE),

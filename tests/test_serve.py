@@ -501,6 +501,15 @@ def test_a_short_soak_over_http_loses_nothing():
     assert result["pauses"] > 0 and result["answered"] > 0 and result["requests"] > result["answered"]
 
 
+@pytest.mark.parametrize("argv", [["--seconds", "-5"], ["--seconds", "nan"], ["--bound", "0"]])
+def test_the_http_soak_refuses_a_duration_or_bound_that_is_not_positive(argv, capsys):
+    from cbpause.apps.soak import http as soak_http
+
+    with pytest.raises(SystemExit) as exit_:
+        soak_http.parse_args(argv)
+    assert exit_.value.code == 2 and "must be > 0" in capsys.readouterr().err
+
+
 def test_the_http_bench_measures_both_sides(tmp_path):
     from cbpause.apps.bench.http_side import main
 

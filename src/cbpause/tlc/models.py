@@ -113,6 +113,16 @@ def _observed(model: Model) -> list[tuple[str, str]]:
     return [tuple(expect.split(":", 1)) for expect in model.witnesses]  # type: ignore[misc]
 
 
+def _observer(model: Model, tla_dir: Path) -> str | None:
+    """The text of the observer module a run of ``model`` checks (its witnesses), or None when it observes none;
+    ``TLCError`` for a witness written in a form the observer cannot read."""
+    observed = _observed(model) if not model.witness else []
+    if not observed:
+        return None
+    source = "".join(p.read_text() for p in sorted(Path(tla_dir).glob("*.tla")))  # where the witnesses are defined
+    return w.observer_module(model.module, observed, source)
+
+
 def run_model(
     model: Model,
     tla_dir: Path,
@@ -130,16 +140,18 @@ def run_model(
         raise TLCError(f"model {model.name}: config file {cfg} does not exist")
     text = model.cfg_text(tla_dir)
     properties = Cfg(text).names("PROPERTY")
-    observed = _observed(model) if not model.witness else []
-    module = w.OBSERVER if observed else model.module
-    if observed:
+    observer = _observer(model, tla_dir)
+    module = w.OBSERVER if observer else model.module
+    if observer:
         text = w.observer_cfg(text)
-    options = [*model.options, *(["-nowarning"] if observed else [])]
+    options = [*model.options, *(["-nowarning"] if observer else [])]
     single = properties[0] if len(properties) == 1 else None
     key = None
     if cache is not None:
         fixed = ["-workers", str(model.workers)] if model.workers else []
-        key = Cache.key(find_jar(), tla_dir, text, model.module + "/" + module, [*options, *fixed], model.graph)
+        # The observer's text is in the key: a witness added to or removed from the manifest is another run.
+        key = Cache.key(find_jar(), tla_dir, text + "\0" + (observer or ""), model.module + "/" + module,
+                        [*options, *fixed], model.graph)  # fmt: skip
         kept = cache.get(key)
         if kept is not None:
             output, seconds, graph = kept
@@ -150,9 +162,8 @@ def run_model(
         work = Path(tmp)
         for f in tla_dir.glob("*.tla"):  # a private copy: the run adds its own module, and tla/ may be read-only
             shutil.copy(f, work / f.name)
-        if observed:
-            source = "".join(p.read_text() for p in sorted(tla_dir.glob("*.tla")))  # where the witnesses are defined
-            (work / f"{w.OBSERVER}.tla").write_text(w.observer_module(model.module, observed, source))
+        if observer:
+            (work / f"{w.OBSERVER}.tla").write_text(observer)
         (work / "model.cfg").write_text(text)
         dot = work / "graph.dot" if model.graph else None
         run = run_tlc(
@@ -195,6 +206,8 @@ def run_models(
     workers = workers or max(1, cores // jobs)
     names = {m.name for m in models}
     own = [m for m in models if not (m.parent and m.parent in names)]
+    for model in own:  # a witness the observer cannot read is an error before any run, not after the others
+        _observer(model, tla_dir)
     results: dict[str, Result] = {}
     lock = threading.Lock()
 
@@ -291,31 +304,56 @@ def _report(result: Result) -> None:
         print(f"   result {run.outcome}, expected {result.model.expect}; TLC's last lines:\n{tail}")
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
+def _usable_cache(folder: Path) -> Cache:
+    """The cache in ``folder``, made and written to now: a cache that cannot keep a run is an error before TLC runs,
+    not after."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        raise TLCError(f"the cache folder {folder} cannot keep runs: {exc}") from exc
+    return Cache(folder)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cbpause.tlc", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", choices=(*SUITES, "all"), default="main",
+    parser.add_argument("--suite", choices=(*SUITES, "all"), default=None,
                         help="main (default: the main job), fast (main's and every other model of seconds), deep, all")
     parser.add_argument("--model", action="append", default=[], help="run only this model (repeatable)")
     parser.add_argument("--tla-dir", type=Path, default=None)
-    parser.add_argument("--jobs", type=int, default=None, help="models checked at once (default: one per core)")
-    parser.add_argument("--workers", type=int, default=None, help="TLC workers of each (default: cores / jobs)")
+    parser.add_argument("--jobs", type=_positive, default=None, help="models checked at once (default: one per core)")
+    parser.add_argument("--workers", type=_positive, default=None,
+                        help="TLC workers of each (default: cores / jobs; a model whose manifest fixes its workers, "
+                             "for a counterexample that must be the same every time, keeps them)")
     parser.add_argument("--cache", type=Path, default=None,
                         help="keep each run in this folder, and read it back when nothing changed (default: the folder "
                              "$CBPAUSE_TLC_CACHE names, if set)")
-    parser.add_argument("--fresh", action="store_true", help="run TLC even where the cache has the run (keep it)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="run TLC even where the cache has the run, and keep the new run in its place")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
     parser.add_argument("--quiet", action="store_true", help="do not stream TLC's progress")
     args = parser.parse_args(argv)  # fmt: skip
+    if args.model and args.suite:
+        parser.error("--model and --suite choose the models two ways: give one")
     try:
         tla_dir = args.tla_dir or default_tla_dir()
-        models = select(load_manifest(tla_dir), args.model, args.suite)
+        models = select(load_manifest(tla_dir), list(dict.fromkeys(args.model)), args.suite or "main")
         if args.list:
             for m in models:
                 print(f"{m.name:48} {m.suite:5} {m.expect:44} {m.description}")
             return 0
         find_java()
         find_jar()
-        cache = Cache(args.cache) if args.cache else default_cache()
+        cache = default_cache() if args.cache is None else Cache(args.cache)
+        if cache is not None:
+            cache = _usable_cache(cache.folder)
         if cache is not None and args.fresh:
             cache.read = False
         start = time.monotonic()

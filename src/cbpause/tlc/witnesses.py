@@ -12,8 +12,9 @@ the counts stay the manifest's) and that print one line the first time a state, 
 Each worker remembers what it printed in a TLC register (``TLCSet``/``TLCGet``: per worker, all set to 0 by an
 ``ASSUME``, which runs before the workers start), so a witness prints once per worker, not once per state.  A
 witness of a state is the negation of an invariant (``NeverXWitness``: observed where it is ``FALSE``); a witness of
-a step is written ``NeverXWitness == [][~XStep]_vars`` (observed where ``XStep`` holds: a stuttering step never
-satisfies it).  :func:`found` reads the lines back.
+a step is written ``NeverXWitness == [][~XStep]_vars`` (observed on a step where ``XStep`` holds and ``vars``
+changes: ``[][~XStep]_vars`` allows a stuttering ``XStep`` step, and TLC does generate such steps, an action like
+``Terminated`` that leaves every variable as it is).  :func:`found` reads the lines back.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def observer_module(module: str, witnesses: list[tuple[str, str]], module_text: 
         if kind == "invariant":
             states.append(f'(~{name} => CbpauseSeen({i}, "{name}"))')
         elif kind == "action-property":
-            steps.append(f'({step_of(name, module_text)} => CbpauseSeen({i}, "{name}"))')
+            # [][~XStep]_vars fails only on a step that changes vars: a stuttering XStep step breaks nothing.
+            steps.append(f'(({step_of(name, module_text)} /\\ vars\' # vars) => CbpauseSeen({i}, "{name}"))')
         else:
             raise TLCError(f"a witness is an invariant or an action property, not {kind!r}")
     lines.append("CbpauseObserveState == " + " /\\ ".join(states or ["TRUE"]))

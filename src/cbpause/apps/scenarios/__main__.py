@@ -28,6 +28,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(docs/measured/real-campaign.txt is what docs/verification.md shows)")  # fmt: skip
     parser.add_argument("--tla-dir", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.covering and (args.plans is not None or args.count is not None or args.tp is not None):
+        parser.error("--covering runs a fixed subset: --plans, --count and --tp do not go with it")
+    if args.record is not None and (args.covering or args.plans is not None):
+        parser.error("--record writes a campaign's record: not with --covering or --plans")
+    if args.repeat > 1 and args.plans is None:
+        parser.error("--repeat goes with --plans")
     if args.count is None:
         args.count = 60 if args.real else 200
     if args.count < 1:

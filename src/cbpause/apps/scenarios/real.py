@@ -39,7 +39,7 @@ __all__ = ["main"]
 
 COVERAGE_TARGET = 0.9
 
-# The covering subset that CI runs (tests/test_real_traces.py, via covering()): plans chosen, not drawn, so that
+# The covering subset that CI runs (--real --covering, tests/test_sessions.py): plans chosen, not drawn, so that
 # together they take every action of the spec, at TP=2 and on one rank, with a kill plan whose dead peer meets
 # the driver's payload in transit (kill_payload).
 COVERING_TP = ("pauses", "peer_never", "kill_payload")

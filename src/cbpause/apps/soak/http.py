@@ -295,6 +295,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "was answered and one was not (left or rejected)")  # fmt: skip
     args = p.parse_args(argv)
     args.duration = args.seconds if args.seconds is not None else 60 * (5 if args.minutes is None else args.minutes)
+    if not args.duration > 0 or not args.bound > 0:  # as the in-process soak: a NaN or a negative is refused
+        p.error("the duration and --bound must be > 0")
     args.seed = args.seed if args.seed is not None else random.randrange(2**32)
     return args
 
