@@ -69,7 +69,7 @@ def main() -> None:
                     marks = [_after(window, left), _after(group, left), _after(batch, left)]
                     if None in marks or not left <= marks[0] <= marks[1] <= marks[2] <= forward:
                         continue
-                    for phase, start, end in zip(PHASES, [left, *marks], [*marks, forward]):
+                    for phase, start, end in zip(PHASES, [left, *marks], [*marks, forward], strict=True):
                         phases[phase].append(end - start)
     for impl, phases in figures.items():
         medians = ", ".join(f"{p} {1e6 * statistics.median(v):.1f}" for p, v in phases.items())
