@@ -158,13 +158,8 @@ class PauseProtocol(RankProtocol):
     a stray ``release_pause()`` raises and changes nothing (D2), a rank parked for a peer's pause leaves
     after ``peer_park_timeout`` seconds with :class:`~cbpause.PeerParkTimeout` (D3), and ``acquire_pause()``
     from the loop's own thread raises (D4).  The explicit holder and loop APIs are those of
-    :class:`~cbpause.core.protocol.RankProtocol`; a loop may mix the two (see the module's docstring).
-
-    Args:
-        peer_park_timeout: how long a rank parked for a peer's pause waits for its local holder before
-            failing (spec section 5).  ``None`` waits for ever, as upstream does.
-        clock: a monotonic clock, for the metrics and the timeouts (tests may pass a fake).
-        trace: a :class:`~cbpause.core.recorder.TraceRecorder` that records every transition (off by default).
+    :class:`~cbpause.core.protocol.RankProtocol`; a loop may mix the two (see the module's docstring).  Its keyword
+    arguments (``peer_park_timeout``, ``clock``, ``trace``) are :class:`~cbpause.core.rank.RankCore`'s.
     """
 
     def __init__(
