@@ -239,14 +239,29 @@ def covering_main(args: argparse.Namespace, seed: int) -> int:
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="cbpause-real-traces-") as tmp:
         campaign = covering(args.tla_dir or default_tla_dir(), Path(tmp), seed)
+    _report(campaign, began)
+    return _verdict(campaign, target=0.0, every_trace_validated=True)
+
+
+def _report(campaign: Campaign, began: float) -> str:
+    """Print a campaign's problems, its coverage and its closing line; returns the closing line."""
     for problem in campaign.problems:
         print(problem)
+    closing = f"{campaign.line()} seconds={time.monotonic() - began:.0f}"
     print(campaign.coverage.report())
-    print(f"{campaign.line()} seconds={time.monotonic() - began:.0f}")
+    print(closing)
+    return closing
+
+
+def _verdict(campaign: Campaign, *, target: float, every_trace_validated: bool = False) -> int:
+    """The exit status: 1 on a rejected trace, a problem, an action of the spec not taken, the transitions' coverage
+    under ``target`` or (``every_trace_validated``) a real trace not validated; a hang exits the process at once."""
     _, unseen = campaign.coverage.actions()
-    code = 1 if campaign.rejected or campaign.problems or unseen or campaign.validated != campaign.real else 0
+    covered = not unseen and campaign.coverage.fraction() >= target
+    validated = not every_trace_validated or campaign.validated == campaign.real
+    code = 1 if campaign.rejected or campaign.problems or not covered or not validated else 0
     if any("HANG" in problem for problem in campaign.problems):
-        os._exit(code)
+        os._exit(code)  # a loop thread still parked would hold the interpreter's exit
     return code
 
 
@@ -273,16 +288,7 @@ def main(args: argparse.Namespace) -> int:
             campaign.single_scenario(model, probe, plan, rng.randrange(2**31), f"single {n}")
             if (n + 1) % 10 == 0:
                 print(f"  {campaign.line()} ({time.monotonic() - began:.0f} s)", flush=True)
-    for problem in campaign.problems:
-        print(problem)
-    closing = f"{campaign.line()} seconds={time.monotonic() - began:.0f}"
-    print(campaign.coverage.report())
-    print(closing)
+    closing = _report(campaign, began)
     if args.record is not None:
         record(args.record, f"--real --seed {master} --count {args.count}", started, campaign, closing)
-    _, unseen = campaign.coverage.actions()
-    covered = not unseen and campaign.coverage.fraction() >= COVERAGE_TARGET
-    code = 1 if campaign.rejected or campaign.problems or not covered else 0
-    if any("HANG" in problem for problem in campaign.problems):
-        os._exit(code)  # a loop thread still parked would hold the interpreter's exit
-    return code
+    return _verdict(campaign, target=COVERAGE_TARGET)
