@@ -276,8 +276,8 @@ fleet = Fleet([sys.argv[1]], holder="doomed-trainer", request_timeout=bound)
 post, first = fleet._post, []
 
 
-def told(url, route, body, timeout=None):  # says how each renewal went: how far it pushed the lease's end
-    answer = post(url, route, body, timeout)
+def told(url, route, body, **kwargs):  # says how each renewal went: how far it pushed the lease's end
+    answer = post(url, route, body, **kwargs)
     if route == "/pause" and isinstance(answer, dict):
         first.append(answer["expires_at"])
     elif route.endswith("/renew"):

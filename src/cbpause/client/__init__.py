@@ -39,6 +39,19 @@ logger = logging.getLogger("cbpause.client")
 RENEWALS_PER_TTL = 3  # renew every ttl / 3: two renewals may be lost before a lease expires
 
 
+MODES = ("keep", "retract", "drain", "abort")  # the server's (cbpause.serve.control.MODES; a test checks they agree)
+
+
+def _seconds(name: str, value: Any, *, none: bool, zero: bool) -> float | None:
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value == float("inf"):
+        raise ValueError(f"{name} must be a finite number of seconds{' or None' if none else ''}, not {value!r}")
+    if value < 0 or (value == 0 and not zero):
+        raise ValueError(f"{name} must be {'non-negative' if zero else 'positive'}, not {value!r}")
+    return float(value)
+
+
 class FleetError(RuntimeError):
     """Some servers did not do what the fleet asked: ``failed`` maps each one's URL to the reason; ``updated`` lists
     the servers that did (for an update)."""
@@ -52,16 +65,19 @@ class FleetError(RuntimeError):
 class Fleet:
     """A set of ``cbpause serve`` servers (their base URLs).  ``holder`` names this trainer in the servers' logs
     (default: host and process id).  ``request_timeout``: seconds for a control request beyond the pause's own
-    timeout.  Thread-safe for one pause at a time."""
+    timeout.  ``api_key``: the servers' ``--api-key`` (default: ``$CBPAUSE_API_KEY``), sent as a bearer token.
+    Thread-safe for one pause at a time."""
 
     def __init__(self, urls: Iterable[str], *, holder: str | None = None, request_timeout: float = 10.0,
-                 transport: Any = None) -> None:  # fmt: skip
+                 api_key: str | None = None, transport: Any = None) -> None:  # fmt: skip
         self.urls = [str(u).rstrip("/") for u in urls]
         if not self.urls or len(set(self.urls)) != len(self.urls):
             raise ValueError(f"a fleet needs one or more distinct server URLs, not {self.urls!r}")
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}"
-        self.request_timeout = request_timeout
-        self._http = httpx.Client(timeout=request_timeout, transport=transport)
+        self.request_timeout = _seconds("request_timeout", request_timeout, none=False, zero=False)
+        api_key = api_key if api_key is not None else os.environ.get("CBPAUSE_API_KEY") or None
+        headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+        self._http = httpx.Client(timeout=request_timeout, transport=transport, headers=headers)
         self.leases: dict[str, str] = {}  # url -> lease id, while a pause is held
         self.lost: dict[str, str] = {}  # url -> why its lease was lost during the pause held now
         self._lock = threading.Lock()
@@ -78,17 +94,37 @@ class Fleet:
     # ------------------------------------------------------------------------------------------- the trainer's calls
 
     @contextmanager
-    def pause(self, mode: str = "keep", timeout: float = 30.0, ttl: float = 10.0) -> Iterator[Fleet]:
-        """``TrainerPause`` on every server; renewals while the block runs; ``TrainerRelease`` at its end."""
+    def pause(self, mode: str = "keep", timeout: float | None = 30.0, ttl: float = 10.0) -> Iterator[Fleet]:
+        """``TrainerPause`` on every server; renewals while the block runs; ``TrainerRelease`` at its end.
+
+        ``timeout``: seconds each server may take to open its window (``None``: no limit); ``ttl``: seconds a lease
+        lives without a renewal (renewed every ``ttl / 3``).  Both are checked here, before any server is asked
+        (``ValueError``).  A server that answers without a lease id counts as failed; whatever fails, the leases
+        already taken are resumed before :class:`FleetError` is raised, and so they are if the call is interrupted.
+        """
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}, not {mode!r}")
+        timeout = _seconds("timeout", timeout, none=True, zero=True)
+        ttl = _seconds("ttl", ttl, none=False, zero=False)
         if self.leases:
             raise RuntimeError("this fleet already holds a pause: leave it first")
         body = {"mode": mode, "timeout": timeout, "ttl": ttl, "holder": self.holder}
-        results = self._each(lambda url: self._post(url, "/pause", body, timeout=timeout + self.request_timeout))
-        taken = {url: r["lease_id"] for url, r in results.items() if isinstance(r, dict)}
-        failed = {url: r for url, r in results.items() if not isinstance(r, dict)}
-        if failed:
+        wait = None if timeout is None else timeout + self.request_timeout
+        taken: dict[str, str] = {}
+        try:
+            results = self._each(lambda url: self._post(url, "/pause", body, timeout=wait, forever=timeout is None))
+            failed = {}
+            for url, r in results.items():
+                lease = r.get("lease_id") if isinstance(r, dict) else None
+                if isinstance(lease, str) and lease:
+                    taken[url] = lease
+                else:
+                    failed[url] = r if isinstance(r, str) else f"answered without a lease id: {r!r}"[:300]
+            if failed:
+                raise FleetError("could not pause", failed)
+        except BaseException:
             self._release(taken)
-            raise FleetError("could not pause", failed)
+            raise
         self.leases, self.lost = taken, {}
         stop = threading.Event()
         renewer = threading.Thread(target=self._renew, args=(stop, ttl / RENEWALS_PER_TTL), daemon=True,
@@ -155,10 +191,13 @@ class Fleet:
             if not isinstance(r, dict):
                 logger.warning("resuming %s failed (%s); its lease expires within its ttl", url, r)
 
-    def _post(self, url: str, route: str, body: dict, timeout: float | None = None) -> dict | str:
-        """The answer's JSON, or a text saying why there is none (the status and the server's message)."""
+    def _post(self, url: str, route: str, body: dict, timeout: float | None = None,
+              forever: bool = False) -> dict | str:  # fmt: skip
+        """The answer's JSON, or a text saying why there is none (the status and the server's message).  ``timeout``
+        (default ``request_timeout``) bounds the request, unless ``forever``."""
         try:
-            response = self._http.post(url + route, json=body, timeout=timeout or self.request_timeout)
+            bound = None if forever else (timeout or self.request_timeout)
+            response = self._http.post(url + route, json=body, timeout=bound)
         except httpx.HTTPError as error:
             return f"no answer ({type(error).__name__}: {error})"
         if response.status_code != 200:
@@ -167,7 +206,10 @@ class Fleet:
             except ValueError:
                 message = response.text
             return f"{response.status_code} {message}"
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            return f"{response.status_code} an answer that is not JSON: {response.text[:200]!r}"
 
     def _each(self, fn: Any, urls: list[str] | None = None) -> dict[str, Any]:
         urls = self.urls if urls is None else urls

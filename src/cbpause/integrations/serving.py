@@ -37,7 +37,8 @@ from .modes import ABORTED_BY_PAUSE
 from .transformers import PausableContinuousBatchingManager, init_continuous_batching
 from .weights import STALE
 
-__all__ = ["PausableCBGenerateManager", "RETRY_AFTER_S", "openai_app"]
+__all__ = ["GENERATION_ROUTES", "NEUTRAL", "PausableCBGenerateManager", "RETRY_AFTER_S", "check_generation_body",
+           "openai_app", "openai_error", "sampling_of"]
 
 RETRY_AFTER_S = 1  # what a rejected request's Retry-After says: pauses for weight updates last about that long
 
@@ -88,9 +89,23 @@ class PausableCBGenerateManager(_serving.CBGenerateManager):
             raise _serving.CBWorkerDeadError(f"the generation loop is not running; request {request_id} refused")
         super()._check_alive(request_id)
 
-    def generate_streaming(self, *args: Any, **kwargs: Any) -> Any:
+    def _refuse_duplicate(self, request_id: str) -> None:
+        """A 409 for an ``x-request-id`` still in flight (its result not delivered, or its handler not yet gone),
+        before anything is registered under it: the first request's answer is untouched.  Atomic against another
+        request with that id: both run on the event loop, with no ``await`` between this check and the enqueue."""
+        router = self._cb.output_router
+        if request_id in self._cb._live_ids or request_id in router.result_handlers:
+            from fastapi import HTTPException
+
+            self.count("failed")
+            raise HTTPException(status_code=409, detail=f"x-request-id {request_id!r} is in use by a request in "
+                                "flight: wait for its answer, or send another id")  # fmt: skip
+
+    def generate_streaming(self, model: Any, processor: Any, inputs: dict, gen_config: Any, request_id: str,
+                           *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+        self._refuse_duplicate(request_id)
         try:
-            return super().generate_streaming(*args, **kwargs)
+            return super().generate_streaming(model, processor, inputs, gen_config, request_id, *args, **kwargs)
         except LoopPausedError as error:
             raise _rejected(self, error) from error
 
@@ -100,6 +115,7 @@ class PausableCBGenerateManager(_serving.CBGenerateManager):
         output's version labels are kept for the answer (:func:`_with_versions`)."""
         cb = self._cb
         self._check_alive(request_id)
+        self._refuse_duplicate(request_id)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         cb.register_result_handler(request_id, lambda result: future.done() or future.set_result(result))
@@ -174,6 +190,122 @@ async def _disconnect(receive: Any) -> None:
         pass
 
 
+# The generation routes, and the key of each one's token budget.
+GENERATION_ROUTES = {"/v1/completions": "max_tokens", "/v1/chat/completions": "max_completion_tokens",
+                     "/v1/responses": "max_output_tokens"}  # fmt: skip
+# Arguments the loop cannot honour (it samples every request with the server's one configuration, the checkpoint's,
+# and passes only the token budget and the end-of-sequence ids down): each is refused unless absent or its neutral
+# value, so that no client believes it got what it asked.
+NEUTRAL = {"n": (1,), "best_of": (1,), "seed": (), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0),
+           "logit_bias": ({},), "stop": ([],), "logprobs": (False,), "top_logprobs": (0,), "echo": (False,),
+           "generation_config": (), "top_k": ()}  # fmt: skip
+
+
+def sampling_of(generation_config: Any) -> dict[str, float]:
+    """The temperature and top_p every request is sampled with (greedy: temperature 0, top_p 1)."""
+    if not getattr(generation_config, "do_sample", False):
+        return {"temperature": 0.0, "top_p": 1.0}
+    return {"temperature": float(generation_config.temperature or 1.0), "top_p": float(generation_config.top_p or 1.0)}
+
+
+def check_generation_body(route: str, body: dict, *, served: str, checkpoint: str, sampling: dict[str, float],
+                          chat: bool) -> dict:  # fmt: skip
+    """A generation request's body as transformers' handler must see it, or ``ValueError`` naming every argument the
+    server cannot honour (decision, ``docs/serving.md``: refused, not ignored).  ``model`` may be the served name
+    (``--served-model-name``, default the checkpoint as given), which becomes the checkpoint upstream is pinned to."""
+    refused = []
+    for key, neutral in NEUTRAL.items():
+        value = body.get(key)
+        if value is not None and not any(value == v and type(value) is type(v) for v in neutral):
+            refused.append(f"{key}={value!r}")
+    for key, value in sampling.items():
+        asked = body.get(key)
+        if asked is None:
+            continue
+        if isinstance(asked, bool) or not isinstance(asked, (int, float)) or abs(float(asked) - value) > 1e-6:
+            refused.append(f"{key}={asked!r} (this server samples with {key}={value})")
+    budget = GENERATION_ROUTES[route]
+    for key in {budget, "max_tokens"}:
+        value = body.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            refused.append(f"{key}={value!r} (a positive integer)")
+    if route == "/v1/chat/completions" and not chat:
+        raise ValueError("this checkpoint has no chat template: use /v1/completions with a prompt")
+    if refused:
+        raise ValueError(f"this server cannot honour: {', '.join(refused)}")
+    model = body.get("model")
+    if model is not None and model not in (served, checkpoint):
+        raise ValueError(f"this server serves {served!r}, not {model!r}")
+    return {**body, "model": checkpoint}
+
+
+class _GenerationChecks:
+    """Pure ASGI middleware: each generation request's body through :func:`check_generation_body` (a 400 naming
+    what is refused), and ``GET /v1/models`` answered with the served model (transformers serve's lists the Hugging
+    Face cache, and fails without one)."""
+
+    def __init__(self, app: Any, **checks: Any) -> None:
+        self.app, self.checks = app, checks
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        path = scope.get("path")
+        if scope["type"] != "http" or (path not in GENERATION_ROUTES and path != "/v1/models"):
+            await self.app(scope, receive, send)
+            return
+        import json
+
+        if path == "/v1/models":
+            if scope.get("method") not in ("GET", "HEAD"):
+                await self.app(scope, receive, send)
+                return
+            served = self.checks["served"]
+            await _send_json(send, 200, {"object": "list", "data": [{"id": served, "object": "model", "created": 0,
+                                                                      "owned_by": "cbpause"}]})  # fmt: skip
+            return
+        if scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        chunks, more = [], True
+        while more:  # the Guard in front has bounded the body's size and checked that it is a JSON object
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        try:
+            body = check_generation_body(path, json.loads(b"".join(chunks) or b"{}"), **self.checks)
+        except (ValueError, RecursionError) as error:
+            await _send_json(send, 400, openai_error(str(error)))
+            return
+        raw = json.dumps(body).encode()
+        headers = [(k, v) for k, v in scope.get("headers", []) if k != b"content-length"]
+        scope = {**scope, "headers": [*headers, (b"content-length", str(len(raw)).encode())]}
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def openai_error(message: str, kind: str = "invalid_request_error") -> dict:
+    """An error body as OpenAI's API gives one (its clients read ``error.message``)."""
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+async def _send_json(send: Any, status: int, payload: dict) -> None:
+    import json
+
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _with_versions(handle: Any, generate: PausableCBGenerateManager) -> Any:
     """Wrap a handler's ``_non_streaming`` so that the JSON answer carries the request's version labels."""
     import json
@@ -200,9 +332,13 @@ def _jsonable(spans: list) -> list:
 
 def openai_app(
     checkpoint: str, *, device: str = "cpu", dtype: str = "auto", continuous_batching_config: Any = None,
-    **manager_kwargs: Any,
+    served_model_name: str | None = None, **manager_kwargs: Any,
 ) -> tuple[Any, PausableContinuousBatchingManager, PausableCBGenerateManager]:
     """transformers serve's FastAPI app for ``checkpoint`` (a local directory), on a started cbpause manager.
+
+    ``served_model_name``: the model's name in ``/v1/models`` and in requests (default: ``checkpoint`` as given);
+    requests naming it or ``checkpoint`` are served, others refused.  Generation requests pass
+    :func:`check_generation_body` first.
 
     Returns ``(app, manager, generate)``: the app (``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``,
     ``/v1/models`` and ``/health`` are transformers'), the :class:`PausableContinuousBatchingManager` (built with
@@ -236,4 +372,11 @@ def openai_app(
     # Not transformers serve's /reset and /load_model: they would unload the model the manager steps.
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in upstream.REMOVED_ROUTES]
     app.add_middleware(_DisconnectWatch)
+    served = served_model_name if served_model_name is not None else checkpoint
+    if not isinstance(served, str) or not served.strip():
+        raise ValueError(f"served_model_name must be a non-empty string, not {served!r}")
+    chat = getattr(_processor, "chat_template", None) is not None or getattr(
+        getattr(_processor, "tokenizer", None), "chat_template", None) is not None  # fmt: skip
+    app.add_middleware(_GenerationChecks, served=served, checkpoint=checkpoint,
+                       sampling=sampling_of(model.generation_config), chat=chat)  # fmt: skip
     return app, manager, generate

@@ -12,39 +12,52 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_app"]
+from .guard import MAX_BODY_BYTES
+from .leases import MAX_LEASES
+
+__all__ = ["FLUSH_S", "build_app", "shutdown"]
+
+FLUSH_S = 4.0  # how long a stopping server lets the requests in flight finish, before it ends them with an error
 
 
 def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default_ttl: float = 30.0,
               device: str = "cpu", dtype: str = "auto", continuous_batching_config: Any = None,
-              **manager_kwargs: Any) -> Any:  # fmt: skip
+              api_key: str | None = None, served_model_name: str | None = None, max_leases: int = MAX_LEASES,
+              max_body_bytes: int = MAX_BODY_BYTES, **manager_kwargs: Any) -> Any:  # fmt: skip
     """The FastAPI app serving ``checkpoint`` (a local model directory), its manager started.
 
     ``weights_dir``: the directory ``/update_weights_from_disk`` may read from (``None``: that route answers 403).
     ``default_ttl``: the ttl of a lease that names none, and of every pause taken by a route without leases.
+    ``api_key``: every route but ``/health`` then needs ``Authorization: Bearer <api_key>`` (:mod:`.guard`).
+    ``served_model_name``: the model's name for clients (default: ``checkpoint`` as given).  ``max_leases``: leases
+    waiting or held at once; ``max_body_bytes``: the longest request body.
     ``manager_kwargs`` go to :func:`cbpause.integrations.transformers.init_continuous_batching` (``while_paused``,
     ``max_staleness``, ``on_stale``, ``peer_park_timeout``, ``trace``).  ``app.state.manager`` and
-    ``app.state.leases`` are the manager and the lease table.  The app's shutdown resumes every lease and stops the
-    manager.
+    ``app.state.leases`` are the manager and the lease table; ``app.state.shutdown()`` ends the leases and stops the
+    manager (a signal's handler calls it, and so does the app's shutdown).
     """
     from ..integrations.serving import openai_app
     from .control import add_control_routes
+    from .guard import Guard
     from .leases import LeaseTable
     from .metrics import ServerMetrics
 
     root = None if weights_dir is None else Path(weights_dir).resolve()
     if root is not None and not root.is_dir():
         raise ValueError(f"weights_dir {str(weights_dir)!r} is not a directory")
+    Guard(None, api_key=api_key, max_body_bytes=max_body_bytes)  # its arguments checked before the model loads
     config = continuous_batching_config
     app, manager, generate = openai_app(checkpoint, device=device, dtype=dtype, continuous_batching_config=config,
-                                        **manager_kwargs)  # fmt: skip
+                                        served_model_name=served_model_name, **manager_kwargs)  # fmt: skip
     try:
-        leases = LeaseTable(manager, default_ttl=default_ttl)
+        leases = LeaseTable(manager, default_ttl=default_ttl, max_leases=max_leases)
     except BaseException:
         manager.stop(block=True, timeout=10)
         raise
     add_control_routes(app, manager, leases, weights_dir=root, metrics=ServerMetrics(manager, leases, generate))
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)  # outermost: before any route
     app.state.manager, app.state.leases, app.state.generate = manager, leases, generate
+    app.state.shutdown = lambda: shutdown(leases, manager)
     upstream = app.router.lifespan_context
 
     @asynccontextmanager
@@ -53,8 +66,17 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
             try:
                 yield
             finally:
-                leases.close()
-                manager.stop(block=True, timeout=10)
+                shutdown(leases, manager)
 
     app.router.lifespan_context = lifespan
     return app
+
+
+def shutdown(leases: Any, manager: Any, flush_s: float = FLUSH_S) -> None:
+    """The server stops (a signal, or the app's shutdown): every lease ends and every pause still waiting is left
+    (the loop runs again), the requests in flight get ``flush_s`` seconds to finish, and the rest end with an error,
+    so that every request the server holds is answered and the loop has exited.  Idempotent."""
+    leases.close()
+    manager.stop(block=True, timeout=flush_s)  # a flush: the requests in flight finish if they can
+    if manager.is_running():
+        manager.stop(block=True, timeout=flush_s, hard_stop=True)  # the rest fail: an error is an answer

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
+
+from .guard import MAX_BODY_BYTES
+from .leases import MAX_LEASES
 
 
 def parser() -> argparse.ArgumentParser:
@@ -24,6 +29,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-staleness", type=int, default=None)
     p.add_argument("--on-stale", choices=("restart", "abort"), default="restart")
     p.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: transformers' choice)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health "
+                   "(default: $CBPAUSE_API_KEY; use one whenever the port is reachable from another machine)")
+    p.add_argument("--served-model-name", default=None, help="the model's name for clients, in /v1/models and in "
+                   "requests (default: the checkpoint as given)")  # fmt: skip
+    p.add_argument("--max-leases", type=int, default=MAX_LEASES, help=f"leases waiting or held at once (default "
+                   f"{MAX_LEASES}); more is a 429")  # fmt: skip
+    p.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help=f"the longest request body (default "
+                   f"{MAX_BODY_BYTES}); longer is a 413")  # fmt: skip
     p.add_argument("--log-level", default="info")
     return p
 
@@ -36,10 +49,48 @@ def main(argv: list[str] | None = None) -> None:
     from . import build_app
 
     config = None if args.num_blocks is None else ContinuousBatchingConfig(num_blocks=args.num_blocks)
-    app = build_app(args.checkpoint, weights_dir=args.weights_dir, default_ttl=args.default_ttl, device=args.device,
-                    dtype=args.dtype, continuous_batching_config=config, while_paused=args.while_paused,
-                    max_staleness=args.max_staleness, on_stale=args.on_stale)  # fmt: skip
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    api_key = args.api_key if args.api_key is not None else os.environ.get("CBPAUSE_API_KEY") or None
+    try:
+        app = build_app(args.checkpoint, weights_dir=args.weights_dir, default_ttl=args.default_ttl,
+                        device=args.device, dtype=args.dtype, continuous_batching_config=config,
+                        while_paused=args.while_paused, max_staleness=args.max_staleness, on_stale=args.on_stale,
+                        api_key=api_key, served_model_name=args.served_model_name, max_leases=args.max_leases,
+                        max_body_bytes=args.max_body_bytes)  # fmt: skip
+    except ValueError as error:
+        sys.exit(f"cbpause serve: {error}")
+    if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"cbpause serve: warning: listening on {args.host} without --api-key: anyone who reaches the port can "
+              "pause this server and load weights into it", file=sys.stderr)  # fmt: skip
+    server = StoppingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=GRACE_S))  # fmt: skip
+    server.run()
+
+
+GRACE_S = 10  # after a signal, the longest uvicorn waits for the connections it has before it closes them
+
+
+def _stopping_server() -> type:
+    import uvicorn
+
+    class Stopping(uvicorn.Server):
+        """uvicorn's server, which on SIGTERM or Ctrl-C first ends the leases and stops the manager (in a thread:
+        the signal's handler must return), so that the requests it holds are answered before uvicorn, which waits
+        for its connections to close, would otherwise wait for a lease's ttl (issue 39, point 6)."""
+
+        _stopping: threading.Thread | None = None
+
+        def handle_exit(self, sig: int, frame: object) -> None:
+            if self._stopping is None:
+                self._stopping = threading.Thread(target=self.config.app.state.shutdown, name="cbpause-shutdown",
+                                                  daemon=True)  # fmt: skip
+                self._stopping.start()
+            super().handle_exit(sig, frame)
+
+    return Stopping
+
+
+def StoppingServer(config: object) -> object:  # noqa: N802 -- a class, built once uvicorn is imported
+    return _stopping_server()(config)
 
 
 def cli() -> None:

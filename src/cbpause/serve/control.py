@@ -11,17 +11,18 @@ Routes (``docs/serving.md`` documents each; ``spec/PROTOCOL.md`` section 6.6 nam
   ``POST /pause_generation`` ``{mode}``, and their resumes ``POST /resume`` (no lease id) and
   ``POST /continue_generation``.  Such a pause is a lease with the server's default ttl, whose id the answer gives.
 
-Errors: ``400`` for bad input (malformed JSON, an unknown mode, a timeout or ttl that is not a non-negative number, a
-path outside ``--weights-dir``, a weights file that does not match the model), ``403`` when updates from disk are
-disabled, ``404`` for a lease id never issued here, ``409`` for a write without a lease id or under a lease older than
-the one the weights were last written under, ``410`` for a lease that
-expired or was resumed, ``503`` when the loop is not running, ``504`` when the window did not open within
-``timeout``.  A request that fails changes nothing.
+Errors (and, in front of every route, :mod:`.guard`'s ``401``, ``413`` and ``400`` for bad JSON): ``400`` for bad
+input (an unknown mode, a timeout or ttl that is not a non-negative number, a path outside ``--weights-dir``, a
+weights file that does not match the model), ``403`` when updates from disk are disabled, ``404`` for a lease id never
+issued here, ``409`` for a write without a lease id or under a lease older than the one the weights were last written
+under, ``410`` for a lease that expired or was resumed, ``429`` when ``max_leases`` leases wait or are held, ``503``
+when the loop is not running, ``504`` when the window did not open within ``timeout``.  A request that fails changes
+nothing.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
 from . import weights_io
-from .leases import LeaseGone, LeaseTable, Superseded, UnknownLease
+from .guard import BadJSON, parse_json_object
+from .leases import LeaseGone, LeaseTable, Superseded, TooManyLeases, UnknownLease
 
 __all__ = ["COMPAT", "MODES", "add_control_routes", "compat_mode"]
 
@@ -63,17 +65,12 @@ def compat_mode(engine: str, mode: Any, clear_cache: Any = None) -> str:
     return COMPAT[(engine, mode, cache)][0]
 
 
-async def _body(request: Request) -> dict:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
+async def _body(request: Request) -> dict | None:
+    """The request's JSON object; ``None`` when it has no body (a vLLM-style call), which ``{}`` is not."""
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise BadRequest(f"malformed JSON: {error}") from None
-    if not isinstance(body, dict):
-        raise BadRequest(f"the body must be a JSON object, not {type(body).__name__}")
-    return body
+        return parse_json_object(await request.body())
+    except BadJSON as error:
+        raise BadRequest(str(error)) from None
 
 
 def _error(status: int, message: str, **headers: str) -> JSONResponse:
@@ -116,20 +113,32 @@ def add_control_routes(app: FastAPI, manager: Any, leases: LeaseTable, *, weight
 
 
 def _pause_routes(app: FastAPI, manager: Any, leases: LeaseTable, metrics: Any) -> None:
-    async def pause(body: dict, *, legacy: bool) -> JSONResponse:
+    async def pause(request: Request, body: dict, *, legacy: bool) -> JSONResponse:
         mode = body.get("mode", "keep")
         if mode not in MODES:
             return _error(400, f"unknown mode {mode!r}: one of {list(MODES)}")
         started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        entered = asyncio.Event()
         try:
-            lease = await run_in_threadpool(leases.pause_lease, mode=mode, timeout=body.get("timeout"),
-                                            ttl=body.get("ttl"), holder=body.get("holder", "anonymous"),
-                                            legacy=legacy)  # fmt: skip
+            # The wait for the window is an await, not a worker thread: however many pauses wait, the routes that
+            # end a pause (resume, renew, writes) always find a thread.
+            lease = leases.start_lease(mode=mode, timeout=body.get("timeout"), ttl=body.get("ttl"),
+                                       holder=body.get("holder", "anonymous"), legacy=legacy,
+                                       on_entered=lambda: loop.call_soon_threadsafe(entered.set))  # fmt: skip
         except ValueError as error:
             return _error(400, str(error))
-        except TimeoutError as error:
-            return _error(504, f"the generation loop did not pause in time: {error}")
-        except RuntimeError as error:
+        except TooManyLeases as error:
+            return _error(429, str(error), **{"Retry-After": "1"})
+        if not await _unless_disconnected(entered, request):
+            leases.abandon(lease)  # nobody will ever know this lease's id: it must not hold the server
+            return _error(499, "the client disconnected before the window opened; its pause was withdrawn")
+        if lease.error is not None:
+            error = lease.error
+            if isinstance(error, ValueError):
+                return _error(400, str(error))
+            if isinstance(error, TimeoutError):
+                return _error(504, f"the generation loop did not pause in time: {error}")
             return _error(503, f"cannot pause: {error}")
         metrics.pause_latency.observe(time.monotonic() - started)
         return JSONResponse({"lease_id": lease.id, "expires_at": leases.wall(lease.deadline), "ttl": lease.ttl,
@@ -138,21 +147,21 @@ def _pause_routes(app: FastAPI, manager: Any, leases: LeaseTable, metrics: Any) 
     @app.post("/pause")
     async def pause_route(request: Request) -> JSONResponse:
         body = await _body(request)
-        if body:
-            return await pause(body, legacy=False)
+        if body is not None:  # {} too: every default (a keep pause)
+            return await pause(request, body, legacy=False)
         query = request.query_params  # vLLM's: no body, the mode in the query
         mode = compat_mode("vllm", query.get("mode", "abort"), _flag(query.get("clear_cache", "true")))
-        return await pause({"mode": mode, "holder": "vllm-client"}, legacy=True)
+        return await pause(request, {"mode": mode, "holder": "vllm-client"}, legacy=True)
 
     @app.post("/pause_generation")
     async def pause_generation(request: Request) -> JSONResponse:
-        body = await _body(request)
+        body = await _body(request) or {}
         mode = compat_mode("sglang", body.get("mode", "abort"))
-        return await pause({"mode": mode, "holder": "sglang-client"}, legacy=True)
+        return await pause(request, {"mode": mode, "holder": "sglang-client"}, legacy=True)
 
     @app.post("/pause/{lease_id}/renew")
     async def renew_lease(lease_id: str, request: Request) -> JSONResponse:
-        body = await _body(request)
+        body = await _body(request) or {}
         try:
             lease = leases.renew_lease(lease_id, body.get("ttl"))
         except ValueError as error:
@@ -165,7 +174,7 @@ def _pause_routes(app: FastAPI, manager: Any, leases: LeaseTable, metrics: Any) 
 
     @app.post("/resume")
     async def resume(request: Request) -> JSONResponse:
-        body = await _body(request)
+        body = await _body(request) or {}
         if "lease_id" not in body:  # vLLM's /resume: the pauses taken without a lease
             return JSONResponse({"resumed": await run_in_threadpool(leases.resume_legacy)})
         try:
@@ -207,13 +216,13 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request) -> JSONResponse:
-        body = await _body(request)
+        body = await _body(request) or {}
         if (refused := under_lease(body)) is not None:
             return refused
         new = version(body)
         try:
             path = weights_io.check_inside(body.get("path"), weights_dir)
-            tensors = await run_in_threadpool(weights_io.load_checked, manager.model, path)
+            tensors = await run_in_threadpool(weights_io.load_checked, manager.model, path, weights_dir)
         except PermissionError as error:
             return _error(403, str(error))
         except ValueError as error:
@@ -230,7 +239,7 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
 
     @app.post("/update_weight_version")
     async def update_weight_version(request: Request) -> JSONResponse:
-        body = await _body(request)
+        body = await _body(request) or {}
         if (refused := under_lease(body)) is not None:
             return refused
         new = version(body)
@@ -246,6 +255,24 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
     async def weight_info() -> JSONResponse:
         return JSONResponse({"weight_version": _jsonable(manager.weight_version),
                              "parameters": weights_io.weight_info(manager.model)})  # fmt: skip
+
+
+async def _unless_disconnected(event: asyncio.Event, request: Request) -> bool:
+    """Wait for ``event``; False if the client disconnects first (its body has been read: the next message the
+    server receives from it is the disconnect)."""
+    waiter = asyncio.ensure_future(event.wait())
+    listener = asyncio.ensure_future(_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({waiter, listener}, return_when=asyncio.FIRST_COMPLETED)
+        return waiter in done
+    finally:
+        waiter.cancel()
+        listener.cancel()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _write(leases: LeaseTable, lease_id: str, manager: Any, tensors: dict, new: Any) -> int:

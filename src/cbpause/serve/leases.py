@@ -26,17 +26,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FORGET_AFTER_S", "Lease", "LeaseGone", "LeaseTable", "Superseded", "UnknownLease", "checked_seconds"]
+__all__ = ["FORGET_AFTER_S", "MAX_LEASES", "Lease", "LeaseGone", "LeaseTable", "Superseded", "TooManyLeases",
+           "UnknownLease", "checked_seconds"]
 
 logger = logging.getLogger("cbpause.serve")
 
 FORGET_AFTER_S = 600.0  # how long a lease that ended is remembered (and a late renew or resume answered 410)
 MAX_TTL_S = 3600.0
+MAX_LEASES = 64  # leases waiting or held at once: each is a thread; a stranger must not make the server hold more
 BUSY_RECHECK_S = 0.05  # how often a lease past its deadline during a write looks again (the write ends soon)
 
 
 class UnknownLease(KeyError):
     """No lease with this id was ever issued here (or it ended long ago): a 404."""
+
+
+class TooManyLeases(RuntimeError):
+    """The table holds ``max_leases`` leases, waiting or held, already (a 429): nothing was taken."""
 
 
 class Superseded(RuntimeError):
@@ -87,6 +93,8 @@ class Lease:
     context: Any = None  # an expired lease's pause() context manager, kept so that the loop releases its hold
     busy: int = 0  # writes under way under this lease: it does not expire during one (the write is atomic)
     seq: int = 0  # the order in which the leases were entered (FleetPause.tla's epochs)
+    on_entered: Callable[[], None] | None = None  # called once from the lease's thread when ``entered`` is set
+    abandoned: bool = False  # its asker left before the window opened: the pause is left as soon as it is entered
 
 
 class LeaseTable:
@@ -95,9 +103,13 @@ class LeaseTable:
     ``clock`` is monotonic; :meth:`wall` converts a deadline to the Unix time the routes report.
     """
 
-    def __init__(self, manager: Any, *, default_ttl: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, manager: Any, *, default_ttl: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 max_leases: int = MAX_LEASES) -> None:  # fmt: skip
         self.manager = manager
         self.default_ttl = checked_seconds("default ttl", default_ttl, default=30.0, upper=MAX_TTL_S, zero=False)
+        if isinstance(max_leases, bool) or not isinstance(max_leases, int) or max_leases < 1:
+            raise ValueError(f"max_leases must be a positive integer, not {max_leases!r}")
+        self.max_leases = max_leases
         self._clock = clock
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
@@ -116,22 +128,47 @@ class LeaseTable:
 
         Raises as ``manager.pause()`` does (``TimeoutError`` after ``timeout`` s, ``RuntimeError`` when the loop
         is not running, ``ValueError`` for a bad mode), with nothing held.  The ttl counts from the entry.
+        :meth:`start_lease` is the same without the wait (the HTTP route awaits ``on_entered`` instead, so that a
+        waiting pause holds no worker thread).
         """
-        ttl = checked_seconds("ttl", ttl, default=self.default_ttl, upper=MAX_TTL_S, zero=False)
-        timeout = checked_seconds("timeout", timeout, default=None, upper=MAX_TTL_S)
-        if not isinstance(holder, str) or not holder or len(holder) > 200:
-            raise ValueError(f"holder must be a non-empty string of at most 200 characters, not {holder!r}")
-        lease = Lease(secrets.token_urlsafe(24), holder, mode, ttl, float("inf"), legacy)
-        with self._lock:
-            self._forget_old()
-            self._leases[lease.id] = lease
-        lease.thread = threading.Thread(target=self._hold, args=(lease, timeout), daemon=True,
-                                        name=f"cbpause-lease-{lease.id[:8]}-{holder[:40]}")  # fmt: skip
-        lease.thread.start()
+        lease = self.start_lease(mode=mode, timeout=timeout, ttl=ttl, holder=holder, legacy=legacy)
         lease.entered.wait()
         if lease.error is not None:
             raise lease.error
         return lease
+
+    def start_lease(self, *, mode: str = "keep", timeout: float | None = None, ttl: float | None = None,
+                    holder: str = "anonymous", legacy: bool = False,
+                    on_entered: Callable[[], None] | None = None) -> Lease:  # fmt: skip
+        """``PauseLease``, asked: the lease's thread is started and the lease returned at once, ``waiting``; its
+        ``entered`` event is set (and ``on_entered`` called, from that thread) once the pause is entered or has
+        failed (``error``).  ``ValueError`` for a bad argument, :class:`TooManyLeases` when ``max_leases`` leases
+        wait or are held already; nothing is taken then."""
+        ttl = checked_seconds("ttl", ttl, default=self.default_ttl, upper=MAX_TTL_S, zero=False)
+        timeout = checked_seconds("timeout", timeout, default=None, upper=MAX_TTL_S)
+        if not isinstance(holder, str) or not holder or len(holder) > 200:
+            raise ValueError(f"holder must be a non-empty string of at most 200 characters, not {holder!r}")
+        lease = Lease(secrets.token_urlsafe(24), holder, mode, ttl, float("inf"), legacy, on_entered=on_entered)
+        with self._lock:
+            self._forget_old()
+            live = sum(1 for other in self._leases.values() if other.state in ("waiting", "held"))
+            if live >= self.max_leases:
+                raise TooManyLeases(f"this server holds {live} leases (waiting or held), its most: resume one first")
+            self._leases[lease.id] = lease
+        lease.thread = threading.Thread(target=self._hold, args=(lease, timeout), daemon=True,
+                                        name=f"cbpause-lease-{lease.id[:8]}-{holder[:40]}")  # fmt: skip
+        lease.thread.start()
+        return lease
+
+    def abandon(self, lease: Lease) -> None:
+        """The asker of a lease left before it heard of it (its connection closed while the window opened): the
+        lease's pause is left as soon as it is entered, or now if it was (nobody else knows its id)."""
+        with self._lock:
+            if lease.state == "waiting":
+                lease.abandoned = True
+            elif lease.state == "held":
+                lease.state, lease.ended_at = "resumed", self._clock()
+                lease._resume.set()
 
     def renew_lease(self, lease_id: str, ttl: float | None = None) -> Lease:
         """``RenewLease``: push the deadline to now + ttl (the lease's own ttl by default)."""
@@ -195,8 +232,11 @@ class LeaseTable:
             return [lease for lease in self._leases.values() if lease.state == "held"]
 
     def close(self) -> None:
-        """Resume every lease (the server stops)."""
+        """Resume every lease, and leave at once every pause still waiting to be entered (the server stops)."""
         with self._lock:
+            for lease in self._leases.values():
+                if lease.state == "waiting":
+                    lease.abandoned = True
             ids = [lease.id for lease in self._leases.values() if lease.state == "held"]
         for lease_id in ids:
             self._resume_quietly(lease_id)
@@ -233,6 +273,15 @@ class LeaseTable:
         logger.warning("lease %s of holder %r (%s pause) expired: not renewed within its ttl of %s s; the loop "
                        "releases its pause as a dead holder's", lease.id[:8], lease.holder, lease.mode, lease.ttl)
 
+    @staticmethod
+    def _entered_now(lease: Lease) -> None:
+        lease.entered.set()
+        if lease.on_entered is not None:
+            try:
+                lease.on_entered()
+            except RuntimeError:  # the asker's event loop closed (the server stops): nobody waits any more
+                pass
+
     def _forget_old(self) -> None:
         now = self._clock()
         old = [k for k, v in self._leases.items() if v.ended_at is not None and now - v.ended_at > FORGET_AFTER_S]
@@ -247,12 +296,14 @@ class LeaseTable:
         except BaseException as error:  # nothing is held (pause() withdrew the request)
             with self._lock:
                 lease.state, lease.error, lease.ended_at = "failed", error, self._clock()
-            lease.entered.set()
+            self._entered_now(lease)
             return
         with self._lock:
             self._entered += 1
             lease.state, lease.deadline, lease.seq = "held", self._clock() + lease.ttl, self._entered
-        lease.entered.set()
+            if lease.abandoned:  # its asker left: nobody knows its id, so nobody would resume it
+                lease.state, lease.ended_at = "resumed", self._clock()
+        self._entered_now(lease)
         while True:
             with self._lock:
                 if lease.state == "held" and not lease.busy and self._clock() >= lease.deadline:

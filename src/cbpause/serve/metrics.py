@@ -32,6 +32,8 @@ class ServerMetrics:
         self.pause_latency = Histogram("cbpause_pause_latency_seconds", "POST /pause: from the request to the open "
                                        "window", buckets=LATENCY_BUCKETS, registry=registry)  # fmt: skip
         self.requests = Gauge("cbpause_requests", "Generation requests by outcome", ["outcome"], registry=registry)
+        self.in_flight = Gauge("cbpause_requests_in_flight", "Generation requests added and not yet answered (queued "
+                               "or running)", registry=registry)  # fmt: skip
         self.version = Gauge("cbpause_weight_version", "The weight version in force (-1 when it is not an integer)",
                              registry=registry)  # fmt: skip
         self.scrapes = Counter("cbpause_scrapes", "Scrapes of /metrics", registry=registry)
@@ -47,6 +49,7 @@ class ServerMetrics:
         self.entries.set(snapshot.pauses_taken)
         for outcome in ("finished", "failed", "cancelled", "rejected", "aborted"):
             self.requests.labels(outcome).set(self.generate.outcomes[outcome])
+        self.in_flight.set(len(self.manager._live_ids))
         version = self.manager.weight_version
         self.version.set(version if isinstance(version, int) and not isinstance(version, bool) else -1)
         self.scrapes.inc()

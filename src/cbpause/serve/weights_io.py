@@ -1,7 +1,8 @@
 """Weights from disk: the safetensors files a trainer writes, checked whole before anything is copied (issue 29).
 
-Decisions: the path must resolve (symbolic links followed) inside the server's ``--weights-dir``, so that an
-HTTP client cannot make the server read an arbitrary file; it is one ``.safetensors`` file or a directory of them;
+Decisions: the path must resolve (symbolic links followed) inside the server's ``--weights-dir``, and so must each
+file read from a directory, so that an HTTP client cannot make the server read an arbitrary file; only regular files
+are read (a FIFO would block the reader); it is one ``.safetensors`` file or a directory of them;
 the tensors may be a subset of the model's parameters and buffers (a trainer may send only what it trained), but
 every name must be one of the model's (wrappers' prefixes stripped as TRL's sync strips them), with its shape and
 dtype.  Any mismatch is a ``ValueError`` and the model is left untouched: the copy starts only once every tensor
@@ -10,10 +11,11 @@ has been read and checked.
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_inside", "load_checked", "copy_in", "weight_info"]
+__all__ = ["check_inside", "copy_in", "load_checked", "weight_files", "weight_info"]
 
 
 def check_inside(path: Any, root: Path | None) -> Path:
@@ -31,18 +33,54 @@ def check_inside(path: Any, root: Path | None) -> Path:
     return resolved
 
 
-def load_checked(model: Any, path: Path) -> dict[str, Any]:
-    """The tensors under ``path`` keyed by the model's own names, each checked against the model's tensor."""
-    from safetensors import SafetensorError
+def weight_files(path: Path, root: Path | None = None) -> list[Path]:
+    """The files to read at ``path`` (resolved): itself, or the ``*.safetensors`` entries of a directory, each resolved
+    (symbolic links followed) and refused unless it lies inside ``root`` and is a regular file.  A FIFO, a device or a
+    socket would block the reader or never end; a link out of ``root`` would read what the server must not."""
+    entries = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    files = []
+    for entry in entries:
+        resolved = entry.resolve()
+        if root is not None and not resolved.is_relative_to(root.resolve()):
+            raise ValueError(f"{entry.name} links to {str(resolved)!r}, outside the weights directory {str(root)!r}")
+        try:
+            mode = resolved.stat().st_mode
+        except OSError as error:
+            raise ValueError(f"{entry.name}: cannot be read ({error})") from None
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{entry.name} is not a regular file: only regular files are read")
+        files.append(resolved)
+    if not files:
+        raise ValueError(f"no .safetensors file at {str(path)!r}")
+    return files
+
+
+def load_checked(model: Any, path: Path, root: Path | None = None) -> dict[str, Any]:
+    """The tensors under ``path`` keyed by the model's own names, each checked against the model's tensor: first
+    every name and shape from the files' headers (nothing loaded yet), then each tensor's dtype once loaded.  Only
+    the files :func:`weight_files` allows are opened."""
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
     from ..integrations.weights import engine_name
 
-    files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"no .safetensors file at {str(path)!r}")
+    files = weight_files(path, root)
     own = dict(model.state_dict(keep_vars=True))
     tensors: dict[str, Any] = {}
+    for file in files:  # the headers first: a file of the wrong model costs no read of its tensors
+        try:
+            with safe_open(str(file), framework="pt") as header:
+                for name in header.keys():
+                    target = own.get(engine_name(name))
+                    if target is None:
+                        raise ValueError(f"{file.name}: the model has no tensor {engine_name(name)!r} (written as "
+                                         f"{name!r})")  # fmt: skip
+                    shape = tuple(header.get_slice(name).get_shape())
+                    if shape != tuple(target.shape):
+                        raise ValueError(f"{file.name}: tensor {name!r} is {shape}; the model's is "
+                                         f"{tuple(target.shape)}")  # fmt: skip
+        except (SafetensorError, OSError) as error:
+            raise ValueError(f"{file.name}: not a readable safetensors file ({error})") from None
     for file in files:
         try:
             loaded = load_file(str(file), device="cpu")
