@@ -48,11 +48,18 @@ def post(url: str, **kwargs):
 
 
 class FakeManager:
-    """What LeaseTable uses of a manager: ``pause()``; records entries and exits, and can refuse."""
+    """What LeaseTable uses of a manager: ``pause()`` and ``set_weight_version()`` (inside a pause only, as the
+    manager's); records entries, exits and versions, and can refuse."""
 
     def __init__(self) -> None:
         self.inside = 0
         self.refuse: BaseException | None = None
+        self.versions: list = []
+
+    def set_weight_version(self, version) -> None:
+        if not self.inside:
+            raise RuntimeError("set_weight_version() outside a pause")
+        self.versions.append(version)
 
     @contextlib.contextmanager
     def pause(self, timeout=None, mode="keep"):
@@ -98,11 +105,55 @@ def test_an_expired_lease_ends_its_thread_inside_the_pause_and_is_honoured_no_mo
 def test_a_lease_does_not_expire_during_a_write():
     table = LeaseTable(FakeManager(), default_ttl=HANG_S)
     lease = table.pause_lease(ttl=0.2, holder="t")
-    with table.write_weights(lease.id):
+    with table.write_weights(lease.id, timeout=HANG_S):  # within the write's own deadline (the ttl by default)
         lease.thread.join(timeout=0.6)  # past its ttl: what must not happen has had the time to
         assert lease.thread.is_alive() and lease.state == "held"
     lease.thread.join(timeout=HANG_S)
     assert lease.state == "expired"
+
+
+def test_a_write_that_hangs_is_cut_at_its_deadline_and_the_weights_are_labelled_partial():
+    """Issue 39, point 11: a write had no deadline, and a lease could not expire during one, so a write that hung
+    kept the server paused for ever.  Now the lease expires at the write's deadline, the weights are labelled
+    PartialSync while the hold is still in place, and the write's end is refused."""
+    from cbpause.integrations.weights import PartialSync
+
+    manager = FakeManager()
+    table = LeaseTable(manager, default_ttl=HANG_S)
+    lease = table.pause_lease(ttl=0.2, holder="t")
+    with table.write_weights(lease.id, timeout=0.3, version=7) as writing:
+        lease.thread.join(timeout=HANG_S)  # the write "hangs" past its deadline: the lease's thread ends
+        assert not lease.thread.is_alive() and lease.state == "expired" and writing.cut
+        assert manager.versions == [PartialSync(7)] and manager.inside == 1  # labelled before the hold is released
+        with pytest.raises(LeaseGone, match="cut off"):
+            table.commit_write(writing, lambda: manager.set_weight_version(7))
+    assert manager.versions == [PartialSync(7)]
+
+
+def test_a_resumed_lease_whose_write_hangs_leaves_at_the_write_s_deadline():
+    manager = FakeManager()
+    table = LeaseTable(manager, default_ttl=HANG_S)
+    lease = table.pause_lease(holder="t")
+    with table.write_weights(lease.id, timeout=0.3, version="v2") as writing:
+        resumer = threading.Thread(target=table.resume_lease, args=(lease.id,))
+        resumer.start()
+        resumer.join(timeout=HANG_S)
+        assert not resumer.is_alive() and writing.cut and manager.inside == 0
+    from cbpause.integrations.weights import PartialSync
+
+    assert manager.versions == [PartialSync("v2")]
+
+
+def test_a_write_that_ends_in_time_commits_its_version():
+    manager = FakeManager()
+    table = LeaseTable(manager, default_ttl=HANG_S)
+    lease = table.pause_lease(holder="t")
+    with table.write_weights(lease.id, timeout=HANG_S, version=3) as writing:
+        table.commit_write(writing, lambda: manager.set_weight_version(3))
+    assert manager.versions == [3] and not writing.cut and lease.state == "held"
+    with pytest.raises(ValueError), table.write_weights(lease.id, timeout=-1):
+        pytest.fail("a negative write timeout was taken")
+    table.close()
 
 
 def test_a_write_under_an_older_lease_than_the_last_writer_s_is_refused():

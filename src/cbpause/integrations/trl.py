@@ -56,19 +56,11 @@ import torch  # noqa: E402
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample  # noqa: E402
 
 from .modes import ABORTED_BY_PAUSE  # noqa: E402
-from .weights import STALE, engine_name  # noqa: E402
+from .weights import STALE, PartialSync, engine_name  # noqa: E402
 
 __all__ = ["CBRolloutWorker", "PartialSync", "PauseWeightSync", "engine_name"]
 
 MODE_NAMES = tuple(t.MODE_NAMES.values())
-
-
-@dataclass(frozen=True)
-class PartialSync:
-    """The weight version of an engine whose sync number ``sync`` failed half-way: some parameters are the new
-    policy's, the others the old one's.  Tokens sampled after it are labelled with it, never with a policy's number."""
-
-    sync: int
 
 
 class PauseWeightSync:

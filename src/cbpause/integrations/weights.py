@@ -32,9 +32,11 @@ import logging
 import zlib
 from collections import deque
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "PartialSync",
     "STALE", "VersionedManager", "WeightVersions", "checked_staleness", "check_model_unchanged",
     "forget_shared_prefixes", "set_new_version", "agree_versions", "ModelLayout", "version_digest",
     "window_changed_weights", "engine_name",
@@ -202,6 +204,16 @@ class VersionedManager:
         if not (s.paused and s.inside):
             raise RuntimeError("set_weight_version() outside a pause: call it inside `with manager.pause():`")
         self.versions.set(version)
+
+
+@dataclass(frozen=True)
+class PartialSync:
+    """The weight version of an engine whose update failed half-way: some parameters are the new policy's, the others
+    the old one's.  ``sync`` names the update: TRL's sync number (:class:`~cbpause.integrations.trl.PauseWeightSync`),
+    or the version a server's write was to set (``cbpause serve``, a write cut at its deadline).  Tokens sampled after
+    it are labelled with it, never with a policy's version, until a full update sets one."""
+
+    sync: Any
 
 
 def window_changed_weights(versions: WeightVersions, pauses_taken: int) -> bool:

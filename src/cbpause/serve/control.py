@@ -228,13 +228,18 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
         except ValueError as error:
             return _error(400, str(error))
         try:
-            copied = await run_in_threadpool(_write, leases, body["lease_id"], manager, tensors, new)
+            copied = await run_in_threadpool(_write, leases, body["lease_id"], manager, tensors, new,
+                                             body.get("write_timeout"))  # fmt: skip
         except UnknownLease as error:
             return _error(404, error.args[0])
-        except LeaseGone as error:  # it expired during the read: its write is not honoured
+        except LeaseGone as error:  # it expired during the read, or the write passed its deadline and was cut
             return _error(410, str(error))
         except Superseded as error:
             return _error(409, str(error))
+        except ValueError as error:  # a bad write_timeout
+            return _error(400, str(error))
+        except weights_io.CopyFailed as error:
+            return _error(500, str(error))
         return JSONResponse({"updated": copied, "weight_version": _jsonable(new)})
 
     @app.post("/update_weight_version")
@@ -244,7 +249,9 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
             return refused
         new = version(body)
         try:
-            await run_in_threadpool(_write, leases, body["lease_id"], manager, {}, new)
+            await run_in_threadpool(_write, leases, body["lease_id"], manager, {}, new, body.get("write_timeout"))
+        except ValueError as error:
+            return _error(400, str(error))
         except (UnknownLease, LeaseGone) as error:
             return _error(410, str(error))
         except Superseded as error:
@@ -275,11 +282,23 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-def _write(leases: LeaseTable, lease_id: str, manager: Any, tensors: dict, new: Any) -> int:
-    """``WriteWeights``: copy and set the version, atomically under the held lease (it cannot expire meanwhile)."""
-    with leases.write_weights(lease_id):
-        copied = weights_io.copy_in(manager.model, tensors)
-        manager.set_weight_version(new)
+def _write(leases: LeaseTable, lease_id: str, manager: Any, tensors: dict, new: Any,
+           timeout: float | None = None) -> int:  # fmt: skip
+    """``WriteBegin``, the copy, ``WriteEnd``: the version is set only if every tensor was copied and the write was not
+    cut at its deadline (:meth:`LeaseTable.write_weights`).  A copy that fails half-way labels the weights
+    ``PartialSync(new)`` while the pause still holds (the weights are a mix), and the error is raised."""
+    from ..integrations.weights import PartialSync
+
+    with leases.write_weights(lease_id, timeout, new) as lease:
+        try:
+            copied = weights_io.copy_in(manager.model, tensors, alive=lambda: not lease.cut)
+        except weights_io.CopyFailed as error:
+            if lease.cut:  # labelled by its lease's thread
+                raise LeaseGone(lease) from error
+            if error.copied:
+                leases.commit_write(lease, lambda: manager.set_weight_version(PartialSync(new)))
+            raise
+        leases.commit_write(lease, lambda: manager.set_weight_version(new))
     return copied
 
 

@@ -34,7 +34,6 @@ logger = logging.getLogger("cbpause.serve")
 FORGET_AFTER_S = 600.0  # how long a lease that ended is remembered (and a late renew or resume answered 410)
 MAX_TTL_S = 3600.0
 MAX_LEASES = 64  # leases waiting or held at once: each is a thread; a stranger must not make the server hold more
-BUSY_RECHECK_S = 0.05  # how often a lease past its deadline during a write looks again (the write ends soon)
 
 
 class UnknownLease(KeyError):
@@ -54,7 +53,9 @@ class LeaseGone(RuntimeError):
     """The lease expired or was resumed: it is honoured no more (a 410); ``state`` says which."""
 
     def __init__(self, lease: Lease) -> None:
-        super().__init__(f"lease {lease.id} is {lease.state} (holder {lease.holder!r}); it is honoured no more")
+        cut = "; a write under it passed its deadline and was cut off: the weights are labelled PartialSync until a " \
+              "full update" if lease.cut else ""
+        super().__init__(f"lease {lease.id} is {lease.state} (holder {lease.holder!r}); it is honoured no more{cut}")
         self.state = lease.state
 
 
@@ -91,7 +92,10 @@ class Lease:
     _resume: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
     context: Any = None  # an expired lease's pause() context manager, kept so that the loop releases its hold
-    busy: int = 0  # writes under way under this lease: it does not expire during one (the write is atomic)
+    busy: int = 0  # writes under way under this lease: it does not expire during one, until the write's deadline
+    write_deadline: float = float("inf")  # the deadline of the writes under way (on the table's clock)
+    writing: Any = None  # the version the write under way sets
+    cut: bool = False  # a write under way passed its deadline: the lease ended without it, the weights are partial
     seq: int = 0  # the order in which the leases were entered (FleetPause.tla's epochs)
     on_entered: Callable[[], None] | None = None  # called once from the lease's thread when ``entered`` is set
     abandoned: bool = False  # its asker left before the window opened: the pause is left as soon as it is entered
@@ -211,21 +215,41 @@ class LeaseTable:
             return self._live(lease_id)
 
     @contextmanager
-    def write_weights(self, lease_id: Any) -> Iterator[Lease]:
-        """``WriteWeights`` under a held lease: the lease cannot expire (nor its pause end) before the block ends, so
-        the loop takes no step while the weights change.  ``UnknownLease``/``LeaseGone`` if it is not held now."""
+    def write_weights(self, lease_id: Any, timeout: float | None = None, version: Any = None) -> Iterator[Lease]:
+        """``WriteBegin`` .. ``WriteEnd`` under a held lease: the lease does not expire (nor its pause end) before the
+        block ends or ``timeout`` seconds pass (default: the lease's ttl), so the loop takes no step while the
+        weights change.  Past that deadline the write is *cut* (``WriteCut``): the lease ends without it (expired, or
+        resumed if a resume waits), the weights are labelled ``PartialSync(version)`` while the hold is still in
+        place, and :meth:`commit_write` refuses.  So a write that hangs (a trainer, a filesystem, a device) parks the
+        server for ``timeout`` at most (R-LEASE-EXPIRES).  ``UnknownLease``/``LeaseGone`` if the lease is not held
+        now, ``Superseded`` under an older lease than the last writer's."""
         with self._lock:
             lease = self.check_held(lease_id, locked=True)
+            timeout = checked_seconds("write_timeout", timeout, default=lease.ttl, upper=MAX_TTL_S, zero=False)
             if lease.seq < self.written_seq:
                 raise Superseded(f"lease {lease.id[:8]} of {lease.holder!r} is older than the lease the weights "
                                  "were last written under: this late write would overwrite a later one; refused")
             self.written_seq = lease.seq
             lease.busy += 1
+            lease.write_deadline = max(lease.write_deadline if lease.busy > 1 else 0.0, self._clock() + timeout)
+            lease.writing = version
         try:
             yield lease
         finally:
             with self._lock:
                 lease.busy -= 1
+                if not lease.busy:
+                    lease.write_deadline = float("inf")
+            lease._resume.set()  # the lease's thread looks again (a resume may wait for this write)
+
+    def commit_write(self, lease: Lease, commit: Callable[[], None]) -> None:
+        """The end of a write (``WriteEnd``): ``commit()`` (set the version) under the table's lock, unless the write
+        was cut (``LeaseGone``): the cut and the commit exclude each other, so a cut write never labels the weights
+        as complete."""
+        with self._lock:
+            if lease.cut:
+                raise LeaseGone(lease)
+            commit()
 
     def held(self) -> list[Lease]:
         with self._lock:
@@ -259,19 +283,48 @@ class LeaseTable:
         """The lease if held and not past its deadline (the caller holds the lock).  A lease past its deadline
         whose thread has not noticed yet is already gone: it is honoured no more (``GoneStaysGone``)."""
         lease = self._find(lease_id)
-        if lease.state == "held" and not lease.busy and self._clock() >= lease.deadline:
-            self.lease_expires(lease)
+        self._look(lease)
         if lease.state != "held":
             raise LeaseGone(lease)
         return lease
 
+    def _look(self, lease: Lease) -> None:
+        """Expire the lease if its time is up, and cut its write if the write's is (the caller holds the lock):
+        ``LeaseExpires`` once past its deadline with no write under way, or with one past the write's deadline
+        (``WriteCut``); a resumed lease whose write is past its deadline is cut too (its thread then leaves)."""
+        now = self._clock()
+        late_write = lease.busy and now >= lease.write_deadline
+        if lease.state == "held" and now >= lease.deadline and (not lease.busy or late_write):
+            self.lease_expires(lease)
+        elif lease.state == "resumed" and late_write and not lease.cut:
+            self._cut(lease)
+
+    def _cut(self, lease: Lease) -> None:
+        lease.cut = True
+        logger.error("a write under lease %s of holder %r passed its deadline and was cut off: the lease ends without "
+                     "it, and the weights are labelled PartialSync(%r) until a full update", lease.id[:8],
+                     lease.holder, lease.writing)  # fmt: skip
+
     def lease_expires(self, lease: Lease) -> None:
-        """``LeaseExpires`` (the caller holds the lock): the lease ends, and its thread ends without leaving."""
+        """``LeaseExpires`` (the caller holds the lock): the lease ends, and its thread ends without leaving; a write
+        under way is cut (:meth:`write_weights`)."""
         lease.state, lease.ended_at = "expired", self._clock()
         self.expired += 1
+        if lease.busy:
+            self._cut(lease)
         lease._resume.set()
         logger.warning("lease %s of holder %r (%s pause) expired: not renewed within its ttl of %s s; the loop "
                        "releases its pause as a dead holder's", lease.id[:8], lease.holder, lease.mode, lease.ttl)
+
+    def _label_partial(self, lease: Lease) -> None:
+        """The weights of a cut write are a mix: the lease's thread labels them while its hold is still in place
+        (``set_weight_version`` needs a pause), before it leaves or ends."""
+        from ..integrations.weights import PartialSync
+
+        try:
+            self.manager.set_weight_version(PartialSync(lease.writing))
+        except Exception:  # noqa: BLE001 -- logged: the label is the best effort of a server already in trouble
+            logger.exception("could not label the weights of lease %s as partial", lease.id[:8])
 
     @staticmethod
     def _entered_now(lease: Lease) -> None:
@@ -306,17 +359,28 @@ class LeaseTable:
         self._entered_now(lease)
         while True:
             with self._lock:
-                if lease.state == "held" and not lease.busy and self._clock() >= lease.deadline:
-                    self.lease_expires(lease)
+                self._look(lease)
                 if lease.state == "expired":
                     # HolderDies: this thread ends inside the pause.  The context manager stays referenced by the
                     # lease, so that the loop releases the hold (ReleaseDeadHolder), not the garbage collector.
                     lease.context = pause
-                    return
-                if lease.state == "resumed" and not lease.busy:  # a resume waits for the writes under way
+                    cut = lease.cut
                     break
-                remaining = max(lease.deadline - self._clock(), BUSY_RECHECK_S if lease.busy else 0.0)
-                if lease.state == "resumed":
-                    remaining = BUSY_RECHECK_S
+                if lease.state == "resumed" and (not lease.busy or lease.cut):  # a resume waits for the writes
+                    cut = lease.cut
+                    break
+                # The next moment _look may change something: the lease's deadline, or with a write under way the
+                # later of it and the write's (a write that ends, a resume or a renewal wakes this thread earlier
+                # or finds it waking at the old deadline, to wait again).
+                if lease.state == "held":
+                    end = max(lease.deadline, lease.write_deadline) if lease.busy else lease.deadline
+                else:
+                    end = lease.write_deadline
+                remaining = None if end == float("inf") else max(end - self._clock(), 0.0)
             lease._resume.wait(remaining)
+            lease._resume.clear()
+        if cut:
+            self._label_partial(lease)
+        if lease.state == "expired":
+            return
         pause.__exit__(None, None, None)  # LeavePause

@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_inside", "copy_in", "load_checked", "weight_files", "weight_info"]
+__all__ = ["CopyFailed", "check_inside", "copy_in", "load_checked", "weight_files", "weight_info"]
 
 
 def check_inside(path: Any, root: Path | None) -> Path:
@@ -99,15 +99,33 @@ def load_checked(model: Any, path: Path, root: Path | None = None) -> dict[str, 
     return tensors
 
 
-def copy_in(model: Any, tensors: dict[str, Any]) -> int:
-    """Copy the checked tensors into the model, in place (the caller holds a pause); returns how many."""
+class CopyFailed(RuntimeError):
+    """The copy into the model stopped half-way (``copied`` tensors of ``total`` were copied): the weights are a
+    mix, which the caller labels (``PartialSync``)."""
+
+    def __init__(self, copied: int, total: int, why: str) -> None:
+        super().__init__(f"the copy of the weights stopped after {copied} of {total} tensors: {why}")
+        self.copied, self.total = copied, total
+
+
+def copy_in(model: Any, tensors: dict[str, Any], alive: Any = None) -> int:
+    """Copy the checked tensors into the model, in place (the caller holds a pause); returns how many.  ``alive()``
+    is asked before each tensor: once it says no (the write was cut at its deadline), nothing more is copied.
+    :class:`CopyFailed` if it stops half-way for that or any other reason."""
     import torch
 
     own = dict(model.state_dict(keep_vars=True))
+    copied = 0
     with torch.no_grad():
         for name, tensor in tensors.items():
-            own[name].copy_(tensor.to(own[name].device))
-    return len(tensors)
+            if alive is not None and not alive():
+                raise CopyFailed(copied, len(tensors), "the write passed its deadline and was cut off")
+            try:
+                own[name].copy_(tensor.to(own[name].device))
+            except Exception as error:  # noqa: BLE001 -- reported with how far the copy went
+                raise CopyFailed(copied, len(tensors), f"{type(error).__name__}: {error}") from error
+            copied += 1
+    return copied
 
 
 def weight_info(model: Any) -> dict[str, Any]:
