@@ -712,3 +712,52 @@ def test_d6_blocks_of_a_request_in_flight_across_an_update_are_not_shared(model)
     finally:
         manager.stop(block=True, timeout=WAIT)
     assert later.generated_tokens == greedy_reference(model, follow, MAX_NEW)
+
+
+def test_a_cached_manager_takes_the_new_admission_and_staleness_settings_and_refuses_the_others(manager):
+    """Issue 39, point 14: re-initialising a cached manager silently kept its old ``max_staleness``, ``on_stale`` and
+    ``while_paused``."""
+    manager.start()
+    manager.stop(block=True, timeout=WAIT, keep_for_next_session=True)
+    model = manager.model
+    try:
+        with pytest.raises(ValueError, match="on_stale"):  # checked first: nothing changes
+            cbt.init_continuous_batching(model, while_paused="reject", on_stale="later")
+        assert manager.while_paused == "queue"
+        again = cbt.init_continuous_batching(model, while_paused="reject", max_staleness=2, on_stale="abort")
+        assert again is manager and manager.while_paused == "reject"
+        assert (manager.versions.max_staleness, manager.versions.on_stale) == (2, "abort")
+        with pytest.raises(ValueError, match="peer_park_timeout"):
+            cbt.init_continuous_batching(model, peer_park_timeout=WAIT + 1)
+        assert cbt.init_continuous_batching(model, peer_park_timeout=WAIT) is manager  # the same value is fine
+    finally:
+        model.destroy_cached_continuous_batching_manager()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="fork() is POSIX's")
+def test_a_forked_child_refuses_requests_nothing_would_serve(manager):
+    """Issue 39, point 14: a child forked from the process running the loop accepted requests, never served."""
+    import os
+
+    manager.start()
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what add_request did, and leave at once
+            try:
+                manager.add_request(list(PROMPT), max_new_tokens=MAX_NEW)
+                verdict = b"accepted"
+            except RuntimeError as error:
+                verdict = b"refused" if b"forked" in str(error).encode() else b"other"
+            except BaseException:  # noqa: BLE001 -- any other outcome is the test's failure, reported to the parent
+                verdict = b"crashed"
+            os.write(write, verdict)
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            verdict = pipe.read()  # returns when the child exits (its end of the pipe closes)
+        os.waitpid(pid, 0)
+        assert verdict == b"refused", verdict
+        results(manager, submit(manager, 1))  # the parent's manager serves on
+    finally:
+        manager.stop(block=True, timeout=WAIT)

@@ -212,6 +212,9 @@ def test_the_weight_sync_refuses_misuse_and_copies_nothing_after_a_bad_parameter
             sync.send_weights([(names[1], params[names[1]].double())])
         with pytest.raises(ValueError, match="engine's is"):
             sync.send_weights([(names[1], params[names[1]][:1])])
+        with pytest.raises(ValueError, match="no tensor"):  # issue 39, point 14: it counted as a full sync
+            sync.send_weights(iter([]))
+        assert manager.weight_version == PartialSync(1) and sync.syncs == 0
         sync.send_weights([(n, p.detach().clone()) for n, p in params.items()])
         assert manager.weight_version == 1 and sync.syncs == 1
         sync.destroy()  # releases the pause

@@ -20,6 +20,13 @@
 (* checkpoint's weights (version 0).  Time is each lease's countdown       *)
 (* (Tick), which a renewal resets: a trainer may always be too slow.       *)
 (*                                                                         *)
+(* A write is two steps (issue 39): WriteBegin under the writer's own     *)
+(* lease, then WriteEnd, which may never come (a hung filesystem or       *)
+(* device: nothing makes it fair).  While it runs the lease does not      *)
+(* expire, until the write's own deadline (WriteTTL ticks): then WriteCut  *)
+(* ends the lease without the write and labels the weights partial.  The  *)
+(* trainer may also hang (TrainerHang): it stops, its leases unrenewed.   *)
+(*                                                                         *)
 (* Leased = FALSE is a vLLM-style boolean pause: no ttl, and any resume    *)
 (* un-pauses the server; it must fail NoPausedForEverProp.  WriteOrder = FALSE *)
 (* drops the server's rule that a write under an older lease never         *)
@@ -35,11 +42,17 @@ CONSTANTS
     TTL,          \* ticks a lease lives without a renewal
     MaxRestarts,  \* server crashes (each followed, or not, by a restart)
     Leased,       \* TRUE: leases with a ttl (cbpause); FALSE: a boolean pause (vLLM)
-    WriteOrder    \* TRUE: a write under an older lease never overwrites a newer lease's
+    WriteOrder,   \* TRUE: a write under an older lease never overwrites a newer lease's
+    WriteTTL,     \* ticks a write may run before it is cut
+    OwnLease      \* TRUE: a write is honoured under the writer's own lease only (FALSE: under any held lease)
 
 Epochs == 1..MaxEpoch
-\* The trainer writes once per pause, the version of pause e being e (version 0: the checkpoint's weights).
-Versions == 0..MaxEpoch
+\* The trainer writes once per pause, the version of pause e being e (version 0: the checkpoint's weights); a write of
+\* pause e cut at its deadline leaves the weights labelled Partial(e) (PartialSync), which says which update failed.
+Partial(e) == MaxEpoch + e
+Versions == 0..(2 * MaxEpoch)
+\* The update a version label stands for (a partial one's too).
+Of(v) == IF v > MaxEpoch THEN v - MaxEpoch ELSE v
 Msgs == [t : {"pause", "grant", "resume", "write", "wok"}, s : Servers, e : Epochs]
 
 VARIABLES
@@ -49,10 +62,12 @@ VARIABLES
     ttl,       \* ttl[s][e]: ticks left before a held lease expires
     ver,       \* ver[s]: the weight version the server generates with
     wroteEp,   \* wroteEp[s]: the epoch of the lease under which ver[s] was written (0: none)
+    writing,   \* writing[s]: the epoch of the lease under which a write runs on s (0: none)
+    wtime,     \* wtime[s]: ticks left before the write under way is cut
     serverCrashes,  \* crashes so far (bounded by MaxRestarts)
     losses,    \* messages lost so far (bounded by MaxLosses)
     \* the trainer
-    trainer,   \* "idle", "pausing", "holding", "writing", "release", "done", "crashed"
+    trainer,   \* "idle", "pausing", "holding", "writing", "release", "done", "crashed", "hung"
     epoch,     \* its current pause
     granted,   \* servers that granted this epoch's lease
     lostS,     \* servers that refused a renewal: the lease is gone there
@@ -64,7 +79,7 @@ VARIABLES
     completed, \* the last version every server acknowledged (0: none yet)
     fresh      \* fresh[s]: s has not restarted since it last took a write
 
-srv == <<up, lease, ttl, ver, wroteEp, serverCrashes, losses>>
+srv == <<up, lease, ttl, ver, wroteEp, writing, wtime, serverCrashes, losses>>
 trn == <<trainer, epoch, granted, lostS, wrote, acked, missed>>
 vars == <<srv, trn, net, completed, fresh>>
 
@@ -76,9 +91,11 @@ TypeOK ==
     /\ ttl \in [Servers -> [Epochs -> 0..TTL]]
     /\ ver \in [Servers -> Versions]
     /\ wroteEp \in [Servers -> 0..MaxEpoch]
+    /\ writing \in [Servers -> 0..MaxEpoch]
+    /\ wtime \in [Servers -> 0..WriteTTL]
     /\ serverCrashes \in 0..MaxRestarts
     /\ losses \in 0..MaxLosses
-    /\ trainer \in {"idle", "pausing", "holding", "writing", "release", "done", "crashed"}
+    /\ trainer \in {"idle", "pausing", "holding", "writing", "release", "done", "crashed", "hung"}
     /\ epoch \in 0..MaxEpoch
     /\ granted \subseteq Servers /\ lostS \subseteq Servers
     /\ acked \subseteq Servers /\ missed \subseteq Servers
@@ -92,6 +109,8 @@ AllRunning == \A s \in Servers : ~Paused(s)
 \* A lease the server honours (a renewal, a write, a resume): held, never expired.  The boolean pause honours
 \* anything while paused.
 Honoured(s, e) == IF Leased THEN lease[s][e] = "held" ELSE \E f \in Epochs : lease[s][f] = "held"
+\* The lease a write is honoured under: its own (OwnLease), or any held one (the mutant FleetPause_any_lease).
+WriteHonoured(s, e) == IF OwnLease THEN Honoured(s, e) ELSE \E f \in Epochs : Honoured(s, f)
 
 Init ==
     /\ up = [s \in Servers |-> TRUE]
@@ -99,6 +118,7 @@ Init ==
     /\ ttl = [s \in Servers |-> [e \in Epochs |-> 0]]
     /\ ver = [s \in Servers |-> 0]
     /\ wroteEp = [s \in Servers |-> 0]
+    /\ writing = [s \in Servers |-> 0] /\ wtime = [s \in Servers |-> 0]
     /\ serverCrashes = 0 /\ losses = 0
     /\ trainer = "idle" /\ epoch = 0
     /\ granted = {} /\ lostS = {} /\ wrote = FALSE /\ acked = {} /\ missed = {}
@@ -160,8 +180,8 @@ RenewLease(s) ==
             /\ UNCHANGED lostS
        ELSE /\ lostS' = lostS \cup {s}
             /\ UNCHANGED ttl
-    /\ UNCHANGED <<up, lease, ver, wroteEp, serverCrashes, losses, trainer, epoch, granted, wrote, acked, missed, net,
-                   completed, fresh>>
+    /\ UNCHANGED <<up, lease, ver, wroteEp, writing, wtime, serverCrashes, losses, trainer, epoch, granted, wrote,
+                   acked, missed, net, completed, fresh>>
 
 \* Fleet.update_weights_from_disk(): only with every server's lease granted; not to a server whose lease was lost.
 TrainerWrite ==
@@ -201,6 +221,12 @@ TrainerCrash ==
     /\ net' = {m \in net : m.t \notin ToTrainer}
     /\ UNCHANGED <<srv, epoch, wrote, completed, fresh>>
 
+\* The trainer's process hangs: it takes no step any more (no renewal, no resume), and its connections stay open.
+TrainerHang ==
+    /\ trainer \notin {"done", "crashed", "hung"}
+    /\ trainer' = "hung"
+    /\ UNCHANGED <<srv, net, epoch, granted, lostS, wrote, acked, missed, completed, fresh>>
+
 ----------------------------------------------------------------------------
 \* The servers (cbpause serve; cbpause.serve.leases.LeaseTable)
 
@@ -210,47 +236,76 @@ PauseLease(m) ==
     /\ lease' = [lease EXCEPT ![m.s][m.e] = "held"]
     /\ ttl' = [ttl EXCEPT ![m.s][m.e] = TTL]
     /\ Answer(m, [t |-> "grant", s |-> m.s, e |-> m.e])
-    /\ UNCHANGED <<up, ver, wroteEp, serverCrashes, losses, trn, completed, fresh>>
+    /\ UNCHANGED <<up, ver, wroteEp, writing, wtime, serverCrashes, losses, trn, completed, fresh>>
 
-\* WriteWeights: under a lease honoured now, and (WriteOrder) not under a lease older than the one that wrote last.
-\* A refusal (410, 409) reaches the trainer as no acknowledgement: it reports that server as having missed the write
-\* whether it heard the refusal or stopped waiting (TrainerWriteDone), so the model leaves the refusal's answer out.
-WriteWeights(m) ==
-    /\ m \in net /\ m.t = "write" /\ up[m.s]
-    /\ IF Honoured(m.s, m.e) /\ (WriteOrder => m.e >= wroteEp[m.s])
-       THEN /\ ver' = [ver EXCEPT ![m.s] = m.e]
+\* WriteBegin (LeaseTable.write_weights): under the writer's own lease honoured now, and (WriteOrder) not under a lease
+\* older than the one that wrote last; one write at a time per server (the route's thread).  A refusal (410, 409)
+\* reaches the trainer as no acknowledgement: it reports that server as having missed the write whether it heard the
+\* refusal or stopped waiting (TrainerWriteDone), so the model leaves the refusal's answer out.
+WriteBegin(m) ==
+    /\ m \in net /\ m.t = "write" /\ up[m.s] /\ writing[m.s] = 0
+    /\ IF WriteHonoured(m.s, m.e) /\ (WriteOrder => m.e >= wroteEp[m.s])
+       THEN /\ writing' = [writing EXCEPT ![m.s] = m.e]
+            /\ wtime' = [wtime EXCEPT ![m.s] = WriteTTL]
             /\ wroteEp' = [wroteEp EXCEPT ![m.s] = m.e]
-            /\ fresh' = [fresh EXCEPT ![m.s] = TRUE]
-            /\ Answer(m, [t |-> "wok", s |-> m.s, e |-> m.e])
-       ELSE /\ net' = net \ {m}
-            /\ UNCHANGED <<ver, wroteEp, fresh>>
-    /\ UNCHANGED <<up, lease, ttl, serverCrashes, losses, trn, completed>>
+       ELSE UNCHANGED <<writing, wtime, wroteEp>>
+    /\ net' = net \ {m}
+    /\ UNCHANGED <<up, lease, ttl, ver, serverCrashes, losses, trn, completed, fresh>>
 
-\* ResumeLease (LeavePause); resuming a lease that is not held changes nothing.  The boolean pause un-pauses.
+\* WriteEnd (LeaseTable.commit_write): the copy finished before the write's deadline; the version is set and the
+\* trainer answered.  Nothing makes it happen: a write may hang for ever (WriteCut then ends it).
+WriteEnd(s) ==
+    /\ up[s] /\ writing[s] # 0
+    /\ ver' = [ver EXCEPT ![s] = writing[s]]
+    /\ fresh' = [fresh EXCEPT ![s] = TRUE]
+    /\ writing' = [writing EXCEPT ![s] = 0]
+    /\ net' = net \cup (IF trainer = "crashed" THEN {} ELSE {[t |-> "wok", s |-> s, e |-> writing[s]]})
+    /\ UNCHANGED <<up, lease, ttl, wroteEp, wtime, serverCrashes, losses, trn, completed>>
+
+\* WriteCut (LeaseTable._cut, _label_partial): the write passed its deadline.  Its lease ends without it (its thread
+\* ends without leaving, as an expired lease's; a resumed lease is already gone), and the weights, a mix, are
+\* labelled Partial while the hold is still in place.  The route answers 410: no acknowledgement.
+WriteCut(s) ==
+    /\ up[s] /\ writing[s] # 0 /\ wtime[s] = 0
+    /\ ver' = [ver EXCEPT ![s] = Partial(writing[s])]
+    /\ fresh' = [fresh EXCEPT ![s] = TRUE]
+    /\ lease' = [lease EXCEPT ![s][writing[s]] = IF @ = "held" THEN "dead" ELSE @]
+    /\ writing' = [writing EXCEPT ![s] = 0]
+    /\ UNCHANGED <<up, ttl, wroteEp, wtime, serverCrashes, losses, trn, net, completed>>
+
+WriteTick(s) ==
+    /\ up[s] /\ writing[s] # 0 /\ wtime[s] > 0
+    /\ wtime' = [wtime EXCEPT ![s] = @ - 1]
+    /\ UNCHANGED <<up, lease, ttl, ver, wroteEp, writing, serverCrashes, losses, trn, net, completed, fresh>>
+
+\* ResumeLease (LeavePause); resuming a lease that is not held changes nothing.  The boolean pause un-pauses.  A
+\* resume waits for the write under way under that lease (LeaseTable._hold: the pause is left after the write's end or
+\* its cut).
 ResumeLease(m) ==
-    /\ m \in net /\ m.t = "resume" /\ up[m.s]
+    /\ m \in net /\ m.t = "resume" /\ up[m.s] /\ writing[m.s] # m.e
     /\ lease' = IF Leased
                 THEN [lease EXCEPT ![m.s][m.e] = IF @ = "held" THEN "gone" ELSE @]
                 ELSE [lease EXCEPT ![m.s] = [e \in Epochs |-> IF @[e] = "held" THEN "gone" ELSE @[e]]]
     /\ net' = net \ {m}
-    /\ UNCHANGED <<up, ttl, ver, wroteEp, serverCrashes, losses, trn, completed, fresh>>
+    /\ UNCHANGED <<up, ttl, ver, wroteEp, writing, wtime, serverCrashes, losses, trn, completed, fresh>>
 
 Tick(s, e) ==
     /\ Leased /\ up[s] /\ lease[s][e] = "held" /\ ttl[s][e] > 0
     /\ ttl' = [ttl EXCEPT ![s][e] = @ - 1]
-    /\ UNCHANGED <<up, lease, ver, wroteEp, serverCrashes, losses, trn, net, completed, fresh>>
+    /\ UNCHANGED <<up, lease, ver, wroteEp, writing, wtime, serverCrashes, losses, trn, net, completed, fresh>>
 
 \* LeaseExpires = PauseProtocol's HolderDies: the lease's thread ends without leaving; the lease is honoured no more.
+\* Not while a write runs under it (WriteCut ends that one).
 LeaseExpires(s, e) ==
-    /\ Leased /\ up[s] /\ lease[s][e] = "held" /\ ttl[s][e] = 0
+    /\ Leased /\ up[s] /\ lease[s][e] = "held" /\ ttl[s][e] = 0 /\ writing[s] # e
     /\ lease' = [lease EXCEPT ![s][e] = "dead"]
-    /\ UNCHANGED <<up, ttl, ver, wroteEp, serverCrashes, losses, trn, net, completed, fresh>>
+    /\ UNCHANGED <<up, ttl, ver, wroteEp, writing, wtime, serverCrashes, losses, trn, net, completed, fresh>>
 
 \* ReleaseDeadHolder: the loop, parked in its window, drops the dead holder's hold.
 ReleaseDeadHolder(s, e) ==
     /\ up[s] /\ lease[s][e] = "dead"
     /\ lease' = [lease EXCEPT ![s][e] = "gone"]
-    /\ UNCHANGED <<up, ttl, ver, wroteEp, serverCrashes, losses, trn, net, completed, fresh>>
+    /\ UNCHANGED <<up, ttl, ver, wroteEp, writing, wtime, serverCrashes, losses, trn, net, completed, fresh>>
 
 \* A server's process dies: its pauses die with it; lease ids are never issued twice, so its old leases stay gone.
 ServerCrash(s) ==
@@ -258,7 +313,8 @@ ServerCrash(s) ==
     /\ up' = [up EXCEPT ![s] = FALSE]
     /\ serverCrashes' = serverCrashes + 1
     /\ lease' = [lease EXCEPT ![s] = [e \in Epochs |-> IF @[e] = "none" THEN "none" ELSE "gone"]]
-    /\ UNCHANGED <<ttl, ver, wroteEp, losses, trn, net, completed, fresh>>
+    /\ writing' = [writing EXCEPT ![s] = 0]
+    /\ UNCHANGED <<ttl, ver, wroteEp, wtime, losses, trn, net, completed, fresh>>
 
 ServerRestart(s) ==
     /\ ~up[s]
@@ -266,7 +322,7 @@ ServerRestart(s) ==
     /\ ver' = [ver EXCEPT ![s] = 0]
     /\ wroteEp' = [wroteEp EXCEPT ![s] = 0]
     /\ fresh' = [fresh EXCEPT ![s] = FALSE]
-    /\ UNCHANGED <<lease, ttl, serverCrashes, losses, trn, net, completed>>
+    /\ UNCHANGED <<lease, ttl, writing, wtime, serverCrashes, losses, trn, net, completed>>
 
 \* The network loses a message (within the budget), or the server it goes to is down (always).
 Undeliverable(m) ==
@@ -278,21 +334,27 @@ Lose(m) ==
     /\ m \in net /\ losses < MaxLosses
     /\ net' = net \ {m}
     /\ losses' = losses + 1
-    /\ UNCHANGED <<up, lease, ttl, ver, wroteEp, serverCrashes, trn, completed, fresh>>
+    /\ UNCHANGED <<up, lease, ttl, ver, wroteEp, writing, wtime, serverCrashes, trn, completed, fresh>>
 
-Server(m) == PauseLease(m) \/ WriteWeights(m) \/ ResumeLease(m)
+Server(m) == PauseLease(m) \/ WriteBegin(m) \/ ResumeLease(m)
 
 Time(s, e) == Tick(s, e) \/ LeaseExpires(s, e) \/ ReleaseDeadHolder(s, e)
+
+WriteTime(s) == WriteTick(s) \/ WriteCut(s)
 
 \* One disjunct per action, so that TLC's coverage names each one.
 Next ==
     \/ TrainerPause \/ TrainerPauseFails \/ TrainerWrite \/ TrainerWriteDone \/ TrainerRelease \/ TrainerCrash
+    \/ TrainerHang
     \/ \E s \in Servers : RenewLease(s)
     \/ \E m \in net : TrainerGranted(m)
     \/ \E m \in net : TrainerDrops(m)
     \/ \E m \in net : TrainerWriteAnswer(m)
     \/ \E m \in net : PauseLease(m)
-    \/ \E m \in net : WriteWeights(m)
+    \/ \E m \in net : WriteBegin(m)
+    \/ \E s \in Servers : WriteEnd(s)
+    \/ \E s \in Servers : WriteTick(s)
+    \/ \E s \in Servers : WriteCut(s)
     \/ \E m \in net : ResumeLease(m)
     \/ \E m \in net : Lose(m)
     \/ \E m \in net : Undeliverable(m)
@@ -305,22 +367,33 @@ Next ==
 \* Fairness, each a claim about the code (spec section 6.6): a server answers every request it receives (uvicorn's
 \* event loop and worker threads: control.py's routes); a lease's countdown runs and its expiry is seen (the lease
 \* thread's timed wait, LeaseTable._hold); the loop releases a dead holder (LoopSteps.pause_window's HOLDER_CHECK_S).
-\* Nothing is fair for the trainer, the network's losses or the crashes: they may stop, or never happen.
+\* A write's countdown runs and its cut comes (the lease thread's timed wait ends at the write's deadline,
+\* LeaseTable._hold, and _look cuts it).  Nothing is fair for the trainer, a write's end (WriteEnd: a copy may hang),
+\* the network's losses or the crashes: they may stop, or never happen.
 Fairness ==
     /\ \A m \in Msgs : WF_vars(Server(m))
     /\ \A s \in Servers, e \in Epochs : WF_vars(Time(s, e))
+    /\ \A s \in Servers : WF_vars(WriteTime(s))
 
 Spec == Init /\ [][Next]_vars /\ Fairness
 
 ----------------------------------------------------------------------------
 \* Properties
 
-\* No server stays paused for ever once the trainer stops renewing (it crashed, or it is done).
-NoPausedForEverProp == [](trainer \in {"crashed", "done"} => <>[]AllRunning)
+\* No server stays paused for ever once the trainer stops renewing (it crashed, hung, or is done), even when a write
+\* under its lease never ends.
+NoPausedForEverProp == [](trainer \in {"crashed", "hung", "done"} => <>[]AllRunning)
 
 \* A write is honoured only under a lease held now (never an expired one), and changes the version only so.
 WriteUnderLease ==
     [][\A s \in Servers : (up[s] /\ up'[s] /\ ver'[s] # ver[s]) => \E e \in Epochs : Honoured(s, e)]_vars
+
+\* Sharper (issue 39, point 12): the version changes only under the writer's own lease, held until that step: no write
+\* is applied after the writer's own lease ended.  A server that honours any held lease passes WriteUnderLease and
+\* fails this (FleetPause_any_lease).
+OwnLeaseWriteProp ==
+    [][\A s \in Servers : (up[s] /\ up'[s] /\ ver'[s] # ver[s]) =>
+                              Of(ver'[s]) > 0 /\ lease[s][Of(ver'[s])] = "held"]_vars
 
 \* A lease that expired or was resumed is never honoured again.
 GoneStaysGone ==
@@ -339,9 +412,13 @@ ReportTruthfulInv ==
 \* After a completed update every live server that has not restarted since it took it reports that version or a
 \* newer one.  (A server that serverCrashes comes back with its checkpoint's weights, version 0, and says so: its lease
 \* ids are unknown to the new process, so the trainer's resume gets a 404; Fleet.status() shows its version.)
-CompletedUpdateVisible == \A s \in Servers : (up[s] /\ fresh[s]) => ver[s] >= completed
+\* A write cut at its deadline leaves its partial label, which names the update: it counts as that update's (newer than
+\* the completed one), truthfully labelled.
+CompletedUpdateVisible == \A s \in Servers : (up[s] /\ fresh[s]) => Of(ver[s]) >= completed
 
 \* Witnesses: the model reaches a completed update, and a lease that expires.
 NeverCompletesWitness == completed = 0
 NeverExpiresWitness == \A s \in Servers, e \in Epochs : lease[s][e] # "dead"
+\* ... and a write cut at its deadline.
+NeverCutWitness == \A s \in Servers : ver[s] <= MaxEpoch
 =============================================================================

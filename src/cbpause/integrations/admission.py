@@ -95,6 +95,7 @@ class Admission:
         checked = [self.checked_request(x, max_new_tokens) for x in inputs]
         status = self.background_thread_status
         with self._submit_lock:
+            self.refuse_after_fork()
             self.refuse_while_paused()
             denial = status.can_accept_new_requests()
             if denial is not None:
@@ -122,6 +123,16 @@ class Admission:
             raise queue.Full(
                 f"{n} request(s) do not fit the input queue (max_queue_size={size}) and this thread is inside a pause: "
                 "the loop takes no request until it leaves; nothing was enqueued"
+            )
+
+    def refuse_after_fork(self) -> None:
+        """``RuntimeError`` in a child process forked from the one running this manager's loop: fork copies no
+        thread, so no loop runs here and a request enqueued would never be answered (nor a pause entered)."""
+        if getattr(self, "_forked", False):
+            raise RuntimeError(
+                "this process was forked from the one whose thread runs this manager's generation loop: no loop runs "
+                "here, and nothing added here would ever be served; build a manager in this process (or start it "
+                "with the 'spawn' method)"
             )
 
     def refuse_while_paused(self) -> None:

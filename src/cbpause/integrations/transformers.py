@@ -32,6 +32,7 @@ until it is reviewed.
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import weakref
 from collections.abc import Iterator
@@ -83,6 +84,18 @@ EXIT_STOP_TIMEOUT = 10.0  # seconds the interpreter's exit waits for a loop that
 # their own, and a holder of one would see the other's forward steps (R-EXCLUSION).
 _DRIVER_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _DRIVER_LOCK = threading.Lock()
+
+# Every manager of this process: in a child forked from it, none has a loop (fork copies no thread), so each is
+# marked and refuses what only its loop could serve (issue 39, point 14: the child accepted requests for ever).
+_MANAGERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for manager in list(_MANAGERS):
+        manager._forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _leave(status: PauseProtocol, hold: PauseHold) -> None:
@@ -140,6 +153,9 @@ class PausableContinuousBatchingManager(
         self.while_paused = admission.checked_while_paused(while_paused)
         staleness = weights.checked_staleness(max_staleness, on_stale)
         super().__init__(model, generation_config, continuous_batching_config, workload_hints)
+        self._built_workload_hints = workload_hints  # compared when a cached manager is reused (_reconfigure)
+        self._forked = False  # set in a child process forked from this one (_after_fork_in_child)
+        _MANAGERS.add(self)
         self.background_thread_status, self._wake_up_loop = status, SafeEvent()  # SafeEvent: issue 26, point 1
         # P-SUBMIT: the acceptance check and the enqueue happen under this lock, and so does the loop's last
         # drain of the queue; a request is then either drained (and gets its output) or refused.
@@ -180,6 +196,7 @@ class PausableContinuousBatchingManager(
         if request_id is not None and not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, not {request_id!r}")
         with self._submit_lock:
+            self.refuse_after_fork()
             self.refuse_while_paused()
             if request_id is None:
                 request_id = self.next_request_id()
@@ -384,7 +401,9 @@ def init_continuous_batching(
     a new integer weight version, a request in flight whose oldest token or KV is more than ``n`` versions behind is
     restarted from its prompt, ``on_stale="restart"``, or ends with an error starting with
     ``cbpause.integrations.weights.STALE``, ``on_stale="abort"``).  A cached manager
-    (``stop(keep_for_next_session=True)``) of this kind is reused, as upstream does.
+    (``stop(keep_for_next_session=True)``) of this kind is reused, as upstream does, with the ``while_paused``,
+    ``max_staleness`` and ``on_stale`` given now; a ``peer_park_timeout``, ``trace`` or ``workload_hints`` other than
+    the ones it was built with is a ``ValueError`` (destroy the cached manager first).
 
     Raises ``TypeError`` for a model that is not a transformers model, ``ValueError`` when no generation
     config can be found or a cached manager is upstream's own, and ``TypeError`` for an unknown keyword.
@@ -397,6 +416,7 @@ def init_continuous_batching(
 
     cached = getattr(model, "_cached_continuous_batching_manager", None)  # stop(keep_for_next_session=True)
     if isinstance(cached, PausableContinuousBatchingManager):
+        _reconfigure(cached, kwargs)
         # Reused as upstream reuses its own, with the attention implementation stop() may have switched back.
         cached.switch_to_cb_friendly_attn(model, cached.continuous_batching_config.auto_switch_to_flash)
         return cached
@@ -417,6 +437,28 @@ def init_continuous_batching(
         max_staleness=kwargs.get("max_staleness"),
         on_stale=kwargs.get("on_stale", "restart"),
     )
+
+
+def _reconfigure(cached: PausableContinuousBatchingManager, kwargs: dict) -> None:
+    """The keywords given when a cached manager is reused (issue 39, point 14: they were silently ignored): the
+    admission and staleness settings are the manager's own and take the new values (checked first: a bad one changes
+    nothing); the others were built into its protocol and loop, so a different value is a ``ValueError`` that says
+    to destroy the cached manager first."""
+    status = cached.background_thread_status
+    fixed = {"peer_park_timeout": status._peer_park_timeout, "trace": status._trace,
+             "workload_hints": getattr(cached, "_built_workload_hints", None)}  # fmt: skip
+    for key, built in fixed.items():
+        if key in kwargs and kwargs[key] is not built and kwargs[key] != built:
+            raise ValueError(
+                f"the model's cached manager (stop(keep_for_next_session=True)) was built with {key}={built!r}, not "
+                f"{kwargs[key]!r}: call model.destroy_cached_continuous_batching_manager() first to change it"
+            )
+    while_paused = admission.checked_while_paused(kwargs.get("while_paused", cached.while_paused))
+    versions = cached.versions
+    bound = weights.checked_staleness(kwargs.get("max_staleness", versions.max_staleness),
+                                      kwargs.get("on_stale", versions.on_stale))  # fmt: skip
+    cached.while_paused = while_paused
+    versions.max_staleness, versions.on_stale = bound
 
 
 def _configs(

@@ -100,7 +100,8 @@ class PauseWeightSync:
     def send_weights(self, iterator: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy each ``(name, tensor)`` into the engine's parameter of that name, in place, then set the weight
         version to the new sync count.  ``KeyError`` for a name the engine lacks, ``ValueError`` for a shape or dtype
-        that differs; nothing after the faulty one is copied.  ``RuntimeError`` outside ``pause()``."""
+        that differs; nothing after the faulty one is copied.  ``ValueError`` for an iterator that yields no tensor (no
+        sync happened: the version is unchanged).  ``RuntimeError`` outside ``pause()``."""
         if self._pause is None:
             raise RuntimeError("send_weights() outside pause(): the loop would step while the weights change")
         params = dict(self.manager.model.named_parameters())
@@ -120,6 +121,8 @@ class PauseWeightSync:
             if copied:
                 self.manager.set_weight_version(PartialSync(self.syncs + 1))
             raise
+        if not copied:  # issue 39, point 14: an empty sync counted as a full one, labelling old weights as new
+            raise ValueError("send_weights() got no tensor: nothing was synced, and the weight version is unchanged")
         self.syncs += 1
         self.manager.set_weight_version(self.syncs)
 

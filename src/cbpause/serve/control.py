@@ -114,35 +114,7 @@ def add_control_routes(app: FastAPI, manager: Any, leases: LeaseTable, *, weight
 
 def _pause_routes(app: FastAPI, manager: Any, leases: LeaseTable, metrics: Any) -> None:
     async def pause(request: Request, body: dict, *, legacy: bool) -> JSONResponse:
-        mode = body.get("mode", "keep")
-        if mode not in MODES:
-            return _error(400, f"unknown mode {mode!r}: one of {list(MODES)}")
-        started = time.monotonic()
-        loop = asyncio.get_running_loop()
-        entered = asyncio.Event()
-        try:
-            # The wait for the window is an await, not a worker thread: however many pauses wait, the routes that
-            # end a pause (resume, renew, writes) always find a thread.
-            lease = leases.start_lease(mode=mode, timeout=body.get("timeout"), ttl=body.get("ttl"),
-                                       holder=body.get("holder", "anonymous"), legacy=legacy,
-                                       on_entered=lambda: loop.call_soon_threadsafe(entered.set))  # fmt: skip
-        except ValueError as error:
-            return _error(400, str(error))
-        except TooManyLeases as error:
-            return _error(429, str(error), **{"Retry-After": "1"})
-        if not await _unless_disconnected(entered, request):
-            leases.abandon(lease)  # nobody will ever know this lease's id: it must not hold the server
-            return _error(499, "the client disconnected before the window opened; its pause was withdrawn")
-        if lease.error is not None:
-            error = lease.error
-            if isinstance(error, ValueError):
-                return _error(400, str(error))
-            if isinstance(error, TimeoutError):
-                return _error(504, f"the generation loop did not pause in time: {error}")
-            return _error(503, f"cannot pause: {error}")
-        metrics.pause_latency.observe(time.monotonic() - started)
-        return JSONResponse({"lease_id": lease.id, "expires_at": leases.wall(lease.deadline), "ttl": lease.ttl,
-                             "mode": mode, "weight_version": _jsonable(manager.weight_version)})  # fmt: skip
+        return await _pause(request, body, legacy, manager, leases, metrics)
 
     @app.post("/pause")
     async def pause_route(request: Request) -> JSONResponse:
@@ -194,6 +166,41 @@ def _pause_routes(app: FastAPI, manager: Any, leases: LeaseTable, metrics: Any) 
         held = leases.held()
         return JSONResponse({"is_paused": manager.background_thread_status.state.paused, "leases": len(held),
                              "holders": [lease.holder for lease in held]})  # fmt: skip
+
+
+async def _pause(request: Request, body: dict, legacy: bool, manager: Any, leases: LeaseTable,
+                 metrics: Any) -> JSONResponse:  # fmt: skip
+    """``PauseLease`` for a route: a lease asked, its window awaited (not a worker thread), withdrawn if the client
+    leaves first."""
+    mode = body.get("mode", "keep")
+    if mode not in MODES:
+        return _error(400, f"unknown mode {mode!r}: one of {list(MODES)}")
+    started = time.monotonic()
+    loop = asyncio.get_running_loop()
+    entered = asyncio.Event()
+    try:
+        # The wait for the window is an await, not a worker thread: however many pauses wait, the routes that
+        # end a pause (resume, renew, writes) always find a thread.
+        lease = leases.start_lease(mode=mode, timeout=body.get("timeout"), ttl=body.get("ttl"),
+                                   holder=body.get("holder", "anonymous"), legacy=legacy,
+                                   on_entered=lambda: loop.call_soon_threadsafe(entered.set))  # fmt: skip
+    except ValueError as error:
+        return _error(400, str(error))
+    except TooManyLeases as error:
+        return _error(429, str(error), **{"Retry-After": "1"})
+    if not await _unless_disconnected(entered, request):
+        leases.abandon(lease)  # nobody will ever know this lease's id: it must not hold the server
+        return _error(499, "the client disconnected before the window opened; its pause was withdrawn")
+    if lease.error is not None:
+        error = lease.error
+        if isinstance(error, ValueError):
+            return _error(400, str(error))
+        if isinstance(error, TimeoutError):
+            return _error(504, f"the generation loop did not pause in time: {error}")
+        return _error(503, f"cannot pause: {error}")
+    metrics.pause_latency.observe(time.monotonic() - started)
+    return JSONResponse({"lease_id": lease.id, "expires_at": leases.wall(lease.deadline), "ttl": lease.ttl,
+                         "mode": mode, "weight_version": _jsonable(manager.weight_version)})  # fmt: skip
 
 
 def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: Path | None) -> None:
