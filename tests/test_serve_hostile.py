@@ -278,6 +278,25 @@ def test_sampling_arguments_the_loop_cannot_honour_are_a_400_naming_them(server,
     assert answer.status_code == 400 and argument in message(answer), answer.text
 
 
+def test_a_streamed_answer_carries_its_labels_in_its_last_chunk_and_is_counted(server):
+    """Point 10: streamed answers carried no version labels and never appeared in /metrics."""
+    def finished() -> float:
+        metrics = call("GET", server + "/metrics").text
+        return float(next(line.split()[-1] for line in metrics.splitlines()
+                          if line.startswith('cbpause_requests{outcome="finished"}')))  # fmt: skip
+
+    before = finished()
+    body = {"model": NAME, "prompt": "t3 t4", "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", server + "/v1/completions", json=body, headers=AUTH, timeout=HANG_S) as answer:
+        assert answer.status_code == 200
+        chunks = [json.loads(line[len("data: "):]) for line in answer.iter_lines() if line.startswith("data: ")]
+    assert chunks and all("weight_versions" not in c for c in chunks[:-1])
+    last = chunks[-1]
+    assert last["choices"][0]["finish_reason"] and last["weight_versions"][0][0] == 0, last
+    assert "kv_versions" in last
+    assert finished() == before + 1
+
+
 def test_chat_on_a_checkpoint_without_a_chat_template_is_a_400(server):
     answer = call("POST", server + "/v1/chat/completions", json={"model": NAME, "messages": [
         {"role": "user", "content": "t3 t4"}]})  # fmt: skip

@@ -125,7 +125,9 @@ def test_the_private_attributes_set_and_the_routes_removed_are_the_table_s():
     from cbpause.integrations import upstream
 
     text = (SRC / "integrations" / "serving.py").read_text()
-    assert {f"_{name}" for name in re.findall(r"\bstate\._(\w+)", text)} == {k.rsplit(".", 1)[1] for k in upstream.SETS}
+    assigned = {f"_{name}" for name in re.findall(r"\bstate\._(\w+)", text)}
+    assigned |= set(re.findall(r"\brouter\.(\w+)\[\w+\] = ", text))  # an entry of upstream's output router
+    assert assigned == {k.rsplit(".", 1)[1] for k in upstream.SETS}
     for name, readers in upstream.SETS.items():
         attribute = name.rsplit(".", 1)[1]
         init = inspect.getsource(upstream.upstream_function(readers[0]))

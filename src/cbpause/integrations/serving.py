@@ -15,8 +15,9 @@ checkpoint's, so that a pause never waits for a manager that does not exist yet)
   (decision: the client sends it again; its partial tokens are not delivered);
 * a client that disconnects while its request waits (queued during a pause, or running) has it cancelled, so no
   request runs for a client that left;
-* a non-streamed answer carries ``weight_versions`` and ``kv_versions``: ``[first_token_index, version]`` spans over
-  the generated tokens (R-VERSIONS, R-KV-VERSIONS).
+* an answer carries ``weight_versions`` and ``kv_versions``: ``[first_token_index, version]`` spans over the
+  generated tokens (R-VERSIONS, R-KV-VERSIONS), a streamed one in its last chunk; a streamed request is counted by
+  outcome in ``/metrics`` as a non-streamed one is.
 """
 
 from __future__ import annotations
@@ -105,9 +106,40 @@ class PausableCBGenerateManager(_serving.CBGenerateManager):
                            *args: Any, **kwargs: Any) -> Any:  # fmt: skip
         self._refuse_duplicate(request_id)
         try:
-            return super().generate_streaming(model, processor, inputs, gen_config, request_id, *args, **kwargs)
+            streamed = super().generate_streaming(model, processor, inputs, gen_config, request_id, *args, **kwargs)
         except LoopPausedError as error:
             raise _rejected(self, error) from error
+        self._record_stream(request_id)
+        return streamed
+
+    def _record_stream(self, request_id: str) -> None:
+        """Wrap the handler upstream registered for a streamed request, so that its last output is counted by outcome
+        (``/metrics``) and its version labels kept for the last chunk (:func:`_with_stream_versions`).  No ``await``
+        since upstream registered it: no output of this request can have been dispatched to it yet."""
+        router = self._cb.output_router
+        with router._lock:
+            entry = router.result_handlers.get(request_id)
+            if entry is None:
+                return
+            callback, loop = entry
+
+            def recording(result: Any) -> None:
+                if result.is_finished():
+                    self._note_end(request_id, result)
+                callback(result)
+
+            router.result_handlers[request_id] = (recording, loop)
+
+    def _note_end(self, request_id: str, result: Any) -> None:
+        """A streamed request's terminal output: its outcome counted, its labels kept until its last chunk."""
+        if result.error is None:
+            self.count("finished")
+            with self._lock:
+                self.versions[request_id] = (list(result.weight_versions), list(getattr(result, "kv_versions", [])))
+        elif str(result.error).startswith((ABORTED_BY_PAUSE, STALE)):
+            self.count("aborted")
+        else:
+            self.count("failed")
 
     async def generate_non_streaming(self, model: Any, processor: Any, inputs: dict, gen_config: Any,
                                      request_id: str) -> tuple[str, int, list[int]]:  # fmt: skip
@@ -325,6 +357,55 @@ def _with_versions(handle: Any, generate: PausableCBGenerateManager) -> Any:
     return non_streaming
 
 
+def _with_stream_versions(handle: Any, generate: PausableCBGenerateManager) -> Any:
+    """Wrap a handler's ``_streaming`` so that the last chunk of a streamed answer (the one with ``finish_reason``)
+    carries the request's ``weight_versions`` and ``kv_versions``, as a non-streamed answer does."""
+
+    def streaming(request_id: str, *args: Any, **kwargs: Any) -> Any:
+        response = handle(request_id, *args, **kwargs)
+        inner = getattr(response, "body_iterator", None)
+        if inner is None:
+            return response
+
+        async def labelled() -> Any:
+            last = None
+            try:
+                async for chunk in inner:
+                    if last is not None:
+                        yield last
+                    last = chunk
+                if last is not None:
+                    with generate._lock:
+                        labels = generate.versions.pop(request_id, None)
+                    yield last if labels is None else _labelled_chunk(last, labels)
+            finally:
+                with generate._lock:
+                    generate.versions.pop(request_id, None)
+
+        response.body_iterator = labelled()
+        return response
+
+    return streaming
+
+
+def _labelled_chunk(chunk: Any, labels: tuple[list, list]) -> Any:
+    """The SSE chunk ``data: {...}`` with the version labels added (any other chunk as it is)."""
+    import json
+
+    text = chunk.decode() if isinstance(chunk, bytes) else chunk
+    if not text.startswith("data: ") or text.count("data: ") != 1:
+        return chunk
+    try:
+        body = json.loads(text[len("data: "):])
+    except ValueError:
+        return chunk
+    if not isinstance(body, dict) or "error" in body:
+        return chunk
+    body["weight_versions"], body["kv_versions"] = _jsonable(labels[0]), _jsonable(labels[1])
+    out = f"data: {json.dumps(body)}\n\n"
+    return out.encode() if isinstance(chunk, bytes) else out
+
+
 def _jsonable(spans: list) -> list:
     """``(first_token_index, version)`` spans as JSON pairs (a version JSON cannot hold, ``PartialSync``, as text)."""
     return [[i, v if v is None or isinstance(v, (int, float, str, bool)) else str(v)] for i, v in spans]
@@ -368,6 +449,7 @@ def openai_app(
     }
     for name in ("chat_handler", "completion_handler"):
         handlers[name]._non_streaming = _with_versions(handlers[name]._non_streaming, generate)
+        handlers[name]._streaming = _with_stream_versions(handlers[name]._streaming, generate)
     app = build_server(models, generation_state=state, **handlers)
     # Not transformers serve's /reset and /load_model: they would unload the model the manager steps.
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in upstream.REMOVED_ROUTES]

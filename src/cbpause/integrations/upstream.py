@@ -69,6 +69,12 @@ WRAPPED = {
     "cli.serving.completion.CompletionHandler._non_streaming": (  # the same
         "cli.serving.completion.CompletionHandler.handle_request",
     ),
+    "cli.serving.chat_completion.ChatCompletionHandler._streaming": (  # serving._with_stream_versions: last chunk
+        "cli.serving.chat_completion.ChatCompletionHandler.handle_request",
+    ),
+    "cli.serving.completion.CompletionHandler._streaming": (  # the same
+        "cli.serving.completion.CompletionHandler.handle_request",
+    ),
     "cache.PagedAttentionCache.mark_complete_blocks": (  # weights.never_share_stale_blocks: no stale prefix (D6)
         "continuous_api.ContinuousBatchProcessor.update_batch",
     ),
@@ -82,6 +88,10 @@ RESTATED = {
 
 # Upstream's private attributes the integration sets on upstream's objects, and the upstream functions that read them.
 SETS = {
+    "continuous_api.OutputRouter.result_handlers": (  # serving: a streamed request's handler wrapped; duplicates seen
+        "continuous_api.OutputRouter.__init__", "continuous_api.OutputRouter.deliver",
+        "continuous_api.OutputRouter.deliver_batch", "continuous_api.ContinuousBatchingManager.register_result_handler",
+    ),
     "cli.serving.utils.GenerationState._cb_manager": (  # serving.openai_app: the cbpause manager, built at start-up
         "cli.serving.utils.GenerationState.__init__", "cli.serving.utils.GenerationState.get_manager",
         "cli.serving.utils.GenerationState.shutdown", "cli.serving.utils.GenerationState.is_cb_alive",
@@ -106,6 +116,9 @@ STAMPS = {
 
 # sha256 (first 16 hex digits) of each upstream function's source in transformers CHECKED_WITH.
 FINGERPRINTS = {
+    "cli.serving.chat_completion.ChatCompletionHandler._streaming": "e78783e3a8363a49",
+    "cli.serving.completion.CompletionHandler._streaming": "c6eccad95c72a058",
+    "continuous_api.ContinuousBatchingManager.register_result_handler": "5c1b552714bb0cd7",
     "cli.serve.Serve.__init__": "9cdf7dd30dfecd7d",
     "cli.serving.chat_completion.ChatCompletionHandler._non_streaming": "c5068d45a9c2c053",
     "cli.serving.chat_completion.ChatCompletionHandler.handle_request": "61f8b6e137e1222e",
