@@ -2,7 +2,7 @@
 deadline, classified and printed as a table.
 
 Each probe is a hostile use of cbpause on transformers' real loop (tiny random Llama, CPU) that once hung, crashed,
-answered with the wrong error, went wrong silently or lost a request (issues 13, 26, 27, 28, 29).  A probe returns when
+answered with the wrong error, went wrong silently or lost a request (issues 13, 26-29, 39).  A probe returns when
 the library did the right thing; otherwise it raises one of :class:`Wrong`, :class:`Silent` or :class:`Lost`, and a
 probe that outlives its deadline is killed and reported ``HANG``.  Any other exception is ``WRONG ERROR``.  The run
 exits 0 only when every probe printed ``OK``.  Keep it growing: every hostile case found later joins :data:`PROBES`.
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from ...testing import HANG_S
-from . import holders, requests, serving, weights
+from . import holders, requests, serve_cases, serving, weights
 from .support import VERDICTS, Lost, Silent, Wrong
 
 # Every probe, by kind (holders, requests, weights, serving), in the order the suite runs them.
@@ -44,6 +44,9 @@ PROBES: dict[str, Callable[[], None]] = {
         ]),
         (serving, [
             'leases_under_races',
+        ]),
+        (serve_cases, [
+            'serve_hostile_clients',
         ]),
     )
     for name in names

@@ -29,8 +29,8 @@ def leases_under_races() -> None:
         lease = table.pause_lease(ttl=ttl, holder="racer")
         try:
             if attempt % 2:
-                with table.write_weights(lease.id):
-                    time.sleep(2 * ttl)  # past the deadline: a write under way keeps its lease
+                with table.write_weights(lease.id, timeout=WAIT):
+                    time.sleep(2 * ttl)  # past the lease's deadline, within the write's: the write keeps its lease
                     if lease.state != "held":
                         raise Silent(f"the lease ended ({lease.state}) during a write under it")
             elif table.resume_lease(lease.id) and lease.state != "resumed":

@@ -1,0 +1,412 @@
+"""The hostile user of ``cbpause serve`` and ``Fleet`` (issue 39): each case of the issue's list, against a guarded
+server process (an API key, a served name, 48 leases and 64 kB bodies at most).  One home for each case: the hostile
+suite's probe ``serve_hostile_clients`` runs them all on one server, and ``tests/test_serve_hostile.py`` runs each as a
+test.  A case returns when the server did the right thing, and raises :class:`~.support.Wrong`,
+:class:`~.support.Silent` or :class:`~.support.Lost` otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .support import WAIT, Lost, Silent, Wrong
+
+KEY = "hostile-key-39"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+NAME = "tiny-served"
+VOCAB = 32
+MAX_LEASES = 48
+
+
+@dataclass
+class Guarded:
+    """A guarded server: its URL, the checkpoint it serves, its ``--weights-dir``, and a scratch folder."""
+
+    url: str
+    checkpoint: Path
+    weights_dir: Path
+    scratch: Path
+
+
+@contextlib.contextmanager
+def guarded_server(checkpoint: Path, weights_dir: Path, scratch: Path) -> Iterator[Guarded]:
+    from ...testing.servers import serve_process
+
+    with serve_process(checkpoint, "--weights-dir", str(weights_dir), "--default-ttl", str(WAIT), "--num-blocks",
+                       "64", "--api-key", KEY, "--served-model-name", NAME, "--max-leases", str(MAX_LEASES),
+                       "--max-body-bytes", "65536") as (url, _process):  # fmt: skip
+        yield Guarded(url, checkpoint, weights_dir, scratch)
+
+
+def check(condition: object, message: str, kind: type[AssertionError] = Wrong) -> None:
+    if not condition:
+        raise kind(message)
+
+
+def call(method: str, url: str, **kwargs: Any) -> Any:
+    """A request with the key, bounded by ``WAIT``."""
+    import httpx
+
+    headers = {**AUTH, **kwargs.pop("headers", {})}
+    return httpx.request(method, url, headers=headers, **{"timeout": WAIT, **kwargs})
+
+
+def message(answer: Any) -> str:
+    """The error message of an answer: the control routes' ``{"error": text}`` or OpenAI's ``{"error": {message}}``."""
+    error = answer.json().get("error", answer.json().get("detail"))
+    return error["message"] if isinstance(error, dict) else str(error)
+
+
+def lease(url: str, **body: Any) -> str:
+    answer = call("POST", url + "/pause", json={"ttl": WAIT, **body})
+    check(answer.status_code == 200, f"a pause was refused: {answer.status_code} {answer.text[:200]}")
+    return answer.json()["lease_id"]
+
+
+def resume(url: str, lease_id: str) -> None:
+    answer = call("POST", url + "/resume", json={"lease_id": lease_id})
+    check(answer.status_code == 200 and answer.json()["resumed"] is True, f"a resume: {answer.text[:200]}")
+
+
+def paused(url: str) -> bool:
+    return call("GET", url + "/is_paused").json()["is_paused"]
+
+
+def completion(url: str, **kwargs: Any) -> Any:
+    return call("POST", url + "/v1/completions", json={"model": NAME, "prompt": "t3 t4", "max_tokens": 3}, **kwargs)
+
+
+def wait_in_flight(url: str, n: int, headers: dict | None = None) -> None:
+    """Until the server counts ``n`` generation requests in flight (another process: nothing to wait on but its
+    answers); ``WAIT`` at most."""
+    import httpx
+
+    for _ in range(int(WAIT * 20)):
+        metrics = httpx.get(url + "/metrics", headers=AUTH if headers is None else headers, timeout=WAIT).text
+        if f"cbpause_requests_in_flight {float(n)}" in metrics.splitlines():
+            return
+        threading.Event().wait(0.05)
+    raise Lost(f"{url} never had {n} requests in flight")
+
+
+def in_thread(fn: Callable, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn(*args, **kwargs)
+        except BaseException as error:  # noqa: BLE001 -- reported to the case
+            out["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def joined(thread: threading.Thread, out: dict) -> Any:
+    thread.join(timeout=WAIT)
+    if thread.is_alive():
+        raise Lost(f"a client got no answer within {WAIT} s")
+    if "error" in out:
+        raise Wrong(f"a client failed: {out['error']!r}")
+    return out["value"]
+
+
+# ------------------------------------------------------------------------------------------- 1, 2: bodies and ids
+
+
+def empty_object_is_a_keep_pause(server: Guarded) -> None:
+    """Point 1: ``{}`` was falsy, so it took vLLM's branch: an abort pause, a legacy lease any resume ended."""
+    held = call("POST", server.url + "/pause", json={})
+    check(held.status_code == 200 and held.json()["mode"] == "keep", f"{{}} gave {held.text[:200]}", Silent)
+    check(call("POST", server.url + "/resume").json()["resumed"] == 0, "a body-less resume ended a keyed lease", Silent)
+    check(paused(server.url), "the lease was ended by a body-less resume", Silent)
+    resume(server.url, held.json()["lease_id"])
+    check(not paused(server.url), "still paused after its resume")
+
+
+def duplicate_request_id(server: Guarded) -> None:
+    """Point 2: the duplicate's handler replaced the first request's, which then never got its answer."""
+    held = lease(server.url)
+    first = in_thread(completion, server.url, headers={"x-request-id": "twice"})
+    try:
+        wait_in_flight(server.url, 1)  # queued behind the pause
+        duplicate = completion(server.url, headers={"x-request-id": "twice"})
+        check(duplicate.status_code == 409 and "in flight" in message(duplicate), f"duplicate: {duplicate.text[:200]}")
+    finally:
+        resume(server.url, held)
+    answer = joined(*first)
+    check(answer.status_code == 200 and answer.json()["choices"][0]["text"], f"the first: {answer.text[:200]}", Lost)
+
+
+# ------------------------------------------------------------------------------------------- 3, 9: what it holds
+
+
+def waiting_pauses_hold_no_worker(server: Guarded) -> None:
+    """Point 3: 45 abort pauses waiting behind a keep lease held 40 worker threads; the holder's own resume waited
+    for its lease's expiry.  A waiting pause is an await now: the resume answers, and the waiting ones get in."""
+    held = lease(server.url)
+    waiting = [in_thread(call, "POST", server.url + "/pause", json={"mode": "abort", "ttl": WAIT, "holder": f"w{i}"})
+               for i in range(45)]  # fmt: skip
+    try:
+        answer = call("POST", server.url + "/resume", json={"lease_id": held})
+        check(answer.status_code == 200 and answer.json()["resumed"] is True, f"the resume: {answer.text[:200]}")
+    finally:
+        answers = [joined(*w) for w in waiting]
+        for a in answers:
+            if a.status_code == 200:
+                resume(server.url, a.json()["lease_id"])
+    check(all(a.status_code == 200 for a in answers), f"waiting pauses: {[a.status_code for a in answers]}")
+    check(not paused(server.url), "still paused")
+
+
+def lease_cap(server: Guarded) -> None:
+    """Point 9: 1,000 leases were granted (1,043 threads, 1.2 GB)."""
+    taken = [lease(server.url, holder=f"h{i}") for i in range(MAX_LEASES)]
+    try:
+        refused = call("POST", server.url + "/pause", json={"ttl": WAIT})
+        check(refused.status_code == 429 and refused.headers.get("retry-after"), f"past the cap: {refused.text[:200]}")
+        check(call("GET", server.url + "/is_paused").json()["leases"] == MAX_LEASES, "a lease past the cap", Silent)
+    finally:
+        for lease_id in taken:
+            resume(server.url, lease_id)
+    check(not paused(server.url), "still paused")
+
+
+def leaver_leaves_no_lease(server: Guarded) -> None:
+    """A client that disconnects while its pause waits: nobody knows the lease's id, so it must not hold."""
+    import httpx
+
+    held = lease(server.url)
+    try:
+        call("POST", server.url + "/pause", json={"mode": "abort", "ttl": WAIT, "holder": "leaver"}, timeout=1.0)
+        raise Wrong("an abort pause behind a keep lease answered at once")
+    except httpx.ReadTimeout:
+        pass  # the client gives up and disconnects
+    resume(server.url, held)
+    for _ in range(int(WAIT * 10)):  # the withdrawn pause may open, then closes at once
+        if "leaver" not in call("GET", server.url + "/is_paused").json()["holders"] and not paused(server.url):
+            return
+        threading.Event().wait(0.1)  # another process: nothing to wait on but its answers
+    raise Silent("the pause of a client that left is still held")
+
+
+def bad_bodies(server: Guarded) -> None:
+    """Point 9: a 64 MB body was read whole; a 5,000-digit integer or deep nesting was a 500 with a traceback."""
+    cases = {
+        "a 5,000-digit integer": (b'{"ttl": ' + b"1" * 5000 + b"}", 400),
+        "nesting 100,000 deep": (b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 413),  # 200 kB: too big first
+        "nesting 20,000 deep": (b'{"a": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", 400),
+        "not an object": (b"[1, 2]", 400),
+        "not JSON": (b"{not json", 400),
+        "not UTF-8": (b'{"a": "\xff"}', 400),
+        "a body over the limit": (b'{"a": "' + b"x" * 70_000 + b'"}', 413),
+    }
+    for route in ("/pause", "/v1/completions", "/update_weight_version"):
+        for what, (body, status) in cases.items():
+            answer = call("POST", server.url + route, content=body, headers={"content-type": "application/json"})
+            check(answer.status_code == status and message(answer), f"{route}, {what}: {answer.status_code}")
+    check(not paused(server.url), "a bad body paused the server", Silent)
+
+
+# ------------------------------------------------------------------------------------------- 4, 5: files
+
+
+def symlink_out_of_the_weights_dir(server: Guarded) -> None:
+    """Point 4: only the top-level path was resolved; an outside file was loaded and the completions changed."""
+    from safetensors.torch import save_file
+
+    from ...testing.llama import tiny_llama
+
+    outside = server.scratch / "outside.safetensors"
+    save_file({k: v.contiguous() for k, v in tiny_llama(seed=99, vocab_size=VOCAB).state_dict().items()}, str(outside))
+    linked = server.weights_dir / "linked"
+    linked.mkdir(exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        (linked / "model.safetensors").symlink_to(outside)
+    before = completion(server.url).json()["choices"][0]["text"]
+    held = lease(server.url)
+    try:
+        refused = call("POST", server.url + "/update_weights_from_disk", json={"lease_id": held, "path": "linked"})
+        check(refused.status_code == 400 and "outside the weights directory" in refused.text, refused.text[:200])
+    finally:
+        resume(server.url, held)
+    check(completion(server.url).json()["choices"][0]["text"] == before, "the weights changed", Silent)
+
+
+def fifo_named_safetensors(server: Guarded) -> None:
+    """Point 5: opening the FIFO froze the server until someone opened its other end."""
+    fifo = server.weights_dir / "fifo"
+    fifo.mkdir(exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkfifo(fifo / "model.safetensors")
+    held = lease(server.url)
+    try:
+        for path in ("fifo", "fifo/model.safetensors"):
+            refused = call("POST", server.url + "/update_weights_from_disk", json={"lease_id": held, "path": path})
+            check(refused.status_code == 400 and "not a regular file" in refused.text, refused.text[:200])
+        check(call("GET", server.url + "/health").status_code == 200, "unhealthy")
+    finally:
+        resume(server.url, held)
+
+
+# ------------------------------------------------------------------------------------------- 7: authentication
+
+
+def strangers_are_refused(server: Guarded) -> None:
+    """Point 7: anyone who reached the port could pause in abort mode for an hour, load weights, read holders."""
+    import httpx
+
+    routes = [("POST", "/pause"), ("POST", "/resume"), ("GET", "/is_paused"), ("POST", "/update_weight_version"),
+              ("POST", "/v1/completions"), ("GET", "/v1/models"), ("GET", "/metrics"), ("GET", "/weight_info")]
+    for method, route in routes:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+            answer = httpx.request(method, server.url + route, json={"mode": "abort", "ttl": 3600}, headers=headers,
+                                   timeout=WAIT)  # fmt: skip
+            check(answer.status_code == 401 and answer.headers.get("www-authenticate") == "Bearer",
+                  f"{method} {route} with {headers}: {answer.status_code}")  # fmt: skip
+    check(httpx.get(server.url + "/health", timeout=WAIT).status_code == 200, "/health needs no key")
+    check(not paused(server.url), "a stranger paused the server", Silent)
+
+
+# ------------------------------------------------------------------------------------------- 10: OpenAI conventions
+
+
+def openai_conventions(server: Guarded) -> None:
+    """Point 10: /v1/models was a 500 without a Hugging Face cache; nonsense sampling arguments were accepted; chat
+    without a template was a 500; streamed answers had no labels and were not counted."""
+    import httpx
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=WAIT)
+    check([m.id for m in client.models.list().data] == [NAME], "/v1/models does not list the served model")
+    check(client.completions.create(model=NAME, prompt="t3 t4", max_tokens=3, temperature=0).choices[0].text, "empty")
+    try:
+        client.completions.create(model="some/other-model", prompt="t3 t4", max_tokens=3)
+        raise Silent("another model's name was served")
+    except openai.BadRequestError as error:
+        check("serves" in str(error), f"the refusal says {error}")
+    for argument, value in [("n", 5), ("best_of", 3), ("temperature", -1), ("temperature", 0.7), ("top_p", 7),
+                            ("max_tokens", "5"), ("max_tokens", 0), ("max_tokens", True), ("seed", 3),
+                            ("logprobs", 2), ("stop", ["t4"]), ("logit_bias", {"1": 5})]:  # fmt: skip
+        body = {"model": NAME, "prompt": "t3 t4", "max_tokens": 3, argument: value}
+        answer = call("POST", server.url + "/v1/completions", json=body)
+        check(answer.status_code == 400 and argument in message(answer), f"{argument}={value!r}: {answer.text[:200]}")
+    chat = call("POST", server.url + "/v1/chat/completions", json={"model": NAME, "messages": [
+        {"role": "user", "content": "t3 t4"}]})  # fmt: skip
+    check(chat.status_code == 400 and "chat template" in message(chat), f"chat: {chat.text[:200]}")
+
+    def finished() -> float:
+        return float(next(line.split()[-1] for line in call("GET", server.url + "/metrics").text.splitlines()
+                          if line.startswith('cbpause_requests{outcome="finished"}')))  # fmt: skip
+
+    before = finished()
+    body = {"model": NAME, "prompt": "t3 t4", "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=WAIT) as answer:
+        check(answer.status_code == 200, f"a stream: {answer.status_code}")
+        chunks = [json.loads(line[len("data: "):]) for line in answer.iter_lines() if line.startswith("data: ")]
+    check(chunks and all("weight_versions" not in c for c in chunks[:-1]), "labels before the last chunk")
+    last = chunks[-1]
+    check(last["choices"][0]["finish_reason"] and last.get("weight_versions") and "kv_versions" in last,
+          f"the last chunk has no labels: {last}", Silent)  # fmt: skip
+    check(finished() == before + 1, "a streamed request was not counted", Silent)
+
+
+# ------------------------------------------------------------------------------------------- 8: Fleet
+
+
+def fleet_checks_and_releases(server: Guarded) -> None:
+    """Point 8: a 200 without lease_id was a bare KeyError, the other leases left held; timeout=None a TypeError;
+    ttl <= 0 renewed in a tight loop."""
+    import httpx
+
+    from ...client import Fleet, FleetError
+
+    asked: list = []
+    transport = httpx.MockTransport(lambda request: asked.append(request) or httpx.Response(500))
+    with Fleet(["http://a", "http://b"], transport=transport) as fleet:
+        for kwargs in ({"ttl": 0}, {"ttl": -1}, {"ttl": float("nan")}, {"timeout": -1}, {"timeout": "5"},
+                       {"mode": "hard"}, {"ttl": True}):  # fmt: skip
+            try:
+                with fleet.pause(**kwargs):
+                    raise Silent(f"paused with {kwargs}")
+            except ValueError:
+                pass
+    check(asked == [], f"a server was asked before the arguments were checked: {asked}")
+    resumed: list = []
+
+    def answer(request: Any) -> Any:
+        if request.url.path == "/resume":
+            resumed.append((request.url.host, json.loads(request.content)["lease_id"]))
+            return httpx.Response(200, json={"resumed": True})
+        if request.url.host == "bad":
+            return httpx.Response(200, json={"paused": True})
+        return httpx.Response(200, json={"lease_id": f"lease-{request.url.host}"})
+
+    with Fleet(["http://good", "http://bad"], transport=httpx.MockTransport(answer)) as fleet:
+        try:
+            with fleet.pause(ttl=5):
+                raise Silent("paused with a server that gave no lease id")
+        except FleetError as error:
+            check(list(error.failed) == ["http://bad"] and "without a lease id" in str(error), str(error))
+    check(resumed == [("good", "lease-good")] and fleet.leases == {}, f"left held: {resumed}", Lost)
+    with Fleet([server.url], api_key=KEY, request_timeout=WAIT) as fleet, fleet.pause(timeout=None, ttl=WAIT):
+        check(paused(server.url), "a fleet pause without a timeout did not hold")
+    check(not paused(server.url), "still paused after the fleet's pause")
+
+
+# ------------------------------------------------------------------------------------------- 6: stopping
+
+
+def sigterm_answers_and_exits(server: Guarded) -> None:
+    """Point 6: on SIGTERM with a lease held and a request queued the server waited for the lease's ttl.  With a ttl
+    of an hour, a server that waited for it would outlive the wait below by far; the queued request must be answered
+    (an error is an answer).  A server of its own (it is stopped)."""
+    import httpx
+
+    from ...testing.servers import serve_process
+
+    with serve_process(server.checkpoint, "--num-blocks", "64") as (url, process):
+        check(httpx.post(url + "/pause", json={"ttl": 3600}, timeout=WAIT).status_code == 200, "no lease")
+        queued = in_thread(httpx.post, url + "/v1/completions", json={"prompt": "t3 t4", "max_tokens": 3},
+                           timeout=WAIT)  # fmt: skip
+        wait_in_flight(url, 1, headers={})
+        process.send_signal(signal.SIGTERM)
+        # uvicorn raises the signal again once it has shut down gracefully: the exit status is SIGTERM's
+        check(process.wait(timeout=WAIT) in (0, -signal.SIGTERM), f"the server exited with {process.returncode}")
+        answer = joined(*queued)
+        check(answer.status_code in (200, 500, 503), f"the queued request got {answer.status_code}", Lost)
+
+
+# Every case, in the order the probe runs them (the SIGTERM case last: it starts and stops a server of its own).
+CASES: dict[str, Callable[[Guarded], None]] = {case.__name__: case for case in (
+    empty_object_is_a_keep_pause, duplicate_request_id, waiting_pauses_hold_no_worker, lease_cap,
+    leaver_leaves_no_lease, bad_bodies, symlink_out_of_the_weights_dir, fifo_named_safetensors, strangers_are_refused,
+    openai_conventions, fleet_checks_and_releases, sigterm_answers_and_exits,
+)}  # fmt: skip
+
+
+def serve_hostile_clients() -> None:
+    """The hostile suite's serve section: every case of :data:`CASES` on one guarded server process."""
+    from ...testing.trl_cpu import save_tiny_policy
+
+    with tempfile.TemporaryDirectory(prefix="cbpause-hostile-serve-") as tmp:
+        root = Path(tmp)
+        checkpoint = save_tiny_policy(root / "tiny", vocab_size=VOCAB)
+        (root / "weights").mkdir()
+        (root / "scratch").mkdir()
+        with guarded_server(checkpoint, root / "weights", root / "scratch") as server:
+            for name, case in CASES.items():
+                try:
+                    case(server)
+                except (Wrong, Silent, Lost) as error:
+                    raise type(error)(f"{name}: {error}") from None
