@@ -10,17 +10,21 @@ Two server processes (a tiny random Llama; one queues requests during a pause, o
   killed while they hold leases: their leases must end and the servers run again (within the ttl and the loop's
   ``HOLDER_CHECK_S`` on an idle machine: a figure for ``nox -s bench``, not a check here, where a loaded machine
   may take longer; a lease still held after ``HANG_S`` is a hang);
-* vLLM- and SGLang-style pauses and resumes, and second resumes of the same lease.
+* vLLM- and SGLang-style pauses and resumes, and second resumes of the same lease;
+* hostile clients (issue 39): bad bodies to every kind of route (a 4xx each), pairs of completions with one
+  ``x-request-id`` (both answered, the second a 409 while the first is in flight: ``duplicates``), floods of twelve
+  pauses at once (each answered: ``floods``), and clients that leave while their pause waits (withdrawn, never
+  held for good: ``leavers``).
 
 The ledger, per server: every completion a client waited for is answered exactly once, with a 200 (its tokens and
 its version labels, each a version the trainer wrote) or, on the rejecting server during a pause, a 503; the
 server's own count of requests by outcome (``/metrics``) equals what the clients sent (nothing lost, nothing run
 twice); no HTTP call waits past ``--bound``; no server stays paused for good once nobody holds a lease.  With
 ``--each`` the run goes on past its duration until the trainer has paused, a completion was answered and one was
-not (left early or rejected).  The last line::
+not (left early or rejected), a flood of pauses came and a client left while its pause waited.  The last line::
 
-    soak-http: seconds=… pauses=… updates=… missed=… abandoned=… killed=… legacy=… requests=… answered=… rejected=…
-               left=… bad=… lost=0 duplicated=0 hangs=0 wrong=0        (on one line)
+    soak-http: seconds=… pauses=… updates=… missed=… abandoned=… killed=… legacy=… floods=… leavers=… requests=…
+               answered=… rejected=… left=… bad=… duplicates=… lost=0 duplicated=0 hangs=0 wrong=0   (on one line)
 
 ``missed`` counts the updates the fleet reported some server missed (a lease that ran out on a loaded machine, a
 pause that timed out): reported, as R-FLEET-ALL-OR-NOTHING requires, and not an error.
@@ -53,6 +57,10 @@ TTL = 2.0  # the leases' ttl, short so that expiries happen often
 VOCAB = 32
 MODES = ("keep", "retract", "drain", "abort")
 JSON = {"content-type": "application/json"}
+# Bad bodies a stranger sends (issue 39, point 9), to every kind of route: each must be a 4xx that changes nothing.
+BAD_ROUTES = ("/v1/completions", "/pause", "/resume", "/update_weight_version")
+BAD_BODIES = (b"{not json", b"[1, 2]", b'{"ttl": ' + b"1" * 5000 + b"}", b'{"a": "\xff"}',
+              b'{"a": ' + b"[" * 20_000 + b"]" * 20_000 + b"}")  # fmt: skip
 KILLED_TRAINER = """
 import sys, time
 from cbpause.client import Fleet
@@ -85,11 +93,15 @@ def client(url: str, ledger: Ledger, stop: threading.Event, rng: random.Random, 
     with httpx.Client(timeout=bound) as http:
         while not stop.is_set():
             roll = rng.random()
-            if roll < 0.05:  # bad input: a 4xx, and nothing runs
-                r = http.post(url + "/v1/completions", content=b"{not json", headers=JSON)
+            if roll < 0.05:  # bad input, to a generation or a control route: a 4xx, and nothing runs
+                route, bad = rng.choice(BAD_ROUTES), rng.choice(BAD_BODIES)
+                r = http.post(url + route, content=bad, headers=JSON)
                 ledger.count("bad")
                 if not 400 <= r.status_code < 500:
-                    ledger.problem(f"{url}: malformed JSON got {r.status_code}")
+                    ledger.problem(f"{url}: a bad body to {route} got {r.status_code}")
+                continue
+            if roll < 0.07:  # two completions with one x-request-id: both answered, the second a 409 if the first
+                duplicate_pair(url, http, ledger, rng)  # is still in flight
                 continue
             n = rng.randint(1, 6)
             prompt = " ".join(f"t{rng.randrange(3, VOCAB)}" for _ in range(rng.randint(1, 5)))
@@ -116,6 +128,43 @@ def client(url: str, ledger: Ledger, stop: threading.Event, rng: random.Random, 
                 ledger.problem(f"{url}: a completion failed: {error!r}")
                 continue
             check_answer(url, r, n, ledger, time.monotonic() - started)
+
+
+def duplicate_pair(url: str, http: httpx.Client, ledger: Ledger, rng: random.Random) -> None:
+    """Issue 39, point 2: a duplicate id stole the answer of the request in flight.  Both are answered: the first
+    with its tokens (or a 503 during a pause on the rejecting server), the second with them too or a 409."""
+    rid = f"dup-{rng.randrange(2**40)}"
+    body = {"prompt": "t3 t4", "max_tokens": rng.randint(2, 6)}
+    with ledger.lock:
+        ledger.sent[url] += 2
+    ledger.count("requests", 2)
+    answers: list = []
+
+    def send() -> None:
+        try:
+            answers.append(http.post(url + "/v1/completions", json=body, headers={"x-request-id": rid}))
+        except httpx.HTTPError as error:
+            answers.append(error)
+
+    first = threading.Thread(target=send, name="duplicate-first")
+    first.start()
+    send()
+    first.join(timeout=HANG_S + 5)
+    if first.is_alive() or len(answers) != 2:
+        ledger.count("hangs")
+        ledger.problem(f"{url}: a duplicate pair got {len(answers)} answers")
+        return
+    codes = sorted(a.status_code if isinstance(a, httpx.Response) else 0 for a in answers)
+    if 0 in codes or any(c not in (200, 409, 503) for c in codes) or codes == [409, 409]:
+        ledger.count("lost")
+        ledger.problem(f"{url}: a duplicate pair was answered {codes}")
+        return
+    ledger.count("duplicates", codes.count(409))
+    for a in answers:
+        if a.status_code == 200:
+            check_answer(url, a, body["max_tokens"], ledger, 0.0)
+        elif a.status_code == 503:
+            ledger.count("rejected")
 
 
 def check_answer(url: str, r: httpx.Response, n: int, ledger: Ledger, waited: float) -> None:
@@ -164,9 +213,15 @@ def trainer(urls: list[str], weights: list[str], ledger: Ledger, stop: threading
 
 
 def disturber(urls: list[str], ledger: Ledger, stop: threading.Event, rng: random.Random) -> None:
-    """Abandoned leases, killed trainer processes and vLLM/SGLang-style pauses, one at a time."""
+    """Abandoned leases, killed trainer processes, floods of pauses, clients that leave while their pause waits and
+    vLLM/SGLang-style pauses, one at a time: each kind once in every round of five, in a shuffled order (so that a
+    short run sees every kind), the roll within a kind random."""
+    kinds: list[float] = []
     while not stop.wait(rng.uniform(0.5, 2.0)):
-        roll, url = rng.random(), rng.choice(urls)
+        if not kinds:
+            kinds = [0.2, 0.5, 0.6, 0.68, 0.9]  # one roll inside each kind's band below
+            rng.shuffle(kinds)
+        roll, url = kinds.pop(), rng.choice(urls)
         if roll < 0.4:  # a trainer that hangs: a lease never renewed nor resumed
             r = httpx.post(url + "/pause", json={"mode": rng.choice(MODES), "ttl": TTL, "timeout": 30,
                                                  "holder": "hung-trainer"}, timeout=HANG_S)  # fmt: skip
@@ -185,6 +240,16 @@ def disturber(urls: list[str], ledger: Ledger, stop: threading.Event, rng: rando
                 ledger.count("killed")
                 for u in urls:
                     expect_running(u, time.monotonic(), ledger, stop)
+        elif roll < 0.65:
+            flood(url, ledger, rng)
+        elif roll < 0.7:  # a client that leaves while its pause waits: its pause is withdrawn, never held for good
+            try:
+                httpx.post(url + "/pause", json={"mode": "abort", "ttl": TTL, "holder": "leaver"},
+                           timeout=rng.uniform(0.001, 0.05))  # fmt: skip
+            except httpx.TimeoutException:
+                pass
+            ledger.count("leavers")
+            expect_running(url, time.monotonic(), ledger, stop, {"leaver"})
         else:
             engine = rng.choice(("vllm", "sglang"))
             if engine == "vllm":
@@ -199,13 +264,42 @@ def disturber(urls: list[str], ledger: Ledger, stop: threading.Event, rng: rando
                     ledger.problem(f"{url}: a {engine}-style resume got {resume.status_code} {resume.text[:100]}")
 
 
-def expect_running(url: str, since: float, ledger: Ledger, stop: threading.Event) -> None:
+def flood(url: str, ledger: Ledger, rng: random.Random) -> None:
+    """Issue 39, point 3: pauses waiting for the window held the server's worker threads, so a holder's own resume
+    waited for its lease's expiry.  Twelve pauses at once, each answered (a lease, resumed at once; a 504 after its
+    timeout; a 429 past the cap), none past the bound."""
+    answers: list = []
+
+    def ask(i: int) -> None:
+        try:
+            r = httpx.post(url + "/pause", json={"mode": rng.choice(MODES), "ttl": TTL, "timeout": 2,
+                                                 "holder": f"flood-{i}"}, timeout=HANG_S)  # fmt: skip
+            answers.append(r)
+            if r.status_code == 200:
+                httpx.post(url + "/resume", json={"lease_id": r.json()["lease_id"]}, timeout=HANG_S)
+        except httpx.HTTPError as error:
+            answers.append(error)
+
+    threads = [threading.Thread(target=ask, args=(i,), name=f"flood-{i}") for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=HANG_S + 5)
+    codes = [a.status_code if isinstance(a, httpx.Response) else 0 for a in answers]
+    if len(codes) != 12 or any(c not in (200, 429, 503, 504) for c in codes):
+        ledger.count("hangs" if len(codes) != 12 else "lost")
+        ledger.problem(f"{url}: a flood of pauses was answered {codes}")
+    ledger.count("floods")
+
+
+def expect_running(url: str, since: float, ledger: Ledger, stop: threading.Event,
+                   who: set[str] = frozenset({"hung-trainer", "killed-trainer"})) -> None:  # fmt: skip
     """The abandoned lease ends once its holder is gone, and with it the pause it held (others may pause the server
     meanwhile: what must end is this lease, so the check is on the leases of abandoned holders).  When is the bench's
     figure, not a check: a lease still held ``HANG_S`` after it was left is a hang."""
     while time.monotonic() < since + HANG_S:
         holders = httpx.get(url + "/is_paused", timeout=HANG_S).json()["holders"]
-        if not {"hung-trainer", "killed-trainer"} & set(holders):
+        if not who & set(holders):
             return
         stop.wait(0.05)
     ledger.count("hangs")
@@ -228,10 +322,12 @@ def account(url: str, ledger: Ledger) -> None:
 
 
 def exercised(ledger: Ledger) -> bool:
-    """What ``--each`` waits for: the trainer paused, a completion was answered and one was not (left or rejected)."""
+    """What ``--each`` waits for: the trainer paused, a completion was answered and one was not (left or rejected),
+    a flood of pauses came and a client left while its pause waited."""
     with ledger.lock:
         n = ledger.n
-        return n["pauses"] > 0 and n["answered"] > 0 and n["left"] + n["rejected"] > 0
+        return n["pauses"] > 0 and n["answered"] > 0 and n["left"] + n["rejected"] > 0 and n["floods"] > 0 \
+            and n["leavers"] > 0
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -279,7 +375,8 @@ def run(args: argparse.Namespace) -> dict:
             account(url, ledger)
         seconds = time.monotonic() - started
     n = ledger.n
-    keys = "pauses updates missed abandoned killed legacy requests answered rejected left bad".split()
+    keys = "pauses updates missed abandoned killed legacy floods leavers requests answered rejected left bad".split()
+    keys += ["duplicates"]
     keys += ["lost", "duplicated", "hangs"]
     return {"seconds": round(seconds), **{k: n[k] for k in keys}, "wrong": len(ledger.wrong)}
 
