@@ -134,6 +134,44 @@ Answer(m, a) == net' = (net \ {m}) \cup (IF trainer = "crashed" THEN {} ELSE {a}
 ToTrainer == {"grant", "wok"}
 
 ----------------------------------------------------------------------------
+\* The server's own steps, apart from the messages that carry them: what cbpause.serve.leases.LeaseTable does, each
+\* under its lock, and what its log records under the same name (TraceFleetPause.tla replays a real server's log
+\* with these).
+
+\* A new lease (PauseLease), entered: a late or repeated request for an epoch already seen gets none.
+Grant(s, e) ==
+    /\ up[s] /\ lease[s][e] = "none"
+    /\ lease' = [lease EXCEPT ![s][e] = "held"]
+    /\ ttl' = [ttl EXCEPT ![s][e] = TTL]
+    /\ UNCHANGED <<up, ver, wroteEp, writing, wtime, serverCrashes, losses>>
+
+\* RenewLease, honoured (LeaseTable.renew_lease) or refused (410: the lease is gone).
+Renew(s, e) ==
+    /\ up[s] /\ Honoured(s, e)
+    /\ ttl' = [ttl EXCEPT ![s][e] = TTL]
+    /\ UNCHANGED <<up, lease, ver, wroteEp, writing, wtime, serverCrashes, losses>>
+RenewRefused(s, e) == up[s] /\ ~Honoured(s, e) /\ UNCHANGED srv
+
+\* WriteBegin, taken or refused (410, 409: LeaseTable.write_weights); one write at a time per server.
+WriteAllowed(s, e) == WriteHonoured(s, e) /\ (WriteOrder => e >= wroteEp[s])
+StartWrite(s, e) ==
+    /\ up[s] /\ writing[s] = 0 /\ WriteAllowed(s, e)
+    /\ writing' = [writing EXCEPT ![s] = e]
+    /\ wtime' = [wtime EXCEPT ![s] = WriteTTL]
+    /\ wroteEp' = [wroteEp EXCEPT ![s] = e]
+    /\ UNCHANGED <<up, lease, ttl, ver, serverCrashes, losses>>
+WriteRefused(s, e) == up[s] /\ writing[s] = 0 /\ ~WriteAllowed(s, e) /\ UNCHANGED srv
+
+\* ResumeLease (LeavePause), once no write runs under the lease (LeaseTable._hold); a lease not held is left as it
+\* is.  The boolean pause un-pauses.
+EndLease(s, e) ==
+    /\ up[s] /\ writing[s] # e
+    /\ lease' = IF Leased
+                THEN [lease EXCEPT ![s][e] = IF @ = "held" THEN "gone" ELSE @]
+                ELSE [lease EXCEPT ![s] = [f \in Epochs |-> IF @[f] = "held" THEN "gone" ELSE @[f]]]
+    /\ UNCHANGED <<up, ttl, ver, wroteEp, writing, wtime, serverCrashes, losses>>
+
+----------------------------------------------------------------------------
 \* The trainer (cbpause.client.Fleet)
 
 \* Fleet.pause(): a lease asked of every server.
@@ -174,14 +212,10 @@ TrainerPauseFails ==
 \* that is lost or late is a renewal not made: Tick may always come first.  The server renews a lease it honours
 \* and answers 410 for any other, and the trainer then counts that lease lost.
 RenewLease(s) ==
-    /\ trainer \in {"holding", "writing"} /\ s \in granted \ lostS /\ up[s]
-    /\ IF Honoured(s, epoch)
-       THEN /\ ttl' = [ttl EXCEPT ![s][epoch] = TTL]
-            /\ UNCHANGED lostS
-       ELSE /\ lostS' = lostS \cup {s}
-            /\ UNCHANGED ttl
-    /\ UNCHANGED <<up, lease, ver, wroteEp, writing, wtime, serverCrashes, losses, trainer, epoch, granted, wrote,
-                   acked, missed, net, completed, fresh>>
+    /\ trainer \in {"holding", "writing"} /\ s \in granted \ lostS
+    /\ \/ Renew(s, epoch) /\ UNCHANGED lostS
+       \/ RenewRefused(s, epoch) /\ lostS' = lostS \cup {s}
+    /\ UNCHANGED <<trainer, epoch, granted, wrote, acked, missed, net, completed, fresh>>
 
 \* Fleet.update_weights_from_disk(): only with every server's lease granted; not to a server whose lease was lost.
 TrainerWrite ==
@@ -230,27 +264,22 @@ TrainerHang ==
 ----------------------------------------------------------------------------
 \* The servers (cbpause serve; cbpause.serve.leases.LeaseTable)
 
-\* PauseLease: a new lease (a late or repeated request for an epoch already seen gets none).
+\* PauseLease: the message asking for a lease, and the grant's answer.
 PauseLease(m) ==
-    /\ m \in net /\ m.t = "pause" /\ up[m.s] /\ lease[m.s][m.e] = "none"
-    /\ lease' = [lease EXCEPT ![m.s][m.e] = "held"]
-    /\ ttl' = [ttl EXCEPT ![m.s][m.e] = TTL]
+    /\ m \in net /\ m.t = "pause"
+    /\ Grant(m.s, m.e)
     /\ Answer(m, [t |-> "grant", s |-> m.s, e |-> m.e])
-    /\ UNCHANGED <<up, ver, wroteEp, writing, wtime, serverCrashes, losses, trn, completed, fresh>>
+    /\ UNCHANGED <<trn, completed, fresh>>
 
 \* WriteBegin (LeaseTable.write_weights): under the writer's own lease honoured now, and (WriteOrder) not under a lease
 \* older than the one that wrote last; one write at a time per server (the route's thread).  A refusal (410, 409)
 \* reaches the trainer as no acknowledgement: it reports that server as having missed the write whether it heard the
 \* refusal or stopped waiting (TrainerWriteDone), so the model leaves the refusal's answer out.
 WriteBegin(m) ==
-    /\ m \in net /\ m.t = "write" /\ up[m.s] /\ writing[m.s] = 0
-    /\ IF WriteHonoured(m.s, m.e) /\ (WriteOrder => m.e >= wroteEp[m.s])
-       THEN /\ writing' = [writing EXCEPT ![m.s] = m.e]
-            /\ wtime' = [wtime EXCEPT ![m.s] = WriteTTL]
-            /\ wroteEp' = [wroteEp EXCEPT ![m.s] = m.e]
-       ELSE UNCHANGED <<writing, wtime, wroteEp>>
+    /\ m \in net /\ m.t = "write"
+    /\ StartWrite(m.s, m.e) \/ WriteRefused(m.s, m.e)
     /\ net' = net \ {m}
-    /\ UNCHANGED <<up, lease, ttl, ver, serverCrashes, losses, trn, completed, fresh>>
+    /\ UNCHANGED <<trn, completed, fresh>>
 
 \* WriteEnd (LeaseTable.commit_write): the copy finished before the write's deadline; the version is set and the
 \* trainer answered.  Nothing makes it happen: a write may hang for ever (WriteCut then ends it).
@@ -278,16 +307,12 @@ WriteTick(s) ==
     /\ wtime' = [wtime EXCEPT ![s] = @ - 1]
     /\ UNCHANGED <<up, lease, ttl, ver, wroteEp, writing, serverCrashes, losses, trn, net, completed, fresh>>
 
-\* ResumeLease (LeavePause); resuming a lease that is not held changes nothing.  The boolean pause un-pauses.  A
-\* resume waits for the write under way under that lease (LeaseTable._hold: the pause is left after the write's end or
-\* its cut).
+\* ResumeLease: the message, taken once no write runs under its lease (the resume waits for the write's end or cut).
 ResumeLease(m) ==
-    /\ m \in net /\ m.t = "resume" /\ up[m.s] /\ writing[m.s] # m.e
-    /\ lease' = IF Leased
-                THEN [lease EXCEPT ![m.s][m.e] = IF @ = "held" THEN "gone" ELSE @]
-                ELSE [lease EXCEPT ![m.s] = [e \in Epochs |-> IF @[e] = "held" THEN "gone" ELSE @[e]]]
+    /\ m \in net /\ m.t = "resume"
+    /\ EndLease(m.s, m.e)
     /\ net' = net \ {m}
-    /\ UNCHANGED <<up, ttl, ver, wroteEp, writing, wtime, serverCrashes, losses, trn, completed, fresh>>
+    /\ UNCHANGED <<trn, completed, fresh>>
 
 Tick(s, e) ==
     /\ Leased /\ up[s] /\ lease[s][e] = "held" /\ ttl[s][e] > 0

@@ -23,14 +23,17 @@ FLUSH_S = 4.0  # how long a stopping server lets the requests in flight finish, 
 def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default_ttl: float = 30.0,
               device: str = "cpu", dtype: str = "auto", continuous_batching_config: Any = None,
               api_key: str | None = None, served_model_name: str | None = None, max_leases: int = MAX_LEASES,
-              max_body_bytes: int = MAX_BODY_BYTES, **manager_kwargs: Any) -> Any:  # fmt: skip
+              max_body_bytes: int = MAX_BODY_BYTES, lease_log: str | Path | None = None,
+              **manager_kwargs: Any) -> Any:  # fmt: skip
     """The FastAPI app serving ``checkpoint`` (a local model directory), its manager started.
 
     ``weights_dir``: the directory ``/update_weights_from_disk`` may read from (``None``: that route answers 403).
     ``default_ttl``: the ttl of a lease that names none, and of every pause taken by a route without leases.
     ``api_key``: every route but ``/health`` then needs ``Authorization: Bearer <api_key>`` (:mod:`.guard`).
     ``served_model_name``: the model's name for clients (default: ``checkpoint`` as given).  ``max_leases``: leases
-    waiting or held at once; ``max_body_bytes``: the longest request body.
+    waiting or held at once; ``max_body_bytes``: the longest request body.  ``lease_log``: a file the lease table
+    appends its actions to, one JSON record a line (``tla/TraceFleetPause.tla`` validates it:
+    ``python -m cbpause.tlc.fleet_traces FILE``).
     ``manager_kwargs`` go to :func:`cbpause.integrations.transformers.init_continuous_batching` (``while_paused``,
     ``max_staleness``, ``on_stale``, ``peer_park_timeout``, ``trace``).  ``app.state.manager`` and
     ``app.state.leases`` are the manager and the lease table; ``app.state.shutdown()`` ends the leases and stops the
@@ -50,7 +53,8 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     app, manager, generate = openai_app(checkpoint, device=device, dtype=dtype, continuous_batching_config=config,
                                         served_model_name=served_model_name, **manager_kwargs)  # fmt: skip
     try:
-        leases = LeaseTable(manager, default_ttl=default_ttl, max_leases=max_leases)
+        log = None if lease_log is None else _log_writer(Path(lease_log))
+        leases = LeaseTable(manager, default_ttl=default_ttl, max_leases=max_leases, log=log)
     except BaseException:
         manager.stop(block=True, timeout=10)
         raise
@@ -70,6 +74,19 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
 
     app.router.lifespan_context = lifespan
     return app
+
+
+def _log_writer(path: Path) -> Any:
+    """Append each record to ``path`` as a JSON line, flushed at once (the caller holds the lease table's lock, so
+    the lines are in the order of the actions)."""
+    import json
+
+    out = open(path, "a", buffering=1)  # noqa: SIM115 -- open for the server's life; line-buffered
+
+    def write(record: dict) -> None:
+        out.write(json.dumps(record) + "\n")
+
+    return write
 
 
 def shutdown(leases: Any, manager: Any, flush_s: float = FLUSH_S) -> None:

@@ -37,6 +37,8 @@ def parser() -> argparse.ArgumentParser:
                    f"{MAX_LEASES}); more is a 429")  # fmt: skip
     p.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help=f"the longest request body (default "
                    f"{MAX_BODY_BYTES}); longer is a 413")  # fmt: skip
+    p.add_argument("--lease-log", default=None, help="append every action of the lease table to this file, one JSON "
+                   "record a line (python -m cbpause.tlc.fleet_traces FILE validates it against tla/FleetPause.tla)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
                         device=args.device, dtype=args.dtype, continuous_batching_config=config,
                         while_paused=args.while_paused, max_staleness=args.max_staleness, on_stale=args.on_stale,
                         api_key=api_key, served_model_name=args.served_model_name, max_leases=args.max_leases,
-                        max_body_bytes=args.max_body_bytes)  # fmt: skip
+                        max_body_bytes=args.max_body_bytes, lease_log=args.lease_log)  # fmt: skip
     except ValueError as error:
         sys.exit(f"cbpause serve: {error}")
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):

@@ -14,10 +14,10 @@ Routes (``docs/serving.md`` documents each; ``spec/PROTOCOL.md`` section 6.6 nam
 Errors (and, in front of every route, :mod:`.guard`'s ``401``, ``413`` and ``400`` for bad JSON): ``400`` for bad
 input (an unknown mode, a timeout or ttl that is not a non-negative number, a path outside ``--weights-dir``, a
 weights file that does not match the model), ``403`` when updates from disk are disabled, ``404`` for a lease id never
-issued here, ``409`` for a write without a lease id or under a lease older than the one the weights were last written
-under, ``410`` for a lease that expired or was resumed, ``429`` when ``max_leases`` leases wait or are held, ``503``
-when the loop is not running, ``504`` when the window did not open within ``timeout``.  A request that fails changes
-nothing.
+issued here, ``409`` for a write without a lease id, under a lease older than the one the weights were last written
+under, or while another write runs, ``410`` for a lease that expired or was resumed, ``429`` when ``max_leases``
+leases wait or are held, ``503`` when the loop is not running, ``504`` when the window did not open within
+``timeout``.  A request that fails changes nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from starlette.concurrency import run_in_threadpool
 
 from . import weights_io
 from .guard import BadJSON, parse_json_object
-from .leases import LeaseGone, LeaseTable, Superseded, TooManyLeases, UnknownLease
+from .leases import LeaseGone, LeaseTable, Superseded, TooManyLeases, UnknownLease, WriteBusy
 
 __all__ = ["COMPAT", "MODES", "add_control_routes", "compat_mode"]
 
@@ -241,7 +241,7 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
             return _error(404, error.args[0])
         except LeaseGone as error:  # it expired during the read, or the write passed its deadline and was cut
             return _error(410, str(error))
-        except Superseded as error:
+        except (Superseded, WriteBusy) as error:
             return _error(409, str(error))
         except ValueError as error:  # a bad write_timeout
             return _error(400, str(error))
@@ -261,7 +261,7 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
             return _error(400, str(error))
         except (UnknownLease, LeaseGone) as error:
             return _error(410, str(error))
-        except Superseded as error:
+        except (Superseded, WriteBusy) as error:
             return _error(409, str(error))
         return JSONResponse({"weight_version": _jsonable(manager.weight_version)})
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["FORGET_AFTER_S", "MAX_LEASES", "Lease", "LeaseGone", "LeaseTable", "Superseded", "TooManyLeases",
-           "UnknownLease", "checked_seconds"]
+           "UnknownLease", "WriteBusy", "checked_seconds"]
 
 logger = logging.getLogger("cbpause.serve")
 
@@ -38,6 +38,11 @@ MAX_LEASES = 64  # leases waiting or held at once: each is a thread; a stranger 
 
 class UnknownLease(KeyError):
     """No lease with this id was ever issued here (or it ended long ago): a 404."""
+
+
+class WriteBusy(RuntimeError):
+    """Another write is under way on this server (a 409): writes are one at a time (``FleetPause.tla``'s
+    ``writing``), so that two copies never interleave."""
 
 
 class TooManyLeases(RuntimeError):
@@ -99,6 +104,7 @@ class Lease:
     seq: int = 0  # the order in which the leases were entered (FleetPause.tla's epochs)
     on_entered: Callable[[], None] | None = None  # called once from the lease's thread when ``entered`` is set
     abandoned: bool = False  # its asker left before the window opened: the pause is left as soon as it is entered
+    resume_asked: bool = False  # a resume came: the lease ends (ResumeLease) once no write runs under it
 
 
 class LeaseTable:
@@ -108,7 +114,7 @@ class LeaseTable:
     """
 
     def __init__(self, manager: Any, *, default_ttl: float = 30.0, clock: Callable[[], float] = time.monotonic,
-                 max_leases: int = MAX_LEASES) -> None:  # fmt: skip
+                 max_leases: int = MAX_LEASES, log: Callable[[dict], None] | None = None) -> None:  # fmt: skip
         self.manager = manager
         self.default_ttl = checked_seconds("default ttl", default_ttl, default=30.0, upper=MAX_TTL_S, zero=False)
         if isinstance(max_leases, bool) or not isinstance(max_leases, int) or max_leases < 1:
@@ -120,6 +126,12 @@ class LeaseTable:
         self.expired = 0  # leases that ran out, since start
         self._entered = 0  # leases entered so far: the next one's seq
         self.written_seq = 0  # the seq of the lease the weights were last written under (0: none)
+        self._writer: Lease | None = None  # the lease whose write runs now (one at a time; a cut one frees the slot)
+        # The log of the table's actions, FleetPause.tla's names (tla/TraceFleetPause.tla replays it): each record is
+        # taken under the lock, in the order the actions happened.  ``ver`` is what the model's ver[s] is then: the
+        # seq of the lease the weights were last fully written under, or MaxEpoch + that seq for a cut write.
+        self._log = log
+        self._ver: tuple[str, int] = ("full", 0)
 
     def wall(self, deadline: float) -> float:
         return time.time() + (deadline - self._clock())
@@ -171,31 +183,38 @@ class LeaseTable:
             if lease.state == "waiting":
                 lease.abandoned = True
             elif lease.state == "held":
-                lease.state, lease.ended_at = "resumed", self._clock()
+                lease.resume_asked = True
                 lease._resume.set()
 
     def renew_lease(self, lease_id: str, ttl: float | None = None) -> Lease:
         """``RenewLease``: push the deadline to now + ttl (the lease's own ttl by default)."""
         with self._lock:
-            lease = self._live(lease_id)
+            try:
+                lease = self._live(lease_id)
+            except LeaseGone:
+                self._record("RenewRefused", self._find(lease_id))
+                raise
             if ttl is not None:
                 lease.ttl = checked_seconds("ttl", ttl, default=None, upper=MAX_TTL_S, zero=False)
             lease.deadline = self._clock() + lease.ttl
+            self._record("RenewLease", lease)
             return lease
 
     def resume_lease(self, lease_id: str) -> bool:
-        """``ResumeLease``: leave the lease's pause, once the writes under way under it have ended (the loop must not
-        step while the weights change).  True if this call resumed it, False if it was resumed before (idempotent);
-        ``LeaseGone`` if it expired, ``UnknownLease`` if no such lease."""
+        """``ResumeLease``: leave the lease's pause, once no write runs under it (the loop must not step while the
+        weights change; a write that passes its deadline is cut, and the lease ends so instead).  True if this call
+        asked the resume, False if one was asked before (idempotent); ``LeaseGone`` if it expired, ``UnknownLease``
+        if no such lease.  Returns once the lease's thread has left the pause (or ``HANG`` bound: its write's
+        deadline, at most the lease's ttl, is what it waits for)."""
         with self._lock:
             lease = self._find(lease_id)
-            if lease.state == "resumed":
+            if lease.resume_asked or lease.state == "resumed":
                 return False
             if lease.state != "held":
                 raise LeaseGone(lease)
-            lease.state, lease.ended_at = "resumed", self._clock()
+            lease.resume_asked = True
             lease._resume.set()
-        lease.thread.join(timeout=30)  # it leaves the pause (after any write): the window closes if it was the last
+        lease.thread.join(timeout=lease.ttl + MAX_TTL_S)  # the window closes if it was the last
         return True
 
     def resume_legacy(self) -> int:
@@ -224,22 +243,34 @@ class LeaseTable:
         server for ``timeout`` at most (R-LEASE-EXPIRES).  ``UnknownLease``/``LeaseGone`` if the lease is not held
         now, ``Superseded`` under an older lease than the last writer's."""
         with self._lock:
-            lease = self.check_held(lease_id, locked=True)
+            try:
+                lease = self.check_held(lease_id, locked=True)
+            except LeaseGone:
+                self._record("WriteRefused", self._find(lease_id))
+                raise
             timeout = checked_seconds("write_timeout", timeout, default=lease.ttl, upper=MAX_TTL_S, zero=False)
+            if self._writer is not None:
+                self._record("WriteRefused", lease)
+                raise WriteBusy(f"a write under lease {self._writer.id[:8]} of {self._writer.holder!r} is under way "
+                                "on this server: writes are one at a time; retry when it has ended")
             if lease.seq < self.written_seq:
+                self._record("WriteRefused", lease)
                 raise Superseded(f"lease {lease.id[:8]} of {lease.holder!r} is older than the lease the weights "
                                  "were last written under: this late write would overwrite a later one; refused")
             self.written_seq = lease.seq
-            lease.busy += 1
-            lease.write_deadline = max(lease.write_deadline if lease.busy > 1 else 0.0, self._clock() + timeout)
+            lease.busy, lease.cut, self._writer = 1, False, lease
+            lease.write_deadline = self._clock() + timeout
             lease.writing = version
+            self._record("WriteBegin", lease)
+        lease._resume.set()  # the lease's thread waits until the write's deadline now, not its own (found by a test)
         try:
             yield lease
         finally:
             with self._lock:
-                lease.busy -= 1
-                if not lease.busy:
-                    lease.write_deadline = float("inf")
+                lease.busy = 0
+                lease.write_deadline = float("inf")
+                if self._writer is lease:
+                    self._writer = None
             lease._resume.set()  # the lease's thread looks again (a resume may wait for this write)
 
     def commit_write(self, lease: Lease, commit: Callable[[], None]) -> None:
@@ -250,6 +281,8 @@ class LeaseTable:
             if lease.cut:
                 raise LeaseGone(lease)
             commit()
+            self._ver = ("full", lease.seq)
+            self._record("WriteEnd", lease)
 
     def held(self) -> list[Lease]:
         with self._lock:
@@ -290,17 +323,21 @@ class LeaseTable:
 
     def _look(self, lease: Lease) -> None:
         """Expire the lease if its time is up, and cut its write if the write's is (the caller holds the lock):
-        ``LeaseExpires`` once past its deadline with no write under way, or with one past the write's deadline
-        (``WriteCut``); a resumed lease whose write is past its deadline is cut too (its thread then leaves)."""
+        ``LeaseExpires`` once past its deadline with no write under way, ``WriteCut`` once a write under it is past
+        the write's deadline (whatever the lease's own), and nothing once a resume was asked and no write runs (the
+        lease's thread is about to leave: ``ResumeLease``)."""
         now = self._clock()
-        late_write = lease.busy and now >= lease.write_deadline
-        if lease.state == "held" and now >= lease.deadline and (not lease.busy or late_write):
+        if lease.state != "held" or (lease.resume_asked and not lease.busy):  # a resume asked in time wins
+            return
+        if lease.busy and now >= lease.write_deadline:  # WriteCut, whatever the lease's own deadline
             self.lease_expires(lease)
-        elif lease.state == "resumed" and late_write and not lease.cut:
-            self._cut(lease)
+        elif not lease.busy and now >= lease.deadline:  # LeaseExpires
+            self.lease_expires(lease)
 
     def _cut(self, lease: Lease) -> None:
         lease.cut = True
+        self._writer = None  # the slot is free: a hung copy checks ``cut`` before each tensor, and stops there
+        self._ver = ("partial", lease.seq)
         logger.error("a write under lease %s of holder %r passed its deadline and was cut off: the lease ends without "
                      "it, and the weights are labelled PartialSync(%r) until a full update", lease.id[:8],
                      lease.holder, lease.writing)  # fmt: skip
@@ -312,9 +349,13 @@ class LeaseTable:
         self.expired += 1
         if lease.busy:
             self._cut(lease)
+            self._record("WriteCut", lease)
+        else:
+            self._record("LeaseExpires", lease)
         lease._resume.set()
-        logger.warning("lease %s of holder %r (%s pause) expired: not renewed within its ttl of %s s; the loop "
-                       "releases its pause as a dead holder's", lease.id[:8], lease.holder, lease.mode, lease.ttl)
+        if not lease.cut:  # a cut is logged by _cut
+            logger.warning("lease %s of holder %r (%s pause) expired: not renewed within its ttl of %s s; the loop "
+                           "releases its pause as a dead holder's", lease.id[:8], lease.holder, lease.mode, lease.ttl)
 
     def _label_partial(self, lease: Lease) -> None:
         """The weights of a cut write are a mix: the lease's thread labels them while its hold is still in place
@@ -325,6 +366,14 @@ class LeaseTable:
             self.manager.set_weight_version(PartialSync(lease.writing))
         except Exception:  # noqa: BLE001 -- logged: the label is the best effort of a server already in trouble
             logger.exception("could not label the weights of lease %s as partial", lease.id[:8])
+
+    def _record(self, action: str, lease: Lease) -> None:
+        """One record of the log (the caller holds the lock): the action, the lease's epoch (its seq), and the model's
+        ``ver`` after it."""
+        if self._log is None or not lease.seq:
+            return
+        kind, seq = self._ver
+        self._log({"a": action, "e": lease.seq, "ver": seq if kind == "full" else -seq})
 
     @staticmethod
     def _entered_now(lease: Lease) -> None:
@@ -354,8 +403,9 @@ class LeaseTable:
         with self._lock:
             self._entered += 1
             lease.state, lease.deadline, lease.seq = "held", self._clock() + lease.ttl, self._entered
+            self._record("PauseLease", lease)
             if lease.abandoned:  # its asker left: nobody knows its id, so nobody would resume it
-                lease.state, lease.ended_at = "resumed", self._clock()
+                lease.resume_asked = True
         self._entered_now(lease)
         while True:
             with self._lock:
@@ -366,16 +416,15 @@ class LeaseTable:
                     lease.context = pause
                     cut = lease.cut
                     break
-                if lease.state == "resumed" and (not lease.busy or lease.cut):  # a resume waits for the writes
-                    cut = lease.cut
+                if lease.resume_asked and not lease.busy:  # ResumeLease: once no write runs under it
+                    lease.state, lease.ended_at = "resumed", self._clock()
+                    self._record("ResumeLease", lease)
+                    cut = False
                     break
                 # The next moment _look may change something: the lease's deadline, or with a write under way the
                 # later of it and the write's (a write that ends, a resume or a renewal wakes this thread earlier
                 # or finds it waking at the old deadline, to wait again).
-                if lease.state == "held":
-                    end = max(lease.deadline, lease.write_deadline) if lease.busy else lease.deadline
-                else:
-                    end = lease.write_deadline
+                end = lease.write_deadline if lease.busy else lease.deadline
                 remaining = None if end == float("inf") else max(end - self._clock(), 0.0)
             lease._resume.wait(remaining)
             lease._resume.clear()

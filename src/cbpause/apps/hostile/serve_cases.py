@@ -39,11 +39,12 @@ class Guarded:
 
 @contextlib.contextmanager
 def guarded_server(checkpoint: Path, weights_dir: Path, scratch: Path) -> Iterator[Guarded]:
+    """The server, its lease log in ``scratch/leases.jsonl`` (validated by :func:`lease_log_is_a_behaviour`)."""
     from ...testing.servers import serve_process
 
     with serve_process(checkpoint, "--weights-dir", str(weights_dir), "--default-ttl", str(WAIT), "--num-blocks",
                        "64", "--api-key", KEY, "--served-model-name", NAME, "--max-leases", str(MAX_LEASES),
-                       "--max-body-bytes", "65536") as (url, _process):  # fmt: skip
+                       "--max-body-bytes", "65536", "--lease-log", str(scratch / "leases.jsonl")) as (url, _process):
         yield Guarded(url, checkpoint, weights_dir, scratch)
 
 
@@ -387,11 +388,23 @@ def sigterm_answers_and_exits(server: Guarded) -> None:
         check(answer.status_code in (200, 500, 503), f"the queued request got {answer.status_code}", Lost)
 
 
-# Every case, in the order the probe runs them (the SIGTERM case last: it starts and stops a server of its own).
+def lease_log_is_a_behaviour(server: Guarded) -> None:
+    """What the server's lease table did under every case before this one is a behaviour of ``tla/FleetPause.tla``
+    (``tla/TraceFleetPause.tla``): TLC replays its lease log."""
+    from ...tlc import default_tla_dir, fleet_traces
+
+    records = fleet_traces.read_log(server.scratch / "leases.jsonl")
+    check(len(records) > 100, f"only {len(records)} records in the lease log")
+    result = fleet_traces.validate(records, default_tla_dir())
+    check(result.accepted, f"TLC rejected the server's lease log of {len(records)} records:\n{result.output[-2000:]}")
+
+
+# Every case, in the order the probe runs them (the SIGTERM case starts and stops a server of its own; the lease log
+# of the guarded server is validated last, once every case has been through it).
 CASES: dict[str, Callable[[Guarded], None]] = {case.__name__: case for case in (
     empty_object_is_a_keep_pause, duplicate_request_id, waiting_pauses_hold_no_worker, lease_cap,
     leaver_leaves_no_lease, bad_bodies, symlink_out_of_the_weights_dir, fifo_named_safetensors, strangers_are_refused,
-    openai_conventions, fleet_checks_and_releases, sigterm_answers_and_exits,
+    openai_conventions, fleet_checks_and_releases, sigterm_answers_and_exits, lease_log_is_a_behaviour,
 )}  # fmt: skip
 
 

@@ -19,7 +19,9 @@ Two server processes (a tiny random Llama; one queues requests during a pause, o
 The ledger, per server: every completion a client waited for is answered exactly once, with a 200 (its tokens and
 its version labels, each a version the trainer wrote) or, on the rejecting server during a pause, a 503; the
 server's own count of requests by outcome (``/metrics``) equals what the clients sent (nothing lost, nothing run
-twice); no HTTP call waits past ``--bound``; no server stays paused for good once nobody holds a lease.  With
+twice); no HTTP call waits past ``--bound``; no server stays paused for good once nobody holds a lease; and TLC
+replays each server's lease log (``--lease-log``) against ``tla/FleetPause.tla`` (``traced``, ``trace_records``,
+``rejected_logs=0``; ``--no-validate-leases`` skips it).  With
 ``--each`` the run goes on past its duration until the trainer has paused, a completion was answered and one was
 not (left early or rejected), a flood of pauses came and a client left while its pause waited.  The last line::
 
@@ -321,6 +323,20 @@ def account(url: str, ledger: Ledger) -> None:
         ledger.problem(f"{url}: sent {sent} completions, the server accounts for {seen}: {dict(counts)}")
 
 
+def validate_lease_logs(logs: list[Path], ledger: Ledger) -> None:
+    """TLC replays each server's lease log against ``tla/FleetPause.tla`` (``tla/TraceFleetPause.tla``)."""
+    from ...tlc import default_tla_dir, fleet_traces
+
+    for path in logs:
+        records = fleet_traces.read_log(path)
+        result = fleet_traces.validate(records, default_tla_dir())
+        ledger.count("traced")
+        ledger.count("trace_records", len(records))
+        if not result.accepted:
+            ledger.count("rejected_logs")
+            ledger.problem(f"TLC rejected the lease log {path.name} ({len(records)} records)")
+
+
 def exercised(ledger: Ledger) -> bool:
     """What ``--each`` waits for: the trainer paused, a completion was answered and one was not (left or rejected),
     a flood of pauses came and a client left while its pause waited."""
@@ -343,9 +359,11 @@ def run(args: argparse.Namespace) -> dict:
             model = save_tiny_policy(tmp / f"v{seed}", vocab_size=VOCAB, seed=seed)
             (model / "model.safetensors").rename(weights / f"w{seed}.safetensors")
             names.append(f"w{seed}.safetensors")
-        urls = []
+        urls, logs = [], []
         for rule in ("queue", "reject"):
-            options = ("--weights-dir", str(weights), "--default-ttl", str(TTL), "--while-paused", rule)
+            logs.append(tmp / f"leases-{rule}.jsonl")
+            options = ("--weights-dir", str(weights), "--default-ttl", str(TTL), "--while-paused", rule,
+                       "--lease-log", str(logs[-1]))  # fmt: skip
             url, _ = stack.enter_context(serve_process(checkpoint, *options, "--num-blocks", "128"))
             urls.append(url)
         def rand() -> random.Random:
@@ -374,9 +392,11 @@ def run(args: argparse.Namespace) -> dict:
         for url in urls:
             account(url, ledger)
         seconds = time.monotonic() - started
+        if args.validate_leases:
+            validate_lease_logs(logs, ledger)
     n = ledger.n
     keys = "pauses updates missed abandoned killed legacy floods leavers requests answered rejected left bad".split()
-    keys += ["duplicates"]
+    keys += ["duplicates"] + (["traced", "trace_records", "rejected_logs"] if args.validate_leases else [])
     keys += ["lost", "duplicated", "hangs"]
     return {"seconds": round(seconds), **{k: n[k] for k in keys}, "wrong": len(ledger.wrong)}
 
@@ -390,6 +410,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bound", type=float, default=HANG_S, help="no HTTP call may wait longer: a hang (default 300 s)")
     p.add_argument("--each", action="store_true", help="go on past the duration until the trainer paused, a completion "
                    "was answered and one was not (left or rejected)")  # fmt: skip
+    p.add_argument("--no-validate-leases", dest="validate_leases", action="store_false", help="skip TLC's "
+                   "validation of the servers' lease logs at the end (default: validated)")  # fmt: skip
     args = p.parse_args(argv)
     args.duration = args.seconds if args.seconds is not None else 60 * (5 if args.minutes is None else args.minutes)
     if not args.duration > 0 or not args.bound > 0:  # as the in-process soak: a NaN or a negative is refused
@@ -403,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"soak-http: seed {args.seed} for {args.duration:g} s (reproduce with --seed {args.seed})", flush=True)
     r = run(args)
     print("soak-http: " + " ".join(f"{k}={v}" for k, v in r.items()))
-    return 1 if r["lost"] or r["duplicated"] or r["hangs"] or r["wrong"] else 0
+    return 1 if r["lost"] or r["duplicated"] or r["hangs"] or r["wrong"] or r.get("rejected_logs") else 0
 
 
 if __name__ == "__main__":

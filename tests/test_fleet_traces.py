@@ -1,0 +1,92 @@
+"""Trace validation of the server's lease table against ``tla/FleetPause.tla`` (issue 39): logs the lease table
+writes are accepted, forged ones are not.  (A real server's log, under every hostile case, is validated by the last
+case of ``tests/test_serve_hostile.py``.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from cbpause.testing import HANG_S
+from cbpause.tlc.fleet_traces import read_log, validate, write_trace
+
+from .conftest import TLA_DIR
+
+pytestmark = pytest.mark.layer("verify")
+
+
+def log(*records: tuple[str, int, int]) -> list[dict]:
+    return [{"a": a, "e": e, "ver": v} for a, e, v in records]
+
+
+GOOD = log(("PauseLease", 1, 0), ("PauseLease", 2, 0), ("RenewLease", 1, 0), ("WriteBegin", 2, 0),
+           ("WriteRefused", 1, 0), ("WriteEnd", 2, 2), ("ResumeLease", 2, 2), ("RenewRefused", 2, 2),
+           ("WriteRefused", 1, 2), ("LeaseExpires", 1, 2), ("PauseLease", 3, 2), ("WriteBegin", 3, 2),
+           ("WriteCut", 3, -3), ("WriteRefused", 3, -3))  # fmt: skip
+
+
+def test_a_log_of_the_lease_table_s_actions_is_accepted(tmp_path):
+    result = validate(GOOD, TLA_DIR, tmp_path)
+    assert result.accepted and result.matched == len(GOOD), result.output[-2000:]
+
+
+@pytest.mark.parametrize(("what", "forged"), [
+    ("a write after its lease expired", log(("PauseLease", 1, 0), ("LeaseExpires", 1, 0), ("WriteBegin", 1, 0))),
+    ("a write under a lease resumed while another is held",
+     log(("PauseLease", 1, 0), ("PauseLease", 2, 0), ("ResumeLease", 1, 0), ("WriteBegin", 1, 0))),
+    ("a write of an older lease after a newer one's", log(("PauseLease", 1, 0), ("PauseLease", 2, 0),
+                                                          ("WriteBegin", 2, 0), ("WriteEnd", 2, 2),
+                                                          ("WriteBegin", 1, 2))),
+    ("a version the write did not set", log(("PauseLease", 1, 0), ("WriteBegin", 1, 0), ("WriteEnd", 1, 0))),
+    ("a cut with no write", log(("PauseLease", 1, 0), ("WriteCut", 1, -1))),
+    ("a resume during the write under that lease", log(("PauseLease", 1, 0), ("WriteBegin", 1, 0),
+                                                         ("ResumeLease", 1, 0))),
+    ("a renewal refused while the lease is held", log(("PauseLease", 1, 0), ("RenewRefused", 1, 0))),
+    ("an expiry during the write under that lease", log(("PauseLease", 1, 0), ("WriteBegin", 1, 0),
+                                                          ("LeaseExpires", 1, 0))),
+    ("a lease granted twice", log(("PauseLease", 1, 0), ("ResumeLease", 1, 0), ("PauseLease", 1, 0))),
+])  # fmt: skip
+def test_a_forged_log_is_rejected(tmp_path, what, forged):
+    assert not validate(forged, TLA_DIR, tmp_path).accepted, what
+
+
+def test_the_lease_table_s_own_log_under_expiries_cuts_and_races_is_accepted(tmp_path):
+    """The lease table itself (a fake manager: its log does not depend on the loop): leases resumed, renewed,
+    expired, a write that ends, a write cut at its deadline, a write refused as busy and as superseded."""
+    from cbpause.serve.leases import LeaseGone, LeaseTable, Superseded, WriteBusy
+
+    from .test_serve import FakeManager
+
+    records: list[dict] = []
+    table = LeaseTable(FakeManager(), default_ttl=HANG_S, log=records.append)
+    a, b = table.pause_lease(holder="a"), table.pause_lease(holder="b")
+    table.renew_lease(a.id)
+    with table.write_weights(b.id, timeout=HANG_S, version=1) as writing:
+        with pytest.raises(WriteBusy), table.write_weights(a.id):
+            pass
+        table.commit_write(writing, lambda: None)
+    with pytest.raises(Superseded), table.write_weights(a.id):
+        pass
+    assert table.resume_lease(b.id) is True
+    with pytest.raises(LeaseGone):
+        table.renew_lease(b.id)
+    short = table.pause_lease(ttl=0.05, holder="short")
+    short.thread.join(timeout=HANG_S)
+    cut = table.pause_lease(holder="cut")
+    with table.write_weights(cut.id, timeout=0.05, version=2):
+        cut.thread.join(timeout=HANG_S)  # the write "hangs" past its deadline
+    table.resume_lease(a.id)
+    assert [r["a"] for r in records].count("WriteCut") == 1 and short.state == "expired"
+    result = validate(records, TLA_DIR, tmp_path)
+    assert result.accepted, (records, result.output[-2000:])
+
+
+def test_a_log_file_is_read_and_a_bad_line_refused(tmp_path):
+    path = tmp_path / "leases.jsonl"
+    path.write_text('{"a": "PauseLease", "e": 1, "ver": 0}\n\n{"a": "ResumeLease", "e": 1, "ver": 0}\n')
+    assert [r["a"] for r in read_log(path)] == ["PauseLease", "ResumeLease"]
+    path.write_text('{"a": "Explode", "e": 1, "ver": 0}\n')
+    with pytest.raises(ValueError, match="not a lease-log record"):
+        read_log(path)
+    module, cfg = write_trace([], tmp_path)
+    assert "<< >>" in module.read_text() and "MaxEpoch = 1" in cfg.read_text()
+
