@@ -37,6 +37,7 @@ __all__ = ["Fleet", "FleetError"]
 logger = logging.getLogger("cbpause.client")
 
 RENEWALS_PER_TTL = 3  # renew every ttl / 3: two renewals may be lost before a lease expires
+SIGNAL_CHECK_S = 0.2  # how soon a Ctrl-C interrupts a wait for the servers' pauses
 
 
 MODES = ("keep", "retract", "drain", "abort")  # the server's (cbpause.serve.control.MODES; a test checks they agree)
@@ -77,7 +78,8 @@ class Fleet:
         self.request_timeout = _seconds("request_timeout", request_timeout, none=False, zero=False)
         api_key = api_key if api_key is not None else os.environ.get("CBPAUSE_API_KEY") or None
         headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
-        self._http = httpx.Client(timeout=request_timeout, transport=transport, headers=headers)
+        self._client_options = {"timeout": request_timeout, "transport": transport, "headers": headers}
+        self._http = httpx.Client(**self._client_options)
         self.leases: dict[str, str] = {}  # url -> lease id, while a pause is held
         self.lost: dict[str, str] = {}  # url -> why its lease was lost during the pause held now
         self._lock = threading.Lock()
@@ -110,21 +112,10 @@ class Fleet:
             raise RuntimeError("this fleet already holds a pause: leave it first")
         body = {"mode": mode, "timeout": timeout, "ttl": ttl, "holder": self.holder}
         wait = None if timeout is None else timeout + self.request_timeout
-        taken: dict[str, str] = {}
-        try:
-            results = self._each(lambda url: self._post(url, "/pause", body, timeout=wait, forever=timeout is None))
-            failed = {}
-            for url, r in results.items():
-                lease = r.get("lease_id") if isinstance(r, dict) else None
-                if isinstance(lease, str) and lease:
-                    taken[url] = lease
-                else:
-                    failed[url] = r if isinstance(r, str) else f"answered without a lease id: {r!r}"[:300]
-            if failed:
-                raise FleetError("could not pause", failed)
-        except BaseException:
+        taken, failed = self._pause_each(body, wait, forever=timeout is None)
+        if failed:
             self._release(taken)
-            raise
+            raise FleetError("could not pause", failed)
         self.leases, self.lost = taken, {}
         stop = threading.Event()
         renewer = threading.Thread(target=self._renew, args=(stop, ttl / RENEWALS_PER_TTL), daemon=True,
@@ -159,6 +150,58 @@ class Fleet:
 
     # ------------------------------------------------------------------------------------------- inside
 
+    def _pause_each(self, body: dict, wait: float | None, forever: bool) -> tuple[dict[str, str], dict[str, str]]:
+        """``POST /pause`` to every server at once, in threads of their own: ``(taken, failed)``.  The caller's
+        thread waits on an event, so that Ctrl-C (or any exception) interrupts it at once; then the leases taken so
+        far are resumed, and so is every lease a pause still under way brings back later, by its own thread (issue
+        39's review: the lease of a pause that answered after the interrupt was dropped, and held its server until
+        its ttl)."""
+        lock, done = threading.Lock(), threading.Event()
+        http = httpx.Client(**self._client_options)  # its own: closing the fleet must not cut a pause under way
+        taken: dict[str, str] = {}
+        failed: dict[str, str] = {}
+        state = {"abandoned": False, "left": len(self.urls)}
+
+        def ask(url: str) -> None:
+            try:
+                r: Any = self._post(url, "/pause", body, timeout=wait, forever=forever, http=http)
+            except BaseException as error:  # noqa: BLE001 -- reported, as _each does
+                r = f"{type(error).__name__}: {error}"
+            lease = r.get("lease_id") if isinstance(r, dict) else None
+            with lock:
+                abandoned = state["abandoned"]
+                if isinstance(lease, str) and lease:
+                    if not abandoned:
+                        taken[url] = lease
+                else:
+                    failed[url] = r if isinstance(r, str) else f"answered without a lease id: {r!r}"[:300]
+                state["left"] -= 1
+                last = not state["left"]
+            if abandoned and isinstance(lease, str) and lease:
+                answer = self._post(url, "/resume", {"lease_id": lease}, http=http)
+                if not isinstance(answer, dict):
+                    logger.warning("resuming %s failed (%s); its lease expires within its ttl", url, answer)
+            if last:
+                http.close()
+                done.set()
+
+        threads = [threading.Thread(target=ask, args=(url,), daemon=True, name="cbpause-fleet-pause")
+                   for url in self.urls]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        try:
+            # Woken now and then: a Ctrl-C that the kernel hands to another thread of this process interrupts no
+            # wait of this one, and is seen only when it wakes (its handler runs here, the main thread's).
+            while not done.wait(SIGNAL_CHECK_S):
+                pass
+        except BaseException:
+            with lock:
+                state["abandoned"] = True
+                mine = dict(taken)
+            self._release(mine)
+            raise
+        return taken, failed
+
     def _write(self, route: str, body: dict) -> list[str]:
         if not self.leases:
             raise RuntimeError("a weight update needs the fleet's pause: call it inside `with fleet.pause(...)`")
@@ -191,13 +234,13 @@ class Fleet:
             if not isinstance(r, dict):
                 logger.warning("resuming %s failed (%s); its lease expires within its ttl", url, r)
 
-    def _post(self, url: str, route: str, body: dict, timeout: float | None = None,
-              forever: bool = False) -> dict | str:  # fmt: skip
+    def _post(self, url: str, route: str, body: dict, timeout: float | None = None, forever: bool = False,
+              http: httpx.Client | None = None) -> dict | str:  # fmt: skip
         """The answer's JSON, or a text saying why there is none (the status and the server's message).  ``timeout``
         (default ``request_timeout``) bounds the request, unless ``forever``."""
         try:
             bound = None if forever else (timeout or self.request_timeout)
-            response = self._http.post(url + route, json=body, timeout=bound)
+            response = (http or self._http).post(url + route, json=body, timeout=bound)
         except httpx.HTTPError as error:
             return f"no answer ({type(error).__name__}: {error})"
         if response.status_code != 200:

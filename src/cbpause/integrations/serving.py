@@ -261,7 +261,7 @@ def check_generation_body(route: str, body: dict, *, served: str, checkpoint: st
         value = body.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             refused.append(f"{key}={value!r} (a positive integer)")
-    if route == "/v1/chat/completions" and not chat:
+    if route in ("/v1/chat/completions", "/v1/responses") and not chat:
         raise ValueError("this checkpoint has no chat template: use /v1/completions with a prompt")
     if refused:
         raise ValueError(f"this server cannot honour: {', '.join(refused)}")
@@ -287,7 +287,7 @@ class _GenerationChecks:
         import json
 
         if path == "/v1/models":
-            if scope.get("method") not in ("GET", "HEAD"):
+            if scope.get("method") not in ("GET", "HEAD", "OPTIONS"):
                 await self.app(scope, receive, send)
                 return
             served = self.checks["served"]
@@ -305,7 +305,10 @@ class _GenerationChecks:
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
         try:
-            body = check_generation_body(path, json.loads(b"".join(chunks) or b"{}"), **self.checks)
+            body = json.loads(b"".join(chunks) or b"{}")  # whatever its Content-Type says
+            if not isinstance(body, dict):
+                raise ValueError(f"the body must be a JSON object, not {type(body).__name__}")
+            body = check_generation_body(path, body, **self.checks)
         except (ValueError, RecursionError) as error:
             await _send_json(send, 400, openai_error(str(error)))
             return
@@ -461,4 +464,27 @@ def openai_app(
         getattr(_processor, "tokenizer", None), "chat_template", None) is not None  # fmt: skip
     app.add_middleware(_GenerationChecks, served=served, checkpoint=checkpoint,
                        sampling=sampling_of(model.generation_config), chat=chat)  # fmt: skip
+    _openai_errors(app)
     return app, manager, generate
+
+
+def _openai_errors(app: Any) -> None:
+    """An ``HTTPException`` raised on a ``/v1/`` route (transformers' handlers' and this module's: a duplicate id, an
+    empty prompt) answers in OpenAI's shape, ``{"error": {"message", ...}}``, which OpenAI's clients read; elsewhere
+    FastAPI's own ``{"detail": ...}``."""
+    from fastapi.exception_handlers import http_exception_handler
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(HTTPException)
+    async def openai_shaped(request: Any, error: HTTPException) -> Any:
+        if not request.url.path.startswith("/v1/"):
+            return await http_exception_handler(request, error)
+        detail = error.detail if isinstance(error.detail, str) else json_text(error.detail)
+        return JSONResponse(openai_error(detail), status_code=error.status_code, headers=error.headers)
+
+
+def json_text(value: Any) -> str:
+    import json
+
+    return json.dumps(value, default=str)

@@ -101,9 +101,12 @@ SETS = {
     ),
 }  # fmt: skip
 
-# Routes of upstream's app (built by the function named) that the server removes: they would unload the model the
-# manager steps.
-REMOVED_ROUTES = {"/reset": "cli.serving.server.build_server", "/load_model": "cli.serving.server.build_server"}
+# Routes of upstream's app (built by the function named) that the server removes: /reset and /load_model would unload
+# the model the manager steps; /v1/systemone runs the model through upstream's own sequential manager, outside the
+# pausable loop (during a pause, during a weight write, with no version labels), and /v1/audio/transcriptions serves
+# speech models, not the text checkpoint served here (issue 39's review: a 500).
+REMOVED_ROUTES = {route: "cli.serving.server.build_server"
+                  for route in ("/reset", "/load_model", "/v1/systemone", "/v1/audio/transcriptions")}
 
 # The attributes the integration keeps on upstream's objects, and who sets them.
 STAMPS = {

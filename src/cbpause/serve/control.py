@@ -59,7 +59,7 @@ class BadRequest(ValueError):
 def compat_mode(engine: str, mode: Any, clear_cache: Any = None) -> str:
     """The cbpause mode of an engine's pause (:data:`COMPAT`); ``BadRequest`` for a mode that engine lacks."""
     cache = clear_cache if mode == "keep" and engine == "vllm" else None
-    if (engine, mode, cache) not in COMPAT:
+    if not isinstance(mode, str) or (engine, mode, cache) not in COMPAT:
         known = sorted({m for (e, m, _) in COMPAT if e == engine})
         raise BadRequest(f"unknown {engine} pause mode {mode!r}: one of {known}")
     return COMPAT[(engine, mode, cache)][0]
@@ -99,7 +99,7 @@ def add_control_routes(app: FastAPI, manager: Any, leases: LeaseTable, *, weight
     _pause_routes(app, manager, leases, metrics)
     _weight_routes(app, manager, leases, weights_dir)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # a load balancer may probe with HEAD
     async def health() -> JSONResponse:
         status = manager.background_thread_status
         if not manager.is_running():

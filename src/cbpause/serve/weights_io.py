@@ -25,11 +25,14 @@ def check_inside(path: Any, root: Path | None) -> Path:
         raise PermissionError("this server was started without --weights-dir: updates from disk are disabled")
     if not isinstance(path, str) or not path:
         raise ValueError(f"path must be a non-empty string, not {path!r}")
-    resolved = (root / path).resolve() if not Path(path).is_absolute() else Path(path).resolve()
-    if not resolved.is_relative_to(root.resolve()):
-        raise ValueError(f"path {path!r} is outside the weights directory {str(root)!r}")
-    if not resolved.exists():
-        raise ValueError(f"path {path!r} does not exist")
+    try:  # a name too long, a loop of links, a NUL: the file system's refusal is the client's 400
+        resolved = (root / path).resolve() if not Path(path).is_absolute() else Path(path).resolve()
+        if not resolved.is_relative_to(root.resolve()):
+            raise ValueError(f"path {path[:200]!r} is outside the weights directory {str(root)!r}")
+        if not resolved.exists():
+            raise ValueError(f"path {path[:200]!r} does not exist")
+    except (OSError, RuntimeError) as error:
+        raise ValueError(f"path {path[:200]!r} cannot be read: {type(error).__name__}: {error}"[:400]) from None
     return resolved
 
 
@@ -40,7 +43,10 @@ def weight_files(path: Path, root: Path | None = None) -> list[Path]:
     entries = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
     files = []
     for entry in entries:
-        resolved = entry.resolve()
+        try:
+            resolved = entry.resolve()
+        except (OSError, RuntimeError) as error:  # a loop of links
+            raise ValueError(f"{entry.name}: cannot be resolved ({error})") from None
         if root is not None and not resolved.is_relative_to(root.resolve()):
             raise ValueError(f"{entry.name} links to {str(resolved)!r}, outside the weights directory {str(root)!r}")
         try:

@@ -142,7 +142,8 @@ def duplicate_request_id(server: Guarded) -> None:
     try:
         wait_in_flight(server.url, 1)  # queued behind the pause
         duplicate = completion(server.url, headers={"x-request-id": "twice"})
-        check(duplicate.status_code == 409 and "in flight" in message(duplicate), f"duplicate: {duplicate.text[:200]}")
+        check(duplicate.status_code == 409 and "in flight" in duplicate.json()["error"]["message"],
+              f"duplicate (an OpenAI-shaped 409): {duplicate.text[:200]}")  # fmt: skip
     finally:
         resume(server.url, held)
     answer = joined(*first)
@@ -216,6 +217,14 @@ def bad_bodies(server: Guarded) -> None:
         for what, (body, status) in cases.items():
             answer = call("POST", server.url + route, content=body, headers={"content-type": "application/json"})
             check(answer.status_code == status and message(answer), f"{route}, {what}: {answer.status_code}")
+    # Found by review: a body that is JSON but not an object, sent as another content type; an unhashable mode.
+    for route in ("/v1/completions", "/v1/chat/completions", "/pause"):
+        for body, kind in ((b"[1]", "text/plain"), (b'"x"', "text/plain"), (b"null ", "application/x-www-form")):
+            answer = call("POST", server.url + route, content=body, headers={"content-type": kind})
+            check(400 <= answer.status_code < 500, f"{route}, {body!r} as {kind}: {answer.status_code}")
+    for mode in ([], {}, 3):
+        answer = call("POST", server.url + "/pause_generation", json={"mode": mode})
+        check(answer.status_code == 400, f"/pause_generation with mode {mode!r}: {answer.status_code}")
     check(not paused(server.url), "a bad body paused the server", Silent)
 
 
@@ -234,11 +243,18 @@ def symlink_out_of_the_weights_dir(server: Guarded) -> None:
     linked.mkdir(exist_ok=True)
     with contextlib.suppress(FileExistsError):
         (linked / "model.safetensors").symlink_to(outside)
+    loop = server.weights_dir / "loop1.safetensors"  # found by review: a loop of links, a name too long (a 500)
+    with contextlib.suppress(FileExistsError):
+        loop.symlink_to("loop2.safetensors")
+        (server.weights_dir / "loop2.safetensors").symlink_to("loop1.safetensors")
     before = completion(server.url).json()["choices"][0]["text"]
     held = lease(server.url)
     try:
         refused = call("POST", server.url + "/update_weights_from_disk", json={"lease_id": held, "path": "linked"})
         check(refused.status_code == 400 and "outside the weights directory" in refused.text, refused.text[:200])
+        for path in ("loop1.safetensors", "a" * 5000, "x/" * 3000 + "y"):
+            answer = call("POST", server.url + "/update_weights_from_disk", json={"lease_id": held, "path": path})
+            check(answer.status_code == 400, f"path {path[:20]!r}...: {answer.status_code} {answer.text[:200]}")
     finally:
         resume(server.url, held)
     check(completion(server.url).json()["choices"][0]["text"] == before, "the weights changed", Silent)
@@ -276,6 +292,7 @@ def strangers_are_refused(server: Guarded) -> None:
             check(answer.status_code == 401 and answer.headers.get("www-authenticate") == "Bearer",
                   f"{method} {route} with {headers}: {answer.status_code}")  # fmt: skip
     check(httpx.get(server.url + "/health", timeout=WAIT).status_code == 200, "/health needs no key")
+    check(httpx.head(server.url + "/health", timeout=WAIT).status_code == 200, "HEAD /health (a probe's) refused")
     check(not paused(server.url), "a stranger paused the server", Silent)
 
 
@@ -290,6 +307,11 @@ def openai_conventions(server: Guarded) -> None:
 
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=WAIT)
     check([m.id for m in client.models.list().data] == [NAME], "/v1/models does not list the served model")
+    options = call("OPTIONS", server.url + "/v1/models")
+    check(options.status_code == 200 and options.json()["data"][0]["id"] == NAME, f"OPTIONS: {options.status_code}")
+    for route in ("/v1/systemone", "/v1/audio/transcriptions"):  # found by review: outside the pausable loop; a 500
+        gone = call("POST", server.url + route, json={})
+        check(gone.status_code in (404, 405), f"{route} is served: {gone.status_code}")
     check(client.completions.create(model=NAME, prompt="t3 t4", max_tokens=3, temperature=0).choices[0].text, "empty")
     try:
         client.completions.create(model="some/other-model", prompt="t3 t4", max_tokens=3)
@@ -305,6 +327,8 @@ def openai_conventions(server: Guarded) -> None:
     chat = call("POST", server.url + "/v1/chat/completions", json={"model": NAME, "messages": [
         {"role": "user", "content": "t3 t4"}]})  # fmt: skip
     check(chat.status_code == 400 and "chat template" in message(chat), f"chat: {chat.text[:200]}")
+    responses = call("POST", server.url + "/v1/responses", json={"input": "t3 t4", "max_output_tokens": 3})
+    check(responses.status_code == 400 and "chat template" in message(responses), f"responses: {responses.text[:200]}")
 
     def finished() -> float:
         return float(next(line.split()[-1] for line in call("GET", server.url + "/metrics").text.splitlines()
@@ -363,6 +387,37 @@ def fleet_checks_and_releases(server: Guarded) -> None:
     with Fleet([server.url], api_key=KEY, request_timeout=WAIT) as fleet, fleet.pause(timeout=None, ttl=WAIT):
         check(paused(server.url), "a fleet pause without a timeout did not hold")
     check(not paused(server.url), "still paused after the fleet's pause")
+    fleet_interrupted_while_its_pause_waits(server)
+
+
+def fleet_interrupted_while_its_pause_waits(server: Guarded) -> None:
+    """Found by review: Ctrl-C while ``Fleet.pause()`` waited for a window waited for the pause's answer, then dropped
+    the lease it brought back, which held the server until its ttl.  Now the interrupt comes at once, and the lease
+    that comes later is resumed by the thread that got it.  (Ctrl-C is a real SIGINT to this process, whose main
+    thread runs the case; the kernel may hand it to any of the process's threads, as it does a terminal's.)"""
+    from ...client import Fleet
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    held = lease(server.url)  # a keep lease: the fleet's abort pause waits behind it
+    timer = threading.Timer(1.0, os.kill, args=(os.getpid(), signal.SIGINT))
+    try:
+        with Fleet([server.url], api_key=KEY, holder="ctrlc", request_timeout=WAIT) as fleet:
+            timer.start()
+            try:
+                with fleet.pause(mode="abort", timeout=None, ttl=WAIT):
+                    raise Silent("the fleet paused behind a keep lease")
+            except KeyboardInterrupt:
+                pass
+            check(fleet.leases == {}, f"the fleet kept {fleet.leases}")
+    finally:
+        timer.cancel()
+        resume(server.url, held)
+    for _ in range(int(WAIT * 10)):
+        if "ctrlc" not in call("GET", server.url + "/is_paused").json()["holders"] and not paused(server.url):
+            return
+        threading.Event().wait(0.1)  # another process: nothing to wait on but its answers
+    raise Lost("the lease of an interrupted fleet pause is still held")
 
 
 # ------------------------------------------------------------------------------------------- 6: stopping
