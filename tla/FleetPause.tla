@@ -416,7 +416,7 @@ WriteUnderLease ==
 \* Sharper (issue 39, point 12): the version changes only under the writer's own lease, held until that step: no write
 \* is applied after the writer's own lease ended.  A server that honours any held lease passes WriteUnderLease and
 \* fails this (FleetPause_any_lease).
-OwnLeaseWriteProp ==
+OwnLeaseWrite ==
     [][\A s \in Servers : (up[s] /\ up'[s] /\ ver'[s] # ver[s]) =>
                               Of(ver'[s]) > 0 /\ lease[s][Of(ver'[s])] = "held"]_vars
 

@@ -62,7 +62,7 @@ def write_trace(records: Sequence[dict], directory: Path, name: str = "FleetTrac
         "    WriteOrder = TRUE\n    WriteTTL = 1\n    OwnLease = TRUE\n    Log <- TraceLog\n"
         "INIT TraceInit\nNEXT TraceNext\n"
         "INVARIANT TypeOK\nINVARIANT NeverMatched\n"
-        "PROPERTY OwnLeaseWriteProp\nPROPERTY GoneStaysGone\n"
+        "PROPERTY OwnLeaseWrite\nPROPERTY GoneStaysGone\n"
     )
     return module, cfg
 
