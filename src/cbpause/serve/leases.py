@@ -97,7 +97,7 @@ class Lease:
     _resume: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
     context: Any = None  # an expired lease's pause() context manager, kept so that the loop releases its hold
-    busy: int = 0  # writes under way under this lease: it does not expire during one, until the write's deadline
+    busy: int = 0  # 1 while a write runs under this lease: it does not expire during it, until the write's deadline
     write_deadline: float = float("inf")  # the deadline of the writes under way (on the table's clock)
     writing: Any = None  # the version the write under way sets
     cut: bool = False  # a write under way passed its deadline: the lease ended without it, the weights are partial
@@ -129,7 +129,8 @@ class LeaseTable:
         self._writer: Lease | None = None  # the lease whose write runs now (one at a time; a cut one frees the slot)
         # The log of the table's actions, FleetPause.tla's names (tla/TraceFleetPause.tla replays it): each record is
         # taken under the lock, in the order the actions happened.  ``ver`` is what the model's ver[s] is then: the
-        # seq of the lease the weights were last fully written under, or MaxEpoch + that seq for a cut write.
+        # seq of the lease the weights were last fully written under, or minus that seq for a cut write (the
+        # model's Partial(seq); cbpause.tlc.fleet_traces writes it so).
         self._log = log
         self._ver: tuple[str, int] = ("full", 0)
 
@@ -204,8 +205,8 @@ class LeaseTable:
         """``ResumeLease``: leave the lease's pause, once no write runs under it (the loop must not step while the
         weights change; a write that passes its deadline is cut, and the lease ends so instead).  True if this call
         asked the resume, False if one was asked before (idempotent); ``LeaseGone`` if it expired, ``UnknownLease``
-        if no such lease.  Returns once the lease's thread has left the pause (or ``HANG`` bound: its write's
-        deadline, at most the lease's ttl, is what it waits for)."""
+        if no such lease.  Returns once the lease's thread has left the pause: at once, or once the write under way
+        has ended or been cut at its deadline."""
         with self._lock:
             lease = self._find(lease_id)
             if lease.resume_asked or lease.state == "resumed":
