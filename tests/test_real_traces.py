@@ -176,3 +176,23 @@ def test_a_peer_killed_with_requests_in_transit_loses_none(tmp_path, tlc_ready):
     assert info["lost"] == 0 and info["duplicated"] == 0, info
     result = validate(trace, TLA_DIR, tmp_path / "v")
     assert result.accepted, describe_rejection(trace, result)
+
+
+def test_a_peer_whose_forward_step_fails_ends_both_ranks(tmp_path, tlc_ready):
+    """The TP=2 plan ``fatal``: rank 1's forward step raises before the model's own collectives, so rank 0 waits in
+    one that rank 1 never joins.  Rank 1's fatal error must end the group within the product's bounds on a peer (rank 0
+    learns of it when rank 1's group collective runs out and its process leaves), and the group's trace must be a
+    behaviour of the spec.  Run with the bounds of a slow peer (HANG_S), this plan hung until the campaign's 300 s
+    deadline (found by the full real-loop campaign, which was the only place it ran)."""
+    from cbpause.apps.scenarios.real import run_tp
+    from cbpause.apps.scenarios.tp import TIMEOUT_PLANS
+
+    assert "fatal" in TIMEOUT_PLANS
+    checkpoint = tmp_path / "ckpt"
+    tiny_llama("cpu", 3).save_pretrained(checkpoint)
+    trace, info = run_tp("fatal", str(checkpoint), seed=40, workdir=tmp_path)
+    assert info["errors"] == [], info["errors"]
+    assert info["lost"] == 0 and info["duplicated"] == 0, info
+    result = validate(trace, TLA_DIR, tmp_path / "v")
+    assert result.accepted, describe_rejection(trace, result)
+    assert any("Fatal" in e.action for e in trace.events), "rank 1's fault never reached the trace"
