@@ -51,8 +51,8 @@ def test_a_forged_log_is_rejected(tmp_path, what, forged):
 
 def test_the_lease_table_s_own_log_under_expiries_cuts_and_races_is_accepted(tmp_path):
     """The lease table itself (a fake manager: its log does not depend on the loop): leases resumed, renewed,
-    expired, a write that ends, a write cut at its deadline, a write refused as busy and as superseded."""
-    from cbpause.serve.leases import LeaseGone, LeaseTable, Superseded, WriteBusy
+    expired, a write that ends, a write cut at its deadline, a write refused as busy, as fenced and as superseded."""
+    from cbpause.serve.leases import Fenced, LeaseGone, LeaseTable, Superseded, WriteBusy
 
     from .test_serve import FakeManager
 
@@ -64,9 +64,11 @@ def test_the_lease_table_s_own_log_under_expiries_cuts_and_races_is_accepted(tmp
         with pytest.raises(WriteBusy), table.write_weights(a.id):
             pass
         table.commit_write(writing, lambda: None)
-    with pytest.raises(Superseded), table.write_weights(a.id):
+    with pytest.raises(Fenced), table.write_weights(a.id):  # b wrote last and holds its lease
         pass
     assert table.resume_lease(b.id) is True
+    with pytest.raises(Superseded), table.write_weights(a.id):  # b's lease ended; a's is the older
+        pass
     with pytest.raises(LeaseGone):
         table.renew_lease(b.id)
     short = table.pause_lease(ttl=0.05, holder="short")

@@ -21,7 +21,7 @@ openai = pytest.importorskip("openai")
 
 from cbpause.client import Fleet, FleetError  # noqa: E402
 from cbpause.serve.control import COMPAT, compat_mode  # noqa: E402
-from cbpause.serve.leases import LeaseGone, LeaseTable, Superseded, UnknownLease, checked_seconds  # noqa: E402
+from cbpause.serve.leases import Fenced, LeaseGone, LeaseTable, Superseded, UnknownLease, checked_seconds  # noqa: E402
 from cbpause.testing import HANG_S  # noqa: E402
 from cbpause.testing.servers import free_port, serve_process  # noqa: E402
 
@@ -159,18 +159,63 @@ def test_a_write_that_ends_in_time_commits_its_version():
 
 
 def test_a_write_under_an_older_lease_than_the_last_writer_s_is_refused():
-    """WriteOrder (FleetPause.tla): a late write of an earlier pause never overwrites a later pause's."""
+    """WriteOrder (FleetPause.tla): a late write of an earlier pause never overwrites a later pause's, even once the
+    later pause has ended."""
     table = LeaseTable(FakeManager(), default_ttl=HANG_S)
     older, newer = table.pause_lease(holder="a"), table.pause_lease(holder="b")
-    with table.write_weights(older.id):
-        pass
     with table.write_weights(newer.id):
         pass
+    with table.write_weights(newer.id):  # the last writer may write again
+        pass
+    table.resume_lease(newer.id)
     with pytest.raises(Superseded), table.write_weights(older.id):
         pytest.fail("an older lease wrote after a newer one")
-    with table.write_weights(newer.id):  # the newer one may write again
-        pass
     table.close()
+
+
+def test_a_write_while_another_held_lease_wrote_last_is_fenced_until_that_lease_ends():
+    """The fence (issue 39, point 13; ``Unfenced`` in FleetPause.tla): trainer a wrote, and may have been told its
+    update is complete; trainer b's write, under a later lease, is refused while a's lease is held (it was taken
+    before the fix, and overwrote a's weights under a's pause), and taken once a's lease has ended."""
+    manager = FakeManager()
+    table = LeaseTable(manager, default_ttl=HANG_S)
+    a, b = table.pause_lease(holder="a"), table.pause_lease(holder="b")
+    with table.write_weights(a.id) as writing:
+        table.commit_write(writing, lambda: manager.set_weight_version("a"))
+    with pytest.raises(Fenced, match="still held"), table.write_weights(b.id):
+        pytest.fail("b overwrote the weights a wrote while a held its lease")
+    assert manager.versions == ["a"]
+    table.resume_lease(a.id)
+    with table.write_weights(b.id) as writing:
+        table.commit_write(writing, lambda: manager.set_weight_version("b"))
+    assert manager.versions == ["a", "b"]
+    table.close()
+
+
+def test_two_trainers_entered_in_opposite_orders_never_leave_a_mix_behind_a_complete_update():
+    """Issue 39, point 13: trainer a's pause reaches server 1 first, trainer b's reaches server 2 first.  a writes both
+    and is told its update is complete; before the fence, b's write was taken on server 1 (its lease is the later
+    there) and refused on server 2, so the fleet was mixed while a held it, believing it updated.  Now b is refused
+    on both, and a's update stands on both until a's leases end."""
+    managers = [FakeManager(), FakeManager()]
+    tables = [LeaseTable(m, default_ttl=HANG_S) for m in managers]
+    a1, b1 = tables[0].pause_lease(holder="a"), tables[0].pause_lease(holder="b")
+    b2, a2 = tables[1].pause_lease(holder="b"), tables[1].pause_lease(holder="a")
+    for table, manager, lease in ((tables[0], managers[0], a1), (tables[1], managers[1], a2)):
+        with table.write_weights(lease.id) as writing:
+            table.commit_write(writing, lambda m=manager: m.set_weight_version("a"))
+    refused = []
+    for table, lease in ((tables[0], b1), (tables[1], b2)):
+        try:
+            with table.write_weights(lease.id):
+                pass
+        except (Fenced, Superseded) as error:
+            refused.append(type(error).__name__)
+    # server 1: a wrote under a lease still held; server 2: b's lease is the older there (WriteOrder comes first)
+    assert refused == ["Fenced", "Superseded"], refused
+    assert [m.versions for m in managers] == [["a"], ["a"]]
+    for table in tables:
+        table.close()
 
 
 def test_a_resume_during_a_write_leaves_the_pause_only_after_the_write():

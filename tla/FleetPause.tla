@@ -1,6 +1,6 @@
 ----------------------------- MODULE FleetPause -----------------------------
 (***************************************************************************)
-(* Pauses over the network (issue 29; spec/PROTOCOL.md section 6.6): one   *)
+(* Pauses over the network (issue 29; spec/PROTOCOL.md section 6.6): a    *)
 (* trainer (cbpause.client.Fleet) pauses a fleet of servers (cbpause       *)
 (* serve), writes weights into them, and lets them go.  A pause held over  *)
 (* HTTP is a lease: the server holds it on the trainer's behalf until the  *)
@@ -27,6 +27,16 @@
 (* ends the lease without the write and labels the weights partial.  The  *)
 (* trainer may also hang (TrainerHang): it stops, its leases unrenewed.   *)
 (*                                                                         *)
+(* Two trainers (issue 39, point 13): NTrainers take their pauses at the  *)
+(* same time, and each server enters the leases in the order their        *)
+(* requests arrive there (seq: LeaseTable's own count), which may differ   *)
+(* from server to server.  The write fence (Fence) refuses a write while   *)
+(* the weights were last written under another lease that is still held: *)
+(* a trainer told its update is complete finds every server holding it    *)
+(* for as long as it holds its leases (NoMixedWhileComplete); without the  *)
+(* fence the write-order rule alone lets a later lease overwrite it on one *)
+(* server and be refused on the other.                                     *)
+(*                                                                         *)
 (* Leased = FALSE is a vLLM-style boolean pause: no ttl, and any resume    *)
 (* un-pauses the server; it must fail NoPausedForEverProp.  WriteOrder = FALSE *)
 (* drops the server's rule that a write under an older lease never         *)
@@ -44,9 +54,14 @@ CONSTANTS
     Leased,       \* TRUE: leases with a ttl (cbpause); FALSE: a boolean pause (vLLM)
     WriteOrder,   \* TRUE: a write under an older lease never overwrites a newer lease's
     WriteTTL,     \* ticks a write may run before it is cut
-    OwnLease      \* TRUE: a write is honoured under the writer's own lease only (FALSE: under any held lease)
+    OwnLease,     \* TRUE: a write is honoured under the writer's own lease only (FALSE: under any held lease)
+    NTrainers,    \* trainers, each with its own pauses (pause e is trainer Owner(e)'s)
+    Fence         \* TRUE: no write while the weights were last written under another lease still held
 
 Epochs == 1..MaxEpoch
+Trainers == 1..NTrainers
+\* The pauses are numbered across the trainers, in turn: the trainer of pause e (0: the checkpoint's weights, nobody's).
+Owner(e) == IF e = 0 THEN 0 ELSE ((e - 1) % NTrainers) + 1
 \* The trainer writes once per pause, the version of pause e being e (version 0: the checkpoint's weights); a write of
 \* pause e cut at its deadline leaves the weights labelled Partial(e) (PartialSync), which says which update failed.
 Partial(e) == MaxEpoch + e
@@ -62,11 +77,13 @@ VARIABLES
     ttl,       \* ttl[s][e]: ticks left before a held lease expires
     ver,       \* ver[s]: the weight version the server generates with
     wroteEp,   \* wroteEp[s]: the epoch of the lease under which ver[s] was written (0: none)
+    seq,       \* seq[s][e]: the order in which s entered lease e (LeaseTable's Lease.seq; 0: not entered)
+    nseq,      \* nseq[s]: leases s entered so far
     writing,   \* writing[s]: the epoch of the lease under which a write runs on s (0: none)
     wtime,     \* wtime[s]: ticks left before the write under way is cut
     serverCrashes,  \* crashes so far (bounded by MaxRestarts)
     losses,    \* messages lost so far (bounded by MaxLosses)
-    \* the trainer
+    \* the trainers, each a function of the trainer
     trainer,   \* "idle", "pausing", "holding", "writing", "release", "done", "crashed", "hung"
     epoch,     \* its current pause
     granted,   \* servers that granted this epoch's lease
@@ -79,7 +96,7 @@ VARIABLES
     completed, \* the last version every server acknowledged (0: none yet)
     fresh      \* fresh[s]: s has not restarted since it last took a write
 
-srv == <<up, lease, ttl, ver, wroteEp, writing, wtime, serverCrashes, losses>>
+srv == <<up, lease, ttl, ver, wroteEp, seq, nseq, writing, wtime, serverCrashes, losses>>
 trn == <<trainer, epoch, granted, lostS, wrote, acked, missed>>
 vars == <<srv, trn, net, completed, fresh>>
 
@@ -91,15 +108,16 @@ TypeOK ==
     /\ ttl \in [Servers -> [Epochs -> 0..TTL]]
     /\ ver \in [Servers -> Versions]
     /\ wroteEp \in [Servers -> 0..MaxEpoch]
+    /\ seq \in [Servers -> [Epochs -> 0..MaxEpoch]] /\ nseq \in [Servers -> 0..MaxEpoch]
     /\ writing \in [Servers -> 0..MaxEpoch]
     /\ wtime \in [Servers -> 0..WriteTTL]
     /\ serverCrashes \in 0..MaxRestarts
     /\ losses \in 0..MaxLosses
-    /\ trainer \in {"idle", "pausing", "holding", "writing", "release", "done", "crashed", "hung"}
-    /\ epoch \in 0..MaxEpoch
-    /\ granted \subseteq Servers /\ lostS \subseteq Servers
-    /\ acked \subseteq Servers /\ missed \subseteq Servers
-    /\ wrote \in BOOLEAN /\ completed \in Versions
+    /\ trainer \in [Trainers -> {"idle", "pausing", "holding", "writing", "release", "done", "crashed", "hung"}]
+    /\ epoch \in [Trainers -> 0..MaxEpoch]
+    /\ granted \in [Trainers -> SUBSET Servers] /\ lostS \in [Trainers -> SUBSET Servers]
+    /\ acked \in [Trainers -> SUBSET Servers] /\ missed \in [Trainers -> SUBSET Servers]
+    /\ wrote \in [Trainers -> BOOLEAN] /\ completed \in Versions
     /\ net \subseteq Msgs
     /\ fresh \in [Servers -> BOOLEAN]
 
@@ -118,10 +136,12 @@ Init ==
     /\ ttl = [s \in Servers |-> [e \in Epochs |-> 0]]
     /\ ver = [s \in Servers |-> 0]
     /\ wroteEp = [s \in Servers |-> 0]
+    /\ seq = [s \in Servers |-> [e \in Epochs |-> 0]] /\ nseq = [s \in Servers |-> 0]
     /\ writing = [s \in Servers |-> 0] /\ wtime = [s \in Servers |-> 0]
     /\ serverCrashes = 0 /\ losses = 0
-    /\ trainer = "idle" /\ epoch = 0
-    /\ granted = {} /\ lostS = {} /\ wrote = FALSE /\ acked = {} /\ missed = {}
+    /\ trainer = [t \in Trainers |-> "idle"] /\ epoch = [t \in Trainers |-> 0]
+    /\ granted = [t \in Trainers |-> {}] /\ lostS = [t \in Trainers |-> {}] /\ wrote = [t \in Trainers |-> FALSE]
+    /\ acked = [t \in Trainers |-> {}] /\ missed = [t \in Trainers |-> {}]
     /\ net = {}
     /\ completed = 0
     /\ fresh = [s \in Servers |-> TRUE]
@@ -129,7 +149,7 @@ Init ==
 Send(ms) == net' = net \cup ms
 
 \* A server's answer reaches the trainer's connection; a crashed trainer has none (the answer goes nowhere).
-Answer(m, a) == net' = (net \ {m}) \cup (IF trainer = "crashed" THEN {} ELSE {a})
+Answer(m, a) == net' = (net \ {m}) \cup (IF trainer[Owner(m.e)] = "crashed" THEN {} ELSE {a})
 
 ToTrainer == {"grant", "wok"}
 
@@ -138,28 +158,36 @@ ToTrainer == {"grant", "wok"}
 \* under its lock, and what its log records under the same name (TraceFleetPause.tla replays a real server's log
 \* with these).
 
-\* A new lease (PauseLease), entered: a late or repeated request for an epoch already seen gets none.
+\* A new lease (PauseLease), entered: a late or repeated request for an epoch already seen gets none.  It is the
+\* server's nseq + 1-th (Lease.seq: the order the write-order rule compares, which differs from server to server).
 Grant(s, e) ==
     /\ up[s] /\ lease[s][e] = "none"
     /\ lease' = [lease EXCEPT ![s][e] = "held"]
     /\ ttl' = [ttl EXCEPT ![s][e] = TTL]
+    /\ nseq' = [nseq EXCEPT ![s] = @ + 1]
+    /\ seq' = [seq EXCEPT ![s][e] = nseq[s] + 1]
     /\ UNCHANGED <<up, ver, wroteEp, writing, wtime, serverCrashes, losses>>
 
 \* RenewLease, honoured (LeaseTable.renew_lease) or refused (410: the lease is gone).
 Renew(s, e) ==
     /\ up[s] /\ Honoured(s, e)
     /\ ttl' = [ttl EXCEPT ![s][e] = TTL]
-    /\ UNCHANGED <<up, lease, ver, wroteEp, writing, wtime, serverCrashes, losses>>
+    /\ UNCHANGED <<up, lease, ver, wroteEp, seq, nseq, writing, wtime, serverCrashes, losses>>
 RenewRefused(s, e) == up[s] /\ ~Honoured(s, e) /\ UNCHANGED srv
 
-\* WriteBegin, taken or refused (410, 409: LeaseTable.write_weights); one write at a time per server.
-WriteAllowed(s, e) == WriteHonoured(s, e) /\ (WriteOrder => e >= wroteEp[s])
+\* WriteBegin, taken or refused (410, 409: LeaseTable.write_weights); one write at a time per server.  The
+\* write-order rule: not under a lease entered before the one the weights were last written under (Superseded).  The
+\* fence: not while the weights were last written under another lease still held (Fenced).
+\* (IF, not \/: inside an action TLC takes every disjunct as a branch, and seq[s][0] is no value.)
+InOrder(s, e) == IF wroteEp[s] = 0 THEN TRUE ELSE seq[s][e] >= seq[s][wroteEp[s]]
+Unfenced(s, e) == IF wroteEp[s] \in {0, e} THEN TRUE ELSE lease[s][wroteEp[s]] # "held"
+WriteAllowed(s, e) == WriteHonoured(s, e) /\ (WriteOrder => InOrder(s, e)) /\ (Fence => Unfenced(s, e))
 StartWrite(s, e) ==
     /\ up[s] /\ writing[s] = 0 /\ WriteAllowed(s, e)
     /\ writing' = [writing EXCEPT ![s] = e]
     /\ wtime' = [wtime EXCEPT ![s] = WriteTTL]
     /\ wroteEp' = [wroteEp EXCEPT ![s] = e]
-    /\ UNCHANGED <<up, lease, ttl, ver, serverCrashes, losses>>
+    /\ UNCHANGED <<up, lease, ttl, ver, seq, nseq, serverCrashes, losses>>
 WriteRefused(s, e) == up[s] /\ writing[s] = 0 /\ ~WriteAllowed(s, e) /\ UNCHANGED srv
 
 \* ResumeLease (LeavePause), once no write runs under the lease (LeaseTable._hold); a lease not held is left as it
@@ -169,96 +197,107 @@ EndLease(s, e) ==
     /\ lease' = IF Leased
                 THEN [lease EXCEPT ![s][e] = IF @ = "held" THEN "gone" ELSE @]
                 ELSE [lease EXCEPT ![s] = [f \in Epochs |-> IF @[f] = "held" THEN "gone" ELSE @[f]]]
-    /\ UNCHANGED <<up, ttl, ver, wroteEp, writing, wtime, serverCrashes, losses>>
+    /\ UNCHANGED <<up, ttl, ver, wroteEp, seq, nseq, writing, wtime, serverCrashes, losses>>
 
 ----------------------------------------------------------------------------
-\* The trainer (cbpause.client.Fleet)
+\* The trainers (cbpause.client.Fleet), each in a process of its own: a step of trainer t changes t's variables only.
+Set(f, t, v) == f' = [f EXCEPT ![t] = v]
+
+\* The trainer's next pause (0: it has taken all of its own).
+NextPause(t) == IF \E e \in Epochs : Owner(e) = t /\ e > epoch[t]
+           THEN CHOOSE e \in Epochs : Owner(e) = t /\ e > epoch[t] /\ \A f \in Epochs : Owner(f) = t /\ f > epoch[t] => e <= f
+           ELSE 0
+\* Where it goes once a pause ends: idle, or done once it has taken its last.
+After(t) == IF NextPause(t) = 0 THEN "done" ELSE "idle"
 
 \* Fleet.pause(): a lease asked of every server.
-TrainerPause ==
-    /\ trainer = "idle" /\ epoch < MaxEpoch
-    /\ epoch' = epoch + 1
-    /\ trainer' = "pausing" /\ granted' = {} /\ lostS' = {} /\ wrote' = FALSE
-    /\ Send({[t |-> "pause", s |-> s, e |-> epoch + 1] : s \in Servers})
+TrainerPause(t) ==
+    /\ trainer[t] = "idle" /\ NextPause(t) # 0
+    /\ Set(epoch, t, NextPause(t))
+    /\ Set(trainer, t, "pausing") /\ Set(granted, t, {}) /\ Set(lostS, t, {}) /\ Set(wrote, t, FALSE)
+    /\ Send({[t |-> "pause", s |-> s, e |-> NextPause(t)] : s \in Servers})
     /\ UNCHANGED <<srv, acked, missed, completed, fresh>>
 
 TrainerGranted(m) ==
-    /\ m \in net /\ m.t = "grant" /\ trainer = "pausing" /\ m.e = epoch
-    /\ granted' = granted \cup {m.s}
-    /\ trainer' = IF granted' = Servers THEN "holding" ELSE "pausing"
+    LET t == Owner(m.e) IN
+    /\ m \in net /\ m.t = "grant" /\ trainer[t] = "pausing" /\ m.e = epoch[t]
+    /\ Set(granted, t, granted[t] \cup {m.s})
+    /\ Set(trainer, t, IF granted[t] \cup {m.s} = Servers THEN "holding" ELSE "pausing")
     /\ net' = net \ {m}
     /\ UNCHANGED <<srv, epoch, lostS, wrote, acked, missed, completed, fresh>>
 
 \* A stale answer (of an older epoch, or one the trainer no longer waits for) is read and dropped.
 TrainerDrops(m) ==
+    LET t == Owner(m.e) IN
     /\ m \in net /\ m.t \in ToTrainer
-    /\ \/ m.e # epoch
-       \/ m.t = "grant" /\ trainer # "pausing"
-       \/ m.t = "wok" /\ trainer # "writing"
-    /\ trainer # "crashed"
+    /\ \/ m.e # epoch[t]
+       \/ m.t = "grant" /\ trainer[t] # "pausing"
+       \/ m.t = "wok" /\ trainer[t] # "writing"
+    /\ trainer[t] # "crashed"
     /\ net' = net \ {m}
     /\ UNCHANGED <<srv, trn, completed, fresh>>
 
 \* Fleet.pause() gives up (a server did not answer within the timeout): the leases taken are resumed.
-TrainerPauseFails ==
-    /\ trainer = "pausing"
-    /\ Send({[t |-> "resume", s |-> s, e |-> epoch] : s \in granted})
-    /\ trainer' = IF epoch = MaxEpoch THEN "done" ELSE "idle"
-    /\ granted' = {}
+TrainerPauseFails(t) ==
+    /\ trainer[t] = "pausing"
+    /\ Send({[t |-> "resume", s |-> s, e |-> epoch[t]] : s \in granted[t]})
+    /\ Set(trainer, t, After(t))
+    /\ Set(granted, t, {})
     /\ UNCHANGED <<srv, epoch, lostS, wrote, acked, missed, completed, fresh>>
 
 \* RenewLease: the renewer thread (Fleet._renew) renews one lease still believed held (LeaseTable.renew_lease): a
-\* request and its answer, atomic here.  A renewal
-\* that is lost or late is a renewal not made: Tick may always come first.  The server renews a lease it honours
-\* and answers 410 for any other, and the trainer then counts that lease lost.
-RenewLease(s) ==
-    /\ trainer \in {"holding", "writing"} /\ s \in granted \ lostS
-    /\ \/ Renew(s, epoch) /\ UNCHANGED lostS
-       \/ RenewRefused(s, epoch) /\ lostS' = lostS \cup {s}
+\* request and its answer, atomic here.  A renewal that is lost or late is a renewal not made: Tick may always come
+\* first.  The server renews a lease it honours and answers 410 for any other, and the trainer then counts that
+\* lease lost.
+RenewLease(t, s) ==
+    /\ trainer[t] \in {"holding", "writing"} /\ s \in granted[t] \ lostS[t]
+    /\ \/ Renew(s, epoch[t]) /\ UNCHANGED lostS
+       \/ RenewRefused(s, epoch[t]) /\ Set(lostS, t, lostS[t] \cup {s})
     /\ UNCHANGED <<trainer, epoch, granted, wrote, acked, missed, net, completed, fresh>>
 
 \* Fleet.update_weights_from_disk(): only with every server's lease granted; not to a server whose lease was lost.
-TrainerWrite ==
-    /\ trainer = "holding" /\ ~wrote
-    /\ wrote' = TRUE
-    /\ Send({[t |-> "write", s |-> s, e |-> epoch] : s \in Servers \ lostS})
-    /\ trainer' = "writing" /\ acked' = {} /\ missed' = lostS
+TrainerWrite(t) ==
+    /\ trainer[t] = "holding" /\ ~wrote[t]
+    /\ Set(wrote, t, TRUE)
+    /\ Send({[t |-> "write", s |-> s, e |-> epoch[t]] : s \in Servers \ lostS[t]})
+    /\ Set(trainer, t, "writing") /\ Set(acked, t, {}) /\ Set(missed, t, lostS[t])
     /\ UNCHANGED <<srv, epoch, granted, lostS, completed, fresh>>
 
 TrainerWriteAnswer(m) ==
-    /\ m \in net /\ m.t = "wok" /\ trainer = "writing" /\ m.e = epoch
-    /\ acked' = acked \cup {m.s}
+    LET t == Owner(m.e) IN
+    /\ m \in net /\ m.t = "wok" /\ trainer[t] = "writing" /\ m.e = epoch[t]
+    /\ Set(acked, t, acked[t] \cup {m.s})
     /\ net' = net \ {m}
     /\ UNCHANGED <<srv, trainer, epoch, granted, lostS, wrote, missed, completed, fresh>>
 
 \* The write's result: every answer came, or the trainer stops waiting; a server without an acknowledgement is
 \* reported as having missed the update (FleetError), and only an update every server took is complete.
-TrainerWriteDone ==
-    /\ trainer = "writing"
-    /\ missed' = Servers \ acked
-    /\ completed' = IF acked = Servers THEN epoch ELSE completed
-    /\ trainer' = "release"
+TrainerWriteDone(t) ==
+    /\ trainer[t] = "writing"
+    /\ Set(missed, t, Servers \ acked[t])
+    /\ completed' = IF acked[t] = Servers THEN epoch[t] ELSE completed
+    /\ Set(trainer, t, "release")
     /\ UNCHANGED <<srv, net, epoch, granted, lostS, wrote, acked, fresh>>
 
 \* The end of the with block: every lease granted is resumed.
-TrainerRelease ==
-    /\ trainer \in {"holding", "release"}
-    /\ Send({[t |-> "resume", s |-> s, e |-> epoch] : s \in granted})
-    /\ trainer' = IF epoch = MaxEpoch THEN "done" ELSE "idle"
+TrainerRelease(t) ==
+    /\ trainer[t] \in {"holding", "release"}
+    /\ Send({[t |-> "resume", s |-> s, e |-> epoch[t]] : s \in granted[t]})
+    /\ Set(trainer, t, After(t))
     /\ UNCHANGED <<srv, epoch, granted, lostS, wrote, acked, missed, completed, fresh>>
 
 \* The trainer's process dies: what it knew dies with it, and so do the answers on their way to it.
-TrainerCrash ==
-    /\ trainer \notin {"done", "crashed"}
-    /\ trainer' = "crashed"
-    /\ granted' = {} /\ lostS' = {} /\ acked' = {} /\ missed' = {}
-    /\ net' = {m \in net : m.t \notin ToTrainer}
+TrainerCrash(t) ==
+    /\ trainer[t] \notin {"done", "crashed"}
+    /\ Set(trainer, t, "crashed")
+    /\ Set(granted, t, {}) /\ Set(lostS, t, {}) /\ Set(acked, t, {}) /\ Set(missed, t, {})
+    /\ net' = {m \in net : m.t \notin ToTrainer \/ Owner(m.e) # t}
     /\ UNCHANGED <<srv, epoch, wrote, completed, fresh>>
 
 \* The trainer's process hangs: it takes no step any more (no renewal, no resume), and its connections stay open.
-TrainerHang ==
-    /\ trainer \notin {"done", "crashed", "hung"}
-    /\ trainer' = "hung"
+TrainerHang(t) ==
+    /\ trainer[t] \notin {"done", "crashed", "hung"}
+    /\ Set(trainer, t, "hung")
     /\ UNCHANGED <<srv, net, epoch, granted, lostS, wrote, acked, missed, completed, fresh>>
 
 ----------------------------------------------------------------------------
@@ -288,8 +327,8 @@ WriteEnd(s) ==
     /\ ver' = [ver EXCEPT ![s] = writing[s]]
     /\ fresh' = [fresh EXCEPT ![s] = TRUE]
     /\ writing' = [writing EXCEPT ![s] = 0]
-    /\ net' = net \cup (IF trainer = "crashed" THEN {} ELSE {[t |-> "wok", s |-> s, e |-> writing[s]]})
-    /\ UNCHANGED <<up, lease, ttl, wroteEp, wtime, serverCrashes, losses, trn, completed>>
+    /\ net' = net \cup (IF trainer[Owner(writing[s])] = "crashed" THEN {} ELSE {[t |-> "wok", s |-> s, e |-> writing[s]]})
+    /\ UNCHANGED <<up, lease, ttl, wroteEp, seq, nseq, wtime, serverCrashes, losses, trn, completed>>
 
 \* WriteCut (LeaseTable._cut, _label_partial): the write passed its deadline.  Its lease ends without it (its thread
 \* ends without leaving, as an expired lease's; a resumed lease is already gone), and the weights, a mix, are
@@ -300,12 +339,12 @@ WriteCut(s) ==
     /\ fresh' = [fresh EXCEPT ![s] = TRUE]
     /\ lease' = [lease EXCEPT ![s][writing[s]] = IF @ = "held" THEN "dead" ELSE @]
     /\ writing' = [writing EXCEPT ![s] = 0]
-    /\ UNCHANGED <<up, ttl, wroteEp, wtime, serverCrashes, losses, trn, net, completed>>
+    /\ UNCHANGED <<up, ttl, wroteEp, seq, nseq, wtime, serverCrashes, losses, trn, net, completed>>
 
 WriteTick(s) ==
     /\ up[s] /\ writing[s] # 0 /\ wtime[s] > 0
     /\ wtime' = [wtime EXCEPT ![s] = @ - 1]
-    /\ UNCHANGED <<up, lease, ttl, ver, wroteEp, writing, serverCrashes, losses, trn, net, completed, fresh>>
+    /\ UNCHANGED <<up, lease, ttl, ver, wroteEp, seq, nseq, writing, serverCrashes, losses, trn, net, completed, fresh>>
 
 \* ResumeLease: the message, taken once no write runs under its lease (the resume waits for the write's end or cut).
 ResumeLease(m) ==
@@ -317,20 +356,20 @@ ResumeLease(m) ==
 Tick(s, e) ==
     /\ Leased /\ up[s] /\ lease[s][e] = "held" /\ ttl[s][e] > 0
     /\ ttl' = [ttl EXCEPT ![s][e] = @ - 1]
-    /\ UNCHANGED <<up, lease, ver, wroteEp, writing, wtime, serverCrashes, losses, trn, net, completed, fresh>>
+    /\ UNCHANGED <<up, lease, ver, wroteEp, seq, nseq, writing, wtime, serverCrashes, losses, trn, net, completed, fresh>>
 
 \* LeaseExpires = PauseProtocol's HolderDies: the lease's thread ends without leaving; the lease is honoured no more.
 \* Not while a write runs under it (WriteCut ends that one).
 LeaseExpires(s, e) ==
     /\ Leased /\ up[s] /\ lease[s][e] = "held" /\ ttl[s][e] = 0 /\ writing[s] # e
     /\ lease' = [lease EXCEPT ![s][e] = "dead"]
-    /\ UNCHANGED <<up, ttl, ver, wroteEp, writing, wtime, serverCrashes, losses, trn, net, completed, fresh>>
+    /\ UNCHANGED <<up, ttl, ver, wroteEp, seq, nseq, writing, wtime, serverCrashes, losses, trn, net, completed, fresh>>
 
 \* ReleaseDeadHolder: the loop, parked in its window, drops the dead holder's hold.
 ReleaseDeadHolder(s, e) ==
     /\ up[s] /\ lease[s][e] = "dead"
     /\ lease' = [lease EXCEPT ![s][e] = "gone"]
-    /\ UNCHANGED <<up, ttl, ver, wroteEp, writing, wtime, serverCrashes, losses, trn, net, completed, fresh>>
+    /\ UNCHANGED <<up, ttl, ver, wroteEp, seq, nseq, writing, wtime, serverCrashes, losses, trn, net, completed, fresh>>
 
 \* A server's process dies: its pauses die with it; lease ids are never issued twice, so its old leases stay gone.
 ServerCrash(s) ==
@@ -339,7 +378,7 @@ ServerCrash(s) ==
     /\ serverCrashes' = serverCrashes + 1
     /\ lease' = [lease EXCEPT ![s] = [e \in Epochs |-> IF @[e] = "none" THEN "none" ELSE "gone"]]
     /\ writing' = [writing EXCEPT ![s] = 0]
-    /\ UNCHANGED <<ttl, ver, wroteEp, wtime, losses, trn, net, completed, fresh>>
+    /\ UNCHANGED <<ttl, ver, wroteEp, seq, nseq, wtime, losses, trn, net, completed, fresh>>
 
 ServerRestart(s) ==
     /\ ~up[s]
@@ -347,7 +386,7 @@ ServerRestart(s) ==
     /\ ver' = [ver EXCEPT ![s] = 0]
     /\ wroteEp' = [wroteEp EXCEPT ![s] = 0]
     /\ fresh' = [fresh EXCEPT ![s] = FALSE]
-    /\ UNCHANGED <<lease, ttl, writing, wtime, serverCrashes, losses, trn, net, completed>>
+    /\ UNCHANGED <<lease, ttl, seq, nseq, writing, wtime, serverCrashes, losses, trn, net, completed>>
 
 \* The network loses a message (within the budget), or the server it goes to is down (always).
 Undeliverable(m) ==
@@ -359,7 +398,7 @@ Lose(m) ==
     /\ m \in net /\ losses < MaxLosses
     /\ net' = net \ {m}
     /\ losses' = losses + 1
-    /\ UNCHANGED <<up, lease, ttl, ver, wroteEp, writing, wtime, serverCrashes, trn, completed, fresh>>
+    /\ UNCHANGED <<up, lease, ttl, ver, wroteEp, seq, nseq, writing, wtime, serverCrashes, trn, completed, fresh>>
 
 Server(m) == PauseLease(m) \/ WriteBegin(m) \/ ResumeLease(m)
 
@@ -369,9 +408,14 @@ WriteTime(s) == WriteTick(s) \/ WriteCut(s)
 
 \* One disjunct per action, so that TLC's coverage names each one.
 Next ==
-    \/ TrainerPause \/ TrainerPauseFails \/ TrainerWrite \/ TrainerWriteDone \/ TrainerRelease \/ TrainerCrash
-    \/ TrainerHang
-    \/ \E s \in Servers : RenewLease(s)
+    \/ \E t \in Trainers : TrainerPause(t)
+    \/ \E t \in Trainers : TrainerPauseFails(t)
+    \/ \E t \in Trainers : TrainerWrite(t)
+    \/ \E t \in Trainers : TrainerWriteDone(t)
+    \/ \E t \in Trainers : TrainerRelease(t)
+    \/ \E t \in Trainers : TrainerCrash(t)
+    \/ \E t \in Trainers : TrainerHang(t)
+    \/ \E t \in Trainers, s \in Servers : RenewLease(t, s)
     \/ \E m \in net : TrainerGranted(m)
     \/ \E m \in net : TrainerDrops(m)
     \/ \E m \in net : TrainerWriteAnswer(m)
@@ -405,9 +449,9 @@ Spec == Init /\ [][Next]_vars /\ Fairness
 ----------------------------------------------------------------------------
 \* Properties
 
-\* No server stays paused for ever once the trainer stops renewing (it crashed, hung, or is done), even when a write
-\* under its lease never ends.
-NoPausedForEverProp == [](trainer \in {"crashed", "hung", "done"} => <>[]AllRunning)
+\* No server stays paused for ever once the trainers stop renewing (each crashed, hung, or is done), even when a write
+\* under a lease never ends.
+NoPausedForEverProp == []((\A t \in Trainers : trainer[t] \in {"crashed", "hung", "done"}) => <>[]AllRunning)
 
 \* A write is honoured only under a lease held now (never an expired one), and changes the version only so.
 WriteUnderLease ==
@@ -426,24 +470,53 @@ GoneStaysGone ==
          /\ lease[s][e] = "gone" => lease'[s][e] = "gone"
          /\ lease[s][e] = "dead" => lease'[s][e] \in {"dead", "gone"}]_vars
 
-\* The trainer writes only holding every server's lease (as granted), and its report is true: a server it counts
-\* as updated took the version.
-WriteOnlyHoldingInv == trainer \in {"writing", "release"} => granted = Servers
+\* A trainer writes only holding every server's lease (as granted), and its report is true: a server it counts
+\* as updated took the version (and no older pause of its own overwrote it since; another trainer's may have, once
+\* its lease there ended: NoMixedWhileComplete says when not).
+WriteOnlyHoldingInv == \A t \in Trainers : trainer[t] \in {"writing", "release"} => granted[t] = Servers
 ReportTruthfulInv ==
-    trainer = "release" =>
-        /\ missed = Servers \ acked
-        /\ \A s \in acked : up[s] /\ fresh[s] => (wroteEp[s] >= epoch \/ ~WriteOrder)
+    \A t \in Trainers : trainer[t] = "release" =>
+        /\ missed[t] = Servers \ acked[t]
+        /\ \A s \in acked[t] : up[s] /\ fresh[s] /\ Owner(wroteEp[s]) = t => (wroteEp[s] >= epoch[t] \/ ~WriteOrder)
 
 \* After a completed update every live server that has not restarted since it took it reports that version or a
 \* newer one.  (A server that serverCrashes comes back with its checkpoint's weights, version 0, and says so: its lease
 \* ids are unknown to the new process, so the trainer's resume gets a 404; Fleet.status() shows its version.)
 \* A write cut at its deadline leaves its partial label, which names the update: it counts as that update's (newer than
 \* the completed one), truthfully labelled.
-CompletedUpdateVisible == \A s \in Servers : (up[s] /\ fresh[s]) => Of(ver[s]) >= completed
+\* With several trainers, "newer" is among one trainer's pauses: another trainer's update may follow a completed one.
+CompletedUpdateVisible ==
+    \A s \in Servers : (up[s] /\ fresh[s] /\ Owner(Of(ver[s])) \in {0, Owner(completed)}) => Of(ver[s]) >= completed
+
+\* Issue 39, point 13: a trainer told its update is complete (every server acknowledged it) finds every server
+\* generating with it for as long as it holds that pause's leases: another trainer's write in between is refused
+\* (the fence), so the fleet is never mixed while a trainer that holds it is told it is not.  A lease that ends
+\* (expired: a trainer too slow to renew, whose renewer then reports it lost) lets the next writer in.
+\* Per server, the same from the trainer's first acknowledgement: the weights a server acknowledged to a trainer stand
+\* there while the trainer holds that lease.  The servers never talk to each other, so NoMixedWhileComplete is the
+\* conjunction of this over the servers (docs/tlc.md: why one server checks the fence).
+AckedWriteStands ==
+    \A t \in Trainers, s \in Servers :
+        (trainer[t] \in {"writing", "release"} /\ s \in acked[t] /\ lease[s][epoch[t]] = "held") => ver[s] = epoch[t]
+NoMixedWhileComplete ==
+    \A t \in Trainers :
+        (trainer[t] = "release" /\ acked[t] = Servers /\ \A s \in Servers : lease[s][epoch[t]] = "held")
+            => \A s \in Servers : ver[s] = epoch[t]
+
+\* A state constraint for the safety models of two trainers on two servers: no trainer crashes or hangs.  For safety
+\* it loses nothing: no trainer step is fair, so every prefix in which a trainer stops is explored anyway, and its
+\* leases expire (Tick) as a crashed trainer's do; a crash only withholds the answers to it.
+NoTrainerFaults == \A t \in Trainers : trainer[t] \notin {"crashed", "hung"}
 
 \* Witnesses: the model reaches a completed update, and a lease that expires.
 NeverCompletesWitness == completed = 0
 NeverExpiresWitness == \A s \in Servers, e \in Epochs : lease[s][e] # "dead"
 \* ... and a write cut at its deadline.
 NeverCutWitness == \A s \in Servers : ver[s] <= MaxEpoch
+\* ... and (two trainers) a write the fence refuses, and a trainer told its update is complete while holding.
+NeverFencedWitness ==
+    ~\E m \in net : m.t = "write" /\ up[m.s] /\ writing[m.s] = 0 /\ WriteHonoured(m.s, m.e) /\ InOrder(m.s, m.e)
+                   /\ ~Unfenced(m.s, m.e)
+NeverToldCompleteWitness ==
+    ~\E t \in Trainers : trainer[t] = "release" /\ acked[t] = Servers /\ \A s \in Servers : lease[s][epoch[t]] = "held"
 =============================================================================

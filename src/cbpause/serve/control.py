@@ -33,7 +33,7 @@ from starlette.concurrency import run_in_threadpool
 
 from . import weights_io
 from .guard import BadJSON, parse_json_object
-from .leases import LeaseGone, LeaseTable, Superseded, TooManyLeases, UnknownLease, WriteBusy
+from .leases import Fenced, LeaseGone, LeaseTable, Superseded, TooManyLeases, UnknownLease, WriteBusy
 
 __all__ = ["COMPAT", "MODES", "add_control_routes", "compat_mode"]
 
@@ -241,7 +241,7 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
             return _error(404, error.args[0])
         except LeaseGone as error:  # it expired during the read, or the write passed its deadline and was cut
             return _error(410, str(error))
-        except (Superseded, WriteBusy) as error:
+        except (Fenced, Superseded, WriteBusy) as error:
             return _error(409, str(error))
         except ValueError as error:  # a bad write_timeout
             return _error(400, str(error))
@@ -261,7 +261,7 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
             return _error(400, str(error))
         except (UnknownLease, LeaseGone) as error:
             return _error(410, str(error))
-        except (Superseded, WriteBusy) as error:
+        except (Fenced, Superseded, WriteBusy) as error:
             return _error(409, str(error))
         return JSONResponse({"weight_version": _jsonable(manager.weight_version)})
 

@@ -11,7 +11,9 @@ checked by the same models, and nothing new runs inside the protocol.
 Invariants (``FleetPause.tla``): a lease id is unguessable (``secrets.token_urlsafe``); a lease that expired or
 was resumed never becomes valid again (``GoneStaysGone``): renewing, resuming or writing under it is refused; a
 second resume of the same lease is idempotent; a write under a lease entered before the one the weights were last
-written under is refused (``WriteOrder``: a late write never overwrites a later pause's); the table remembers a lease
+written under is refused (``WriteOrder``: a late write never overwrites a later pause's), and so is a write while the
+weights were last written under another lease that is still held (the fence, ``Unfenced``: a trainer told its update
+is complete finds it in place for as long as it holds its lease, ``AckedWriteStands``); the table remembers a lease
 for ``FORGET_AFTER_S`` after it ended, so that a late renewal or resume is answered truthfully (410, not 404).
 """
 
@@ -26,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FORGET_AFTER_S", "MAX_LEASES", "Lease", "LeaseGone", "LeaseTable", "Superseded", "TooManyLeases",
+__all__ = ["FORGET_AFTER_S", "MAX_LEASES", "Fenced", "Lease", "LeaseGone", "LeaseTable", "Superseded", "TooManyLeases",
            "UnknownLease", "WriteBusy", "checked_seconds"]
 
 logger = logging.getLogger("cbpause.serve")
@@ -52,6 +54,13 @@ class TooManyLeases(RuntimeError):
 class Superseded(RuntimeError):
     """A write under a lease older than the one the weights were last written under (a 409): a late write of an
     earlier pause must not overwrite a later pause's weights (``WriteOrder`` in ``FleetPause.tla``)."""
+
+
+class Fenced(RuntimeError):
+    """The weights were last written under another lease that is still held (a 409): its trainer may have been told
+    its update is complete, and its weights stand until that lease ends (``Unfenced`` in ``FleetPause.tla``; issue 39,
+    point 13).  Two trainers whose pauses reach the servers in different orders would otherwise leave the fleet mixed
+    while one of them believes it updated every server.  Retry once that lease has ended (resumed or expired)."""
 
 
 class LeaseGone(RuntimeError):
@@ -126,6 +135,7 @@ class LeaseTable:
         self.expired = 0  # leases that ran out, since start
         self._entered = 0  # leases entered so far: the next one's seq
         self.written_seq = 0  # the seq of the lease the weights were last written under (0: none)
+        self._written_by: Lease | None = None  # that lease (FleetPause.tla's wroteEp): the fence asks if it is held
         self._writer: Lease | None = None  # the lease whose write runs now (one at a time; a cut one frees the slot)
         # The log of the table's actions, FleetPause.tla's names (tla/TraceFleetPause.tla replays it): each record is
         # taken under the lock, in the order the actions happened.  ``ver`` is what the model's ver[s] is then: the
@@ -242,7 +252,8 @@ class LeaseTable:
         resumed if a resume waits), the weights are labelled ``PartialSync(version)`` while the hold is still in
         place, and :meth:`commit_write` refuses.  So a write that hangs (a trainer, a filesystem, a device) parks the
         server for ``timeout`` at most (R-LEASE-EXPIRES).  ``UnknownLease``/``LeaseGone`` if the lease is not held
-        now, ``Superseded`` under an older lease than the last writer's."""
+        now, ``WriteBusy`` while another write runs, ``Superseded`` under an older lease than the last writer's, and
+        ``Fenced`` while the last writer's lease, another one, is still held (R-WRITE-FENCE)."""
         with self._lock:
             try:
                 lease = self.check_held(lease_id, locked=True)
@@ -258,7 +269,15 @@ class LeaseTable:
                 self._record("WriteRefused", lease)
                 raise Superseded(f"lease {lease.id[:8]} of {lease.holder!r} is older than the lease the weights "
                                  "were last written under: this late write would overwrite a later one; refused")
-            self.written_seq = lease.seq
+            last = self._written_by
+            if last is not None and last is not lease:
+                self._look(last)  # a last writer past its deadline is gone already (LeaseExpires, then the write)
+                if last.state == "held":
+                    self._record("WriteRefused", lease)
+                    raise Fenced(f"the weights were last written under lease {last.id[:8]} of {last.holder!r}, which "
+                                 "is still held: they stand until it ends (another trainer may have been told its "
+                                 "update is complete); retry once it has been resumed or has expired")
+            self.written_seq, self._written_by = lease.seq, lease
             lease.busy, lease.cut, self._writer = 1, False, lease
             lease.write_deadline = self._clock() + timeout
             lease.writing = version

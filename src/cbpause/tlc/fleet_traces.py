@@ -59,7 +59,8 @@ def write_trace(records: Sequence[dict], directory: Path, name: str = "FleetTrac
     cfg.write_text(
         "CONSTANTS\n    s1 = s1\n    Servers = {s1}\n"
         f"    MaxEpoch = {epochs}\n    MaxLosses = 0\n    TTL = 1\n    MaxRestarts = 0\n    Leased = TRUE\n"
-        "    WriteOrder = TRUE\n    WriteTTL = 1\n    OwnLease = TRUE\n    Log <- TraceLog\n"
+        "    WriteOrder = TRUE\n    WriteTTL = 1\n    OwnLease = TRUE\n    NTrainers = 1\n    Fence = TRUE\n"
+        "    Log <- TraceLog\n"
         "INIT TraceInit\nNEXT TraceNext\n"
         "INVARIANT TypeOK\nINVARIANT NeverMatched\n"
         "PROPERTY OwnLeaseWrite\nPROPERTY GoneStaysGone\n"

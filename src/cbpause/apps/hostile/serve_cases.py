@@ -423,6 +423,27 @@ def fleet_interrupted_while_its_pause_waits(server: Guarded) -> None:
 # ------------------------------------------------------------------------------------------- 6: stopping
 
 
+def second_trainer_is_fenced(server: Guarded) -> None:
+    """Point 13: trainer a wrote under its lease and may have been told its update is complete; trainer b, whose lease
+    was entered later, wrote over it under a's pause (the write-order rule let the later lease in).  Now b is refused
+    (409, the fence) while a holds its lease, a's version stands, and b's write is taken once a has resumed."""
+    a, b = lease(server.url, holder="trainer-a"), lease(server.url, holder="trainer-b")
+    try:
+        wrote = call("POST", server.url + "/update_weight_version", json={"lease_id": a, "weight_version": "a-39"})
+        check(wrote.status_code == 200, f"trainer a's write: {wrote.status_code} {wrote.text[:200]}")
+        fenced = call("POST", server.url + "/update_weight_version", json={"lease_id": b, "weight_version": "b-39"})
+        check(fenced.status_code == 409 and "still held" in message(fenced),
+              f"trainer b's write under trainer a's pause got {fenced.status_code} {fenced.text[:200]}")  # fmt: skip
+        version = call("GET", server.url + "/weight_info").json()["weight_version"]
+        check(version == "a-39", f"trainer a's update was overwritten while it held its lease: {version!r}")
+        resume(server.url, a)
+        taken = call("POST", server.url + "/update_weight_version", json={"lease_id": b, "weight_version": "b-39"})
+        check(taken.status_code == 200, f"trainer b's write once a resumed: {taken.status_code} {taken.text[:200]}")
+    finally:
+        for lease_id in (a, b):
+            call("POST", server.url + "/resume", json={"lease_id": lease_id})
+
+
 def sigterm_answers_and_exits(server: Guarded) -> None:
     """Point 6: on SIGTERM with a lease held and a request queued the server waited for the lease's ttl.  With a ttl
     of an hour, a server that waited for it would outlive the wait below by far; the queued request must be answered
@@ -459,7 +480,8 @@ def lease_log_is_a_behaviour(server: Guarded) -> None:
 CASES: dict[str, Callable[[Guarded], None]] = {case.__name__: case for case in (
     empty_object_is_a_keep_pause, duplicate_request_id, waiting_pauses_hold_no_worker, lease_cap,
     leaver_leaves_no_lease, bad_bodies, symlink_out_of_the_weights_dir, fifo_named_safetensors, strangers_are_refused,
-    openai_conventions, fleet_checks_and_releases, sigterm_answers_and_exits, lease_log_is_a_behaviour,
+    openai_conventions, fleet_checks_and_releases, second_trainer_is_fenced, sigterm_answers_and_exits,
+    lease_log_is_a_behaviour,
 )}  # fmt: skip
 
 

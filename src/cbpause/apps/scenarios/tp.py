@@ -29,9 +29,9 @@ KILL_PHASES = ("read", "reduce", "decided", "body", "step", "window", "peer", "b
 # would carry it: rank 0 holds the requests it drained (in transit) when the broadcast meets the death (issue 24).
 KILL_PLANS = (*(f"kill_{phase}" for phase in KILL_PHASES), "kill_payload")
 TP_PLANS = ("pauses", "two_holders", "peer_never", "stop", "fatal", *KILL_PLANS)
-# The plans in which a peer never comes (it never pauses, its step failed, or it died): there the product's bounds on a peer running
-# out is what the plan checks, and they are short.  In the others a peer is only ever slow (still loading, or
-# descheduled on a loaded machine): their bounds are HANG_S, so that they never run out.
+# The plans in which a peer never comes (it never pauses, its step failed, or it died): there the product's bounds on a
+# peer running out is what the plan checks, and they are short.  In the others a peer is only ever slow (still
+# loading, or descheduled on a loaded machine): their bounds are HANG_S, so that they never run out.
 TIMEOUT_PLANS = ("peer_never", "fatal", *KILL_PLANS)
 PEER_PARK_TIMEOUT = 2.0
 CPU_GROUP_TIMEOUT = 4.0

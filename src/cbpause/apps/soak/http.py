@@ -5,7 +5,11 @@ Two server processes (a tiny random Llama; one queues requests during a pause, o
 
 * completions from client threads, a share of them from clients that give up early (they disconnect) or send
   bad input (which must get a 4xx);
-* a ``Fleet`` trainer that pauses both servers in a random mode, writes new weights from disk and resumes;
+* two ``Fleet`` trainers, each pausing both servers in a random mode, writing new weights from disk and resuming,
+  their pauses racing each other (issue 39, point 13): a trainer told its update is complete checks, while it
+  still holds its pause, that every server generates with its version (``NoMixedWhileComplete``: a server that
+  holds another version under a lease this trainer could still renew is a wrong answer); an update the other
+  trainer's lease fences off is reported (``fenced``);
 * abandoned leases (a pause taken and never renewed nor resumed: a trainer that hung) and trainer processes
   killed while they hold leases: their leases must end and the servers run again (within the ttl and the loop's
   ``HOLDER_CHECK_S`` on an idle machine: a figure for ``nox -s bench``, not a check here, where a loaded machine
@@ -25,11 +29,13 @@ replays each server's lease log (``--lease-log``) against ``tla/FleetPause.tla``
 ``--each`` the run goes on past its duration until the trainer has paused, a completion was answered and one was
 not (left early or rejected), a flood of pauses came and a client left while its pause waited.  The last line::
 
-    soak-http: seconds=… pauses=… updates=… missed=… abandoned=… killed=… legacy=… floods=… leavers=… requests=…
-               answered=… rejected=… left=… bad=… duplicates=… lost=0 duplicated=0 hangs=0 wrong=0   (on one line)
+    soak-http: seconds=… pauses=… updates=… checked_complete=… missed=… fenced=… abandoned=… killed=… legacy=…
+               floods=… leavers=… requests=… answered=… rejected=… left=… bad=… duplicates=… lost=0 duplicated=0
+               hangs=0 wrong=0   (on one line)
 
 ``missed`` counts the updates the fleet reported some server missed (a lease that ran out on a loaded machine, a
-pause that timed out): reported, as R-FLEET-ALL-OR-NOTHING requires, and not an error.
+pause that timed out, a write the other trainer's lease fenced off: ``fenced`` of them): reported, as
+R-FLEET-ALL-OR-NOTHING and R-WRITE-FENCE require, and not an error.
 
 and the exit status is 1 unless lost, duplicated and hangs are 0 (or an answer was wrong: ``wrong=``).
 """
@@ -189,19 +195,25 @@ def check_answer(url: str, r: httpx.Response, n: int, ledger: Ledger, waited: fl
     ledger.count("answered")
 
 
-def trainer(urls: list[str], weights: list[str], ledger: Ledger, stop: threading.Event, rng: random.Random) -> None:
-    """Fleet pauses in random modes, each with a weight update, and now and then a second resume of a lease."""
-    version = 0
-    with Fleet(urls, holder="soak-trainer") as fleet:
+TRAINERS = 2  # racing each other: their pauses reach the servers in either order (issue 39, point 13)
+
+
+def trainer(urls: list[str], weights: list[str], ledger: Ledger, stop: threading.Event, rng: random.Random,
+            k: int = 0) -> None:  # fmt: skip
+    """Fleet pauses in random modes, each with a weight update, and now and then a second resume of a lease.
+    Trainer ``k`` writes the versions ``k + 1``, ``k + 1 + TRAINERS``, ...: each version names its trainer."""
+    version = k + 1 - TRAINERS
+    with Fleet(urls, holder=f"soak-trainer-{k}") as fleet:
         while not stop.is_set():
             mode = rng.choice(MODES)
             try:
                 with fleet.pause(mode=mode, timeout=30, ttl=TTL):
-                    version += 1
+                    version += TRAINERS
                     with ledger.lock:
                         ledger.versions.add(version)
                     fleet.update_weights_from_disk(weights[version % len(weights)], version)
                     leases = dict(fleet.leases)
+                    complete_update_stands(fleet, version, ledger)
                 ledger.count("pauses")
                 ledger.count("updates")
                 for url, lease in leases.items():  # a second resume of the same lease: idempotent (410 if it expired)
@@ -210,8 +222,25 @@ def trainer(urls: list[str], weights: list[str], ledger: Ledger, stop: threading
                         ledger.problem(f"{url}: a second resume got {r.status_code} {r.text[:100]}")
             except FleetError as error:  # reported, as it must be: a lease lost on a loaded machine, a pause timed out
                 ledger.count("missed")
+                if "still held" in str(error):  # Fenced: the other trainer wrote last and holds its lease
+                    ledger.count("fenced")
                 print(f"soak-http: reported: {error}", flush=True)
             stop.wait(rng.uniform(0.05, 0.5))
+
+
+def complete_update_stands(fleet: Fleet, version: int, ledger: Ledger) -> None:
+    """``NoMixedWhileComplete``, checked on the real servers: the trainer was told its update is complete, and holds
+    its pause; each server must generate with its version.  The version is read first and the lease renewed after:
+    a renewal that succeeds shows the lease was held from the write to the read (a lease that ended is never honoured
+    again), so a server with another version then is a wrong answer; one whose renewal is refused lost the lease on
+    a loaded machine, and the fence rightly let the other trainer in."""
+    for url, lease in fleet.leases.items():
+        seen = httpx.get(url + "/weight_info", timeout=HANG_S).json()["weight_version"]
+        renewed = httpx.post(url + f"/pause/{lease}/renew", json={}, timeout=HANG_S).status_code == 200
+        if seen != version and renewed:
+            ledger.problem(f"{url}: version {seen!r} while the trainer told its update {version} is complete holds "
+                           "its lease there (a mixed fleet)")
+    ledger.count("checked_complete")
 
 
 def disturber(urls: list[str], ledger: Ledger, stop: threading.Event, rng: random.Random) -> None:
@@ -371,7 +400,8 @@ def run(args: argparse.Namespace) -> dict:
 
         threads = [threading.Thread(target=client, args=(urls[i % 2], ledger, stop, rand(), args.bound),
                                     name=f"client-{i}") for i in range(4)]  # fmt: skip
-        threads.append(threading.Thread(target=trainer, args=(urls, names, ledger, stop, rand()), name="trainer"))
+        threads += [threading.Thread(target=trainer, args=(urls, names, ledger, stop, rand(), k), name=f"trainer-{k}")
+                    for k in range(TRAINERS)]  # fmt: skip
         threads.append(threading.Thread(target=disturber, args=(urls, ledger, stop, rand()), name="disturber"))
         started = time.monotonic()
         for t in threads:
@@ -395,7 +425,8 @@ def run(args: argparse.Namespace) -> dict:
         if args.validate_leases:
             validate_lease_logs(logs, ledger)
     n = ledger.n
-    keys = "pauses updates missed abandoned killed legacy floods leavers requests answered rejected left bad".split()
+    keys = "pauses updates checked_complete missed fenced abandoned killed legacy floods leavers requests".split()
+    keys += "answered rejected left bad".split()
     keys += ["duplicates"] + (["traced", "trace_records", "rejected_logs"] if args.validate_leases else [])
     keys += ["lost", "duplicated", "hangs"]
     return {"seconds": round(seconds), **{k: n[k] for k in keys}, "wrong": len(ledger.wrong)}
