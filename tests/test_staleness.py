@@ -90,9 +90,35 @@ def test_no_request_is_stale_without_a_new_version_or_within_the_bound(bounded):
         assert out.weight_versions[-1][0] > first[out.request_id]
 
 
+def test_a_request_the_updates_leave_no_time_ends_once_its_restarts_are_spent(cpu_model):
+    """Issue 40, point 1: ``max_staleness=0`` and a new version after every forward step, so the request is stale at
+    every window.  It was restarted at every window for ever and never delivered; now it is restarted
+    ``max_stale_restarts`` times (``StaleRestarted`` in ``RequestVersions.tla``), then ends with a stale error that
+    says why."""
+    manager = cbt.init_continuous_batching(cpu_model, greedy_config(MAX_NEW), batching_config(), max_staleness=0,
+                                           max_stale_restarts=2)  # fmt: skip
+    manager.start()
+    try:
+        with manager.pause():
+            manager.set_weight_version(1)
+        (rid,) = submit(manager, 1)
+        for version in (2, 3, 4):  # two restarts, then the end
+            window_after_a_step(manager, version)
+        (out,) = results(manager, [rid])
+        assert out.error is not None and out.error.startswith(STALE), out.error
+        assert "restarted 2 times" in out.error and "max_stale_restarts=2" in out.error, out.error
+        assert manager.versions.stale == 3 and manager.versions.restarts == {}
+        assert manager.get_result(timeout=0.2) is None  # one terminal output
+        later = results(manager, submit(manager, 1))[0]  # without windows a request is delivered
+        assert later.error is None and later.weight_versions == [(0, 4)]
+    finally:
+        manager.stop(block=True, timeout=WAIT)
+
+
 def test_bad_staleness_arguments_are_refused_before_anything_is_built(cpu_model):
     for bad, error in (({"max_staleness": -1}, ValueError), ({"max_staleness": "1"}, TypeError),
-                       ({"max_staleness": True}, TypeError), ({"on_stale": "drop"}, ValueError)):  # fmt: skip
+                       ({"max_staleness": True}, TypeError), ({"on_stale": "drop"}, ValueError),
+                       ({"max_stale_restarts": -1}, ValueError), ({"max_stale_restarts": 2.0}, TypeError)):  # fmt: skip
         with pytest.raises(error):
             cbt.init_continuous_batching(cpu_model, greedy_config(MAX_NEW), batching_config(), **bad)
     assert getattr(cpu_model, "_cached_continuous_batching_manager", None) is None

@@ -29,7 +29,11 @@
 (* a new version, a request whose oldest label or KV is more than          *)
 (* MaxStaleness versions behind is restarted from its prompt (OnStale =    *)
 (* "restart") or ended with an error ("abort"); MaxStaleness = 99 (NONE)  *)
-(* is no bound.                                                            *)
+(* is no bound.  A request is restarted at most MaxRestarts times; once    *)
+(* they are spent it ends as "abort" ends it (issue 40: without the        *)
+(* budget, a request needing more steps than the updates leave it was      *)
+(* restarted at every window for ever; StaleRestarts.tla proves the end    *)
+(* with windows unbounded).                                                *)
 (***************************************************************************)
 EXTENDS Naturals, Sequences, FiniteSets
 
@@ -44,7 +48,8 @@ CONSTANTS
     Async,        \* a step's tokens are read back after the next decision
     LabelAtLaunch,\* they carry the version of the step's launch
     MaxStaleness, \* the staleness bound, NONE (99) for none
-    OnStale       \* "restart" or "abort"
+    OnStale,      \* "restart" or "abort"
+    MaxRestarts   \* how many times one request may be restarted (max_stale_restarts)
 
 KEEP == 1
 RETRACT == 2
@@ -67,11 +72,12 @@ VARIABLES
     inFlight,   \* the requests of that step
     outputs,    \* [Requests -> terminal outputs]
     aborted,    \* [Requests -> BOOLEAN]
+    restarted,   \* [Requests -> how many times the staleness bound restarted it]
     windows,    \* how many windows were opened (the model's bound)
     last        \* the mode of the last window opened, 0 before any
 
 vars == <<wv, win, drainAsked, changed, prefix, st, kv, adm, lab, kvLab, flight, inFlight, outputs, aborted,
-          windows, last>>
+          restarted, windows, last>>
 steps == <<flight, inFlight, kvLab>>
 
 Versions == 0..MaxVersion
@@ -93,6 +99,7 @@ TypeOK ==
     /\ inFlight \subseteq Requests
     /\ outputs \in [Requests -> 0..2]
     /\ aborted \in [Requests -> BOOLEAN]
+    /\ restarted \in [Requests -> 0..MaxRestarts]
     /\ windows \in 0..MaxWindows
     /\ last \in {0} \cup Modes
 
@@ -111,6 +118,7 @@ Init ==
     /\ inFlight = {}
     /\ outputs = [i \in Requests |-> 0]
     /\ aborted = [i \in Requests |-> FALSE]
+    /\ restarted = [i \in Requests |-> 0]
     /\ windows = 0
     /\ last = 0
 
@@ -119,14 +127,14 @@ Init ==
 Submit(i) ==
     /\ st[i] = "new"
     /\ st' = [st EXCEPT ![i] = IF Reject /\ (win # 0 \/ drainAsked) THEN "rejected" ELSE "waiting"]
-    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, kv, adm, lab, outputs, aborted, windows, last>>
+    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, kv, adm, lab, outputs, aborted, restarted, windows, last>>
     /\ UNCHANGED steps
 
 \* A rejected caller retries.
 Retry(i) ==
     /\ st[i] = "rejected"
     /\ st' = [st EXCEPT ![i] = "new"]
-    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, kv, adm, lab, outputs, aborted, windows, last>>
+    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, kv, adm, lab, outputs, aborted, restarted, windows, last>>
     /\ UNCHANGED steps
 
 \* The scheduler admits a waiting request into the batch (not in a window,
@@ -142,7 +150,7 @@ Admit(i) ==
     /\ kv' = [kv EXCEPT ![i] = IF prefix = NONE THEN wv ELSE Min(prefix, wv)]
     /\ prefix' = IF prefix = NONE THEN wv ELSE prefix
     /\ adm' = [adm EXCEPT ![i] = wv]
-    /\ UNCHANGED <<wv, win, drainAsked, changed, lab, outputs, aborted, windows, last>>
+    /\ UNCHANGED <<wv, win, drainAsked, changed, lab, outputs, aborted, restarted, windows, last>>
     /\ UNCHANGED steps
 
 \* The requests of S get one token each, labelled v, its KV label the
@@ -163,7 +171,7 @@ Step ==
     /\ win = 0
     /\ InBatch # {}
     /\ Produce(InBatch, wv)
-    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, adm, aborted, windows, last, flight, inFlight>>
+    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, adm, aborted, restarted, windows, last, flight, inFlight>>
 
 \* Async: a step is launched with the weights in force ...
 Launch ==
@@ -173,7 +181,7 @@ Launch ==
     /\ InBatch # {}
     /\ flight' = wv
     /\ inFlight' = InBatch
-    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, st, kv, adm, lab, kvLab, outputs, aborted, windows, last>>
+    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, st, kv, adm, lab, kvLab, outputs, aborted, restarted, windows, last>>
 
 \* ... and its tokens are read back later, perhaps after a window (those of
 \* a request the window retracted, aborted or restarted are dropped).
@@ -183,7 +191,7 @@ Land ==
     /\ Produce(inFlight \cap InBatch, IF LabelAtLaunch THEN flight ELSE wv)
     /\ flight' = NONE
     /\ inFlight' = {}
-    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, adm, aborted, windows, last>>
+    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, adm, aborted, restarted, windows, last>>
 
 \* The group decides a pause in mode m (PauseProtocol's AllReduce).  A drain
 \* with work first steps the batch, admitting nothing (DrainFirst); otherwise
@@ -216,7 +224,7 @@ OpenWindow(m) ==
             /\ windows' = windows + 1
             /\ last' = m
             /\ Effect(m)
-    /\ UNCHANGED <<wv, changed, prefix, adm, lab, kvLab, flight>>
+    /\ UNCHANGED <<wv, changed, prefix, adm, lab, kvLab, flight, restarted>>
 
 \* The holder inside updates the weights (set_weight_version).
 Update ==
@@ -224,7 +232,7 @@ Update ==
     /\ wv < MaxVersion
     /\ wv' = wv + 1
     /\ changed' = TRUE
-    /\ UNCHANGED <<win, drainAsked, prefix, st, kv, adm, lab, outputs, aborted, windows, last>>
+    /\ UNCHANGED <<win, drainAsked, prefix, st, kv, adm, lab, outputs, aborted, restarted, windows, last>>
     /\ UNCHANGED steps
 
 \* How far behind the version in force a request in flight is: its oldest
@@ -237,31 +245,33 @@ Stale(i) == MaxStaleness # NONE /\ st[i] \in {"waiting", "batch"} /\ Behind(i) >
 
 \* The last holder leaves: the window closes; after an update the loop
 \* forgets the blocks kept for sharing (cbpause), or keeps them (upstream),
-\* and applies the staleness bound (R-STALENESS).
+\* and applies the staleness bound (R-STALENESS): a stale request is
+\* restarted from its prompt while its restarted last (OnStale = "restart"),
+\* and ends with an error otherwise.
+StaleRestarted(stale) == {i \in stale : OnStale = "restart" /\ restarted[i] < MaxRestarts}
 CloseWindow ==
-    LET stale == IF changed THEN {i \in Requests : Stale(i)} ELSE {} IN
+    LET stale == IF changed THEN {i \in Requests : Stale(i)} ELSE {}
+        again == StaleRestarted(stale)
+        ends == stale \ again IN
     /\ win # 0
     /\ win' = 0
     /\ changed' = FALSE
     /\ prefix' = IF Forget /\ changed THEN NONE ELSE prefix
     /\ inFlight' = inFlight \ stale
     /\ kv' = [i \in Requests |-> IF i \in stale THEN NONE ELSE kv[i]]
-    /\ IF OnStale = "restart"
-       THEN /\ st' = [i \in Requests |-> IF i \in stale THEN "waiting" ELSE st[i]]
-            /\ lab' = [i \in Requests |-> IF i \in stale THEN << >> ELSE lab[i]]
-            /\ kvLab' = [i \in Requests |-> IF i \in stale THEN << >> ELSE kvLab[i]]
-            /\ UNCHANGED <<outputs, aborted>>
-       ELSE /\ st' = [i \in Requests |-> IF i \in stale THEN "done" ELSE st[i]]
-            /\ outputs' = [i \in Requests |-> IF i \in stale THEN outputs[i] + 1 ELSE outputs[i]]
-            /\ aborted' = [i \in Requests |-> aborted[i] \/ i \in stale]
-            /\ UNCHANGED <<lab, kvLab>>
+    /\ st' = [i \in Requests |-> IF i \in again THEN "waiting" ELSE IF i \in ends THEN "done" ELSE st[i]]
+    /\ lab' = [i \in Requests |-> IF i \in again THEN << >> ELSE lab[i]]
+    /\ kvLab' = [i \in Requests |-> IF i \in again THEN << >> ELSE kvLab[i]]
+    /\ outputs' = [i \in Requests |-> IF i \in ends THEN outputs[i] + 1 ELSE outputs[i]]
+    /\ aborted' = [i \in Requests |-> aborted[i] \/ i \in ends]
+    /\ restarted' = [i \in Requests |-> IF i \in again THEN restarted[i] + 1 ELSE restarted[i]]
     /\ UNCHANGED <<wv, drainAsked, adm, windows, last, flight>>
 
 \* P-DELIVER.
 Deliver(i) ==
     /\ st[i] = "done"
     /\ st' = [st EXCEPT ![i] = "delivered"]
-    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, kv, adm, lab, outputs, aborted, windows, last>>
+    /\ UNCHANGED <<wv, win, drainAsked, changed, prefix, kv, adm, lab, outputs, aborted, restarted, windows, last>>
     /\ UNCHANGED steps
 
 \* Every request delivered: the behaviour may stutter.
@@ -371,4 +381,7 @@ NeverDrainsWitness == \A i \in Requests : ~(drainAsked /\ st[i] = "waiting")
 \* MaxStaleness versions behind (the bound has work to do).
 NeverStaleAtCloseWitness == ~(win # 0 /\ changed /\ \E i \in Requests : Stale(i))
 NeverOlderKvWitness == \A i \in Requests : \A k \in 1..Len(kvLab[i]) : kvLab[i][k] = lab[i][k]
+
+\* ... and one whose restarted are spent, ended by the bound (the budget has work to do).
+NeverRestartsSpentWitness == ~\E i \in Requests : OnStale = "restart" /\ aborted[i] /\ restarted[i] = MaxRestarts
 =============================================================================

@@ -152,8 +152,11 @@ def from_prompt(state: Any) -> Any:
 def restart_stale(processor: Any) -> int:
     """R-STALENESS, at the close of a window that set a new weight version, on every rank alike: every request in
     flight more than ``max_staleness`` versions behind (:meth:`~cbpause.integrations.weights.WeightVersions.behind`)
-    goes back to its prompt at the head of the waiting queue (``on_stale="restart"``) or ends with one terminal
-    output whose error starts with :data:`~cbpause.integrations.weights.STALE` (``"abort"``).  Returns how many."""
+    goes back to its prompt at the head of the waiting queue (``on_stale="restart"``, at most
+    ``max_stale_restarts`` times per request: ``StaleRestarted`` in ``RequestVersions.tla``) or ends with one terminal
+    output whose error starts with :data:`~cbpause.integrations.weights.STALE` (``"abort"``, or a request whose
+    restarts are spent: without the budget, one that needs more forward steps than the updates leave it was
+    restarted at every window for ever, issue 40).  Returns how many."""
     scheduler, offloading, router = processor.scheduler, processor.offloading_manager, processor.output_router
     versions = router.versions
     bound = versions.max_staleness
@@ -169,12 +172,16 @@ def restart_stale(processor: Any) -> int:
             offloading.free_request_cpu_cache(state)
             del scheduler.waiting_requests[state.request_id]
             scheduler.waiting_requests_order.remove(state.request_id)
-        if versions.on_stale == "restart":
+        done = versions.restarts.get(state.request_id, 0)
+        if versions.on_stale == "restart" and done < versions.max_stale_restarts:
             versions.forget(state.request_id)
+            versions.restarts[state.request_id] = done + 1
             restarted.append(from_prompt(state))
         else:
+            spent = f"; restarted {done} times (max_stale_restarts={versions.max_stale_restarts}), it needs more " \
+                    "forward steps than the updates leave it" if versions.on_stale == "restart" else ""
             router.fail_and_deliver(state, RuntimeError(f"{STALE}: {behind} versions behind the weights in force "
-                                                        f"(max_staleness={bound})"))  # fmt: skip
+                                                        f"(max_staleness={bound}){spent}"))  # fmt: skip
     for state in reversed(restarted):
         scheduler.waiting_requests[state.request_id] = state
         scheduler.waiting_requests_order.appendleft(state.request_id)

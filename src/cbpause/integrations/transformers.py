@@ -148,10 +148,11 @@ class PausableContinuousBatchingManager(
         while_paused: str = "queue",
         max_staleness: int | None = None,
         on_stale: str = "restart",
+        max_stale_restarts: int = weights.MAX_STALE_RESTARTS,
     ) -> None:
         status = PauseProtocol(peer_park_timeout=peer_park_timeout, trace=trace)  # validates the timeout first
         self.while_paused = admission.checked_while_paused(while_paused)
-        staleness = weights.checked_staleness(max_staleness, on_stale)
+        staleness = weights.checked_staleness(max_staleness, on_stale, max_stale_restarts)
         super().__init__(model, generation_config, continuous_batching_config, workload_hints)
         self._built_workload_hints = workload_hints  # compared when a cached manager is reused (_reconfigure)
         self._forked = False  # set in a child process forked from this one (_after_fork_in_child)
@@ -381,7 +382,8 @@ class PausableContinuousBatchingManager(
                                         self.versions, self.background_thread_status)  # fmt: skip
 
 
-INIT_KEYWORDS = ("workload_hints", "peer_park_timeout", "trace", "while_paused", "max_staleness", "on_stale")
+INIT_KEYWORDS = ("workload_hints", "peer_park_timeout", "trace", "while_paused", "max_staleness", "on_stale",
+                 "max_stale_restarts")
 
 
 def init_continuous_batching(
@@ -399,11 +401,12 @@ def init_continuous_batching(
     ``add_request`` raises :class:`cbpause.LoopPausedError` then, and nothing is enqueued), and the staleness bound
     (R-STALENESS) ``max_staleness=`` (``None``, the default: none; an integer ``n``: at the close of a window that set
     a new integer weight version, a request in flight whose oldest token or KV is more than ``n`` versions behind is
-    restarted from its prompt, ``on_stale="restart"``, or ends with an error starting with
-    ``cbpause.integrations.weights.STALE``, ``on_stale="abort"``).  A cached manager
-    (``stop(keep_for_next_session=True)``) of this kind is reused, as upstream does, with the ``while_paused``,
-    ``max_staleness`` and ``on_stale`` given now; a ``peer_park_timeout``, ``trace`` or ``workload_hints`` other than
-    the ones it was built with is a ``ValueError`` (destroy the cached manager first).
+    restarted from its prompt, ``on_stale="restart"``, at most ``max_stale_restarts`` times (default 3) before it ends
+    as ``"abort"`` ends it, or ends with an error starting with ``cbpause.integrations.weights.STALE``,
+    ``on_stale="abort"``).  A cached manager (``stop(keep_for_next_session=True)``) of this kind is reused, as upstream
+    does, with the ``while_paused``, ``max_staleness``, ``on_stale`` and ``max_stale_restarts`` given now; a
+    ``peer_park_timeout``, ``trace`` or ``workload_hints`` other than the ones it was built with is a ``ValueError``
+    (destroy the cached manager first).
 
     Raises ``TypeError`` for a model that is not a transformers model, ``ValueError`` when no generation
     config can be found or a cached manager is upstream's own, and ``TypeError`` for an unknown keyword.
@@ -436,6 +439,7 @@ def init_continuous_batching(
         while_paused=kwargs.get("while_paused", "queue"),
         max_staleness=kwargs.get("max_staleness"),
         on_stale=kwargs.get("on_stale", "restart"),
+        max_stale_restarts=kwargs.get("max_stale_restarts", weights.MAX_STALE_RESTARTS),
     )
 
 
@@ -456,9 +460,10 @@ def _reconfigure(cached: PausableContinuousBatchingManager, kwargs: dict) -> Non
     while_paused = admission.checked_while_paused(kwargs.get("while_paused", cached.while_paused))
     versions = cached.versions
     bound = weights.checked_staleness(kwargs.get("max_staleness", versions.max_staleness),
-                                      kwargs.get("on_stale", versions.on_stale))  # fmt: skip
+                                      kwargs.get("on_stale", versions.on_stale),
+                                      kwargs.get("max_stale_restarts", versions.max_stale_restarts))  # fmt: skip
     cached.while_paused = while_paused
-    versions.max_staleness, versions.on_stale = bound
+    versions.max_staleness, versions.on_stale, versions.max_stale_restarts = bound
 
 
 def _configs(

@@ -37,7 +37,7 @@ from typing import Any
 
 __all__ = [
     "PartialSync",
-    "STALE", "VersionedManager", "WeightVersions", "checked_staleness", "check_model_unchanged",
+    "MAX_STALE_RESTARTS", "STALE", "VersionedManager", "WeightVersions", "checked_staleness", "check_model_unchanged",
     "forget_shared_prefixes", "set_new_version", "agree_versions", "ModelLayout", "version_digest",
     "window_changed_weights", "engine_name",
 ]  # fmt: skip
@@ -45,9 +45,12 @@ __all__ = [
 
 logger = logging.getLogger("cbpause")
 
-# The error of a request ended by the staleness bound (``max_staleness=``, ``on_stale="abort"``): its output's error
-# starts with it.
+# The error of a request ended by the staleness bound (``max_staleness=``, ``on_stale="abort"``, or ``"restart"`` once
+# its restarts are spent): its output's error starts with it.
 STALE = "stale: its oldest token is more than max_staleness weight versions behind"
+# How many times ``on_stale="restart"`` restarts one request by default (``max_stale_restarts=``): a request that
+# needs more forward steps than the updates leave it would otherwise be restarted at every window for ever (issue 40).
+MAX_STALE_RESTARTS = 3
 
 
 def generated_count(state: Any) -> int:
@@ -70,8 +73,11 @@ class WeightVersions:
     Holders change ``current`` only inside a pause, when no step runs.
     """
 
-    def __init__(self, max_staleness: int | None = None, on_stale: str = "restart") -> None:
+    def __init__(self, max_staleness: int | None = None, on_stale: str = "restart",
+                 max_stale_restarts: int = MAX_STALE_RESTARTS) -> None:  # fmt: skip
         self.max_staleness, self.on_stale = max_staleness, on_stale  # R-STALENESS (checked_staleness)
+        self.max_stale_restarts = max_stale_restarts  # R-STALENESS's budget: restarts per request, then STALE
+        self.restarts: dict[str, int] = {}  # request id -> times the bound restarted it (dropped with its output)
         self.stale = 0  # requests the bound restarted or ended so far
         self.current: Hashable = None
         self.changed = False  # the version changed since the last window's end (read and reset there)
@@ -132,6 +138,8 @@ class WeightVersions:
 
     def spans(self, request_id: str, finished: bool) -> tuple[list[tuple[int, Hashable]], list[tuple[int, Hashable]]]:
         """The weight and KV spans of ``request_id`` so far (forgotten once its terminal output is out)."""
+        if finished:
+            self.restarts.pop(request_id, None)
         record = self._records.pop(request_id, None) if finished else self._records.get(request_id)
         return ([], []) if record is None else (list(record[0]), list(record[2]))
 
@@ -146,8 +154,10 @@ def set_new_version(versions: WeightVersions, before: Hashable) -> bool:
     return _equal(versions.current, before) is not True
 
 
-def checked_staleness(max_staleness: object, on_stale: object) -> tuple[int | None, str]:
-    """``init_continuous_batching``'s ``max_staleness`` (``None``, or an integer >= 0) and ``on_stale``
+def checked_staleness(max_staleness: object, on_stale: object,
+                      max_stale_restarts: object = MAX_STALE_RESTARTS) -> tuple[int | None, str, int]:  # fmt: skip
+    """``init_continuous_batching``'s ``max_staleness`` (``None``, or an integer >= 0), ``max_stale_restarts`` (an
+    integer >= 0: how many times one request may be restarted) and ``on_stale``
     (``"restart"`` or ``"abort"``): ``TypeError`` or ``ValueError`` otherwise, before anything is built."""
     if max_staleness is not None:
         if not _integer(max_staleness):
@@ -156,7 +166,11 @@ def checked_staleness(max_staleness: object, on_stale: object) -> tuple[int | No
             raise ValueError(f"max_staleness must be at least 0, not {max_staleness}")
     if on_stale not in ("restart", "abort"):
         raise ValueError(f"on_stale must be 'restart' or 'abort', not {on_stale!r}")
-    return max_staleness, on_stale
+    if not _integer(max_stale_restarts):
+        raise TypeError(f"max_stale_restarts must be an integer, not {max_stale_restarts!r}")
+    if max_stale_restarts < 0:
+        raise ValueError(f"max_stale_restarts must be at least 0, not {max_stale_restarts}")
+    return max_staleness, on_stale, max_stale_restarts
 
 
 def _extend(spans: list, first: int, version: Hashable) -> None:

@@ -28,6 +28,8 @@ def parser() -> argparse.ArgumentParser:
                    "during a pause waits (queue) or gets 503 with Retry-After (reject)")  # fmt: skip
     p.add_argument("--max-staleness", type=int, default=None)
     p.add_argument("--on-stale", choices=("restart", "abort"), default="restart")
+    p.add_argument("--max-stale-restarts", type=int, default=3, help="times one request may be restarted by the "
+                   "staleness bound before it ends with a stale error (default 3)")  # fmt: skip
     p.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: transformers' choice)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health "
                    "(default: $CBPAUSE_API_KEY; use one whenever the port is reachable from another machine)")
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         app = build_app(args.checkpoint, weights_dir=args.weights_dir, default_ttl=args.default_ttl,
                         device=args.device, dtype=args.dtype, continuous_batching_config=config,
                         while_paused=args.while_paused, max_staleness=args.max_staleness, on_stale=args.on_stale,
+                        max_stale_restarts=args.max_stale_restarts,
                         api_key=api_key, served_model_name=args.served_model_name, max_leases=args.max_leases,
                         max_body_bytes=args.max_body_bytes, lease_log=args.lease_log)  # fmt: skip
     except ValueError as error:

@@ -10,7 +10,9 @@ closes on another thread, pauses entered on one thread and left on another, stop
 a holder is inside or that do not block (no request may fail with "batch processor was not initialized"),
 and misuse that must raise (stray and double releases, ``stop()`` inside a pause, ``pause()`` from the loop
 thread, bad arguments, ``clear()`` while running).  A feeder keeps requests coming and cancels some; the manager has
-``max_staleness=2`` (R-STALENESS), and every output's ``weight_versions`` and ``kv_versions`` are checked.
+``max_staleness=1`` and ``max_stale_restarts=1`` (R-STALENESS: ``stale`` counts the requests the bound restarted or
+ended, ``stale_ended`` those it ended once their restart was spent), and every output's ``weight_versions`` and
+``kv_versions`` are checked.
 
 With ``--trace-sample K`` the run is recorded (a :class:`~cbpause.TraceRecorder`), cut at its restarts into
 traces that each start from ``Init`` (:func:`~cbpause.tlc.traces.cut_at_restarts`; the soak stops and

@@ -75,13 +75,15 @@ class Soak:
         "handover": 1, "stop_timeout": 1, "collective": 1, "chain": 2,
     }  # fmt: skip
     MODE_CHOICES = ("keep", "keep", "retract", "drain", "abort")  # keep is what most trainers ask
-    MAX_NEW, IN_FLIGHT, MAX_STALENESS = 16, 8, 2  # R-STALENESS: a request 3 updates behind restarts
+    MAX_NEW, IN_FLIGHT, MAX_STALENESS = 16, 8, 1  # R-STALENESS: a request 2 updates behind restarts
+    MAX_STALE_RESTARTS = 1  # ... once: stale again, it ends with the bound's error (the budget, issue 40)
 
     def __init__(self, args: argparse.Namespace):
         import torch
         from transformers.utils import logging as hf_logging
 
         from ...integrations.transformers import init_continuous_batching
+        from ...integrations.weights import STALE
         from ...testing import ForwardProbe, batching_config, greedy_config, tiny_llama
 
         hf_logging.set_verbosity_error()
@@ -98,13 +100,15 @@ class Soak:
         self.probe = ForwardProbe()
         self.probe.attach(self.model)
         self._init = init_continuous_batching
+        self.stale_error = STALE  # the error a request the staleness bound ended starts with
         self.recorder = None
         if args.trace_sample:
             from ...core.recorder import TraceRecorder
 
             self.recorder = TraceRecorder()  # the cached manager keeps it across restarts
         self.manager = init_continuous_batching(self.model, self.gen, self.cb, trace=self.recorder,
-                                                max_staleness=self.MAX_STALENESS)  # fmt: skip
+                                                max_staleness=self.MAX_STALENESS,
+                                                max_stale_restarts=self.MAX_STALE_RESTARTS)  # fmt: skip
         self.status = self.manager.background_thread_status
         self.tally = Tally()
         self.traffic = Traffic(
@@ -239,6 +243,7 @@ class Soak:
             "collected": c["collected"], "handovers": c["handovers"], "stops_with_timeout": c["stops_with_timeout"],
             "resume_after_death_s": round(self.resume_after_death, 3), "collective_faults": c["collective_faults"],
             "versions": c["versions_set"], "chains": c["chains"], "stale": self.manager.versions.stale,
+            "stale_ended": sum(str(e).startswith(self.stale_error) for e in self.traffic.ledger.errors),
             "modes": "/".join(str(c[f"pauses_{m}"]) for m in self.MODE_CHOICES[1:]),
         }  # fmt: skip
 
@@ -273,9 +278,9 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def summary_line(r: dict) -> str:
-    keys = ("seconds pauses modes versions stale chains interrupts timeouts stops errors_injected collective_faults "
-            "misuse deaths collected handovers stops_with_timeout resume_after_death_s requests lost duplicated hangs"
-            ).split()  # fmt: skip
+    keys = ("seconds pauses modes versions stale stale_ended chains interrupts timeouts stops errors_injected "
+            "collective_faults misuse deaths collected handovers stops_with_timeout resume_after_death_s requests lost "
+            "duplicated hangs").split()  # fmt: skip
     keys += ("traced", "rejected") if "traced" in r else ()
     return "soak: " + " ".join(f"{k}={r[k]}" for k in keys)
 
