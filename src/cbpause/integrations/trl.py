@@ -179,8 +179,9 @@ class CBRolloutWorker:
     * ``old_log_probs`` are the engine's (``ContinuousBatchingConfig(return_logprobs=True)`` is required);
       ``model_version`` is the oldest weight version among the completion's tokens (``weight_versions``; a token of a
       :class:`PartialSync` counts as -1, so that the trainer drops the sample as stale).
-    * A request ended by a pause of mode ``abort``, or by the engine's staleness bound (``on_stale="abort"``), is
-      submitted again from its prompt; any other failed request fails the worker (``check_health`` raises it).
+    * A request ended by a pause of mode ``abort``, or by the engine's staleness bound (``on_stale="abort"``, or its
+      ``max_stale_restarts`` spent), is submitted again from its prompt, as a new request with a budget of its own;
+      any other failed request fails the worker (``check_health`` raises it).
     * Per sample, ``metrics_queue`` gets ``cbpause/reward``, ``cbpause/staleness`` (the worker's ``model_version``
       minus the sample's), ``cbpause/versions_spanned`` and ``cbpause/tokens_per_s``.
 
