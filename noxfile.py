@@ -16,6 +16,7 @@ space once.
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from pathlib import Path
@@ -199,6 +200,41 @@ def ci(session: nox.Session) -> None:
 
 
 # ------------------------------------------------------------------------------------------- the named sessions
+
+
+# ------------------------------------------------------------------------------ the transformers releases (issue 41)
+
+# The releases of transformers the integration supports (cbpause.integrations.transformers.SUPPORTED; a test checks
+# they agree), each the version its fingerprints were taken on, and those whose server cbpause serve runs on.
+RELEASES = {"5.23": "5.23.0", "5.24": "5.24.0", "5.25": "5.25.0"}
+SERVED = ("5.23", "5.24")
+# On each release: the integration's real-loop tests, the TP=2 gloo tests, the serve tests (where it runs), TRL, the
+# upstream defect tests (D1-D11, strict xfails: a release that fixes one fails here) and the drop-in fidelity tests
+# (transformers' own pause scenarios through cbpause), the fingerprints and the staleness bound.
+RELEASE_TESTS = (
+    "tests/test_integration_transformers.py", "tests/test_integration_tp.py", "tests/test_upstream_copies.py",
+    "tests/test_dropin_fidelity.py", "tests/test_protocol_threads.py", "tests/test_staleness.py",
+    "tests/test_versions.py", "tests/test_serve.py", "tests/test_trl.py",
+)  # fmt: skip
+
+
+def _release_session(minor: str, version: str) -> None:
+    def session_fn(session: nox.Session) -> None:
+        extras = "dev,transformers,trl" + (",serve" if minor in SERVED else "")
+        session.install("-e", f".[{extras}]", f"transformers=={version}")
+        session.run("python", "-c", "import transformers; print('transformers', transformers.__version__)")
+        # In CI (.ci/run sets CI), the newest release's session runs CI's selection of these tests (--ci: not those
+        # marked `extended`); run by hand, every one.
+        selection = ("--ci",) if os.environ.get("CI") else ()
+        session.run("pytest", "-p", "no:cacheprovider", *XDIST, *selection, *RELEASE_TESTS, *session.posargs,
+                    env=TLC_CACHE)  # fmt: skip
+
+    session_fn.__doc__ = f"The integration's checks on transformers {version} (its own virtual environment)."
+    nox.session(python=PYTHON, name=f"transformers-{minor}")(session_fn)
+
+
+for _minor, _version in RELEASES.items():
+    _release_session(_minor, _version)
 
 
 @nox.session(python=PYTHON)

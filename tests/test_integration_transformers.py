@@ -95,11 +95,19 @@ def test_returns_transformers_own_manager_driven_by_pause_protocol(manager):
 
 
 def test_other_transformers_versions_are_refused():
-    cbt.check_transformers_version("5.23.0")
-    cbt.check_transformers_version("5.23.7.dev0")
-    for version in ("5.22.1", "5.24.0", "6.0.0", "4.57.1"):
-        with pytest.raises(ImportError, match="5.23.x only"):
-            cbt.check_transformers_version(version)
+    """Issue 41: 5.23, 5.24 and 5.25 are checked; an older release is refused, and a newer one unless the user asks
+    to try it (``CBPAUSE_UNCHECKED_TRANSFORMERS=1``), with a warning that names what is not checked."""
+    for version in ("5.23.0", "5.23.7.dev0", "5.24.0", "5.25.0", "5.25.1"):
+        assert cbt.check_transformers_version(version, environ={}) is True
+    for version in ("5.22.1", "5.26.0", "6.0.0", "4.57.1", "5.26.0.dev0"):
+        with pytest.raises(ImportError, match="supports transformers 5.23, 5.24, 5.25 only"):
+            cbt.check_transformers_version(version, environ={})
+    with pytest.raises(ImportError, match="5.23, 5.24, 5.25 only"):  # older: no opt-in
+        cbt.check_transformers_version("5.22.1", environ={cbt.UNCHECKED_ENV: "1"})
+    with pytest.warns(RuntimeWarning, match="not checked on"):
+        assert cbt.check_transformers_version("5.26.0", environ={cbt.UNCHECKED_ENV: "1"}) is False
+    with pytest.raises(ImportError, match=cbt.UNCHECKED_ENV):  # the refusal says how to opt in
+        cbt.check_transformers_version("5.26.0", environ={cbt.UNCHECKED_ENV: "yes"})
 
 
 def test_bad_arguments_raise_clear_errors(model):
@@ -354,7 +362,7 @@ def test_a_loop_killed_by_a_base_exception_fails_its_requests_and_its_pausers(ma
 
 # --------------------------------------------------------------------------- D5: upstream loses a request
 
-UPSTREAM_D5 = "D5: transformers 5.23.0 loses an accepted request (drained before a hard stop, or enqueued late)"
+UPSTREAM_D5 = "D5: upstream transformers loses an accepted request (drained before a hard stop, or enqueued late)"
 
 
 def upstream_fails(reason: str) -> list:
@@ -454,8 +462,8 @@ def test_d5_a_request_admitted_as_the_loop_stops_gets_its_output(cbpause_or_upst
 
 # ------------------------------------------------- D9, D10: upstream loses a cancelled or a killed loop's request
 
-UPSTREAM_D9 = "D9: transformers 5.23.0 delivers nothing for a cancelled request"
-UPSTREAM_D10 = "D10: transformers 5.23.0's loop ends on a BaseException without failing its requests"
+UPSTREAM_D9 = "D9: upstream transformers delivers nothing for a cancelled request"
+UPSTREAM_D10 = "D10: upstream transformers' loop ends on a BaseException without failing its requests"
 
 
 @pytest.fixture(params=upstream_fails(UPSTREAM_D9))
@@ -507,7 +515,7 @@ def test_d10_a_base_exception_on_the_loop_thread_fails_its_requests(cbpause_or_u
 
 # ------------------------------------------------------------------ stop() never tears down a running loop
 
-UPSTREAM_TEARDOWN = "transformers 5.23.0: stop() tears down a running loop (or, on the loop thread, joins itself)"
+UPSTREAM_TEARDOWN = "upstream transformers: stop() tears down a running loop (or, on the loop thread, joins itself)"
 
 
 @pytest.fixture(params=upstream_fails(UPSTREAM_TEARDOWN))
@@ -650,7 +658,7 @@ def test_a_pause_entered_on_one_thread_ends_on_another_exactly_once(manager):
     assert all(len(o.generated_tokens) == MAX_NEW for o in results(manager, ids))
 
 
-UPSTREAM_D6 = "D6: transformers 5.23.0 serves a prompt from KV blocks computed with the weights before a pause"
+UPSTREAM_D6 = "D6: upstream transformers serves a prompt from KV blocks computed with the weights before a pause"
 
 
 @pytest.fixture(params=upstream_fails(UPSTREAM_D6))
@@ -760,4 +768,22 @@ def test_a_forked_child_refuses_requests_nothing_would_serve(manager):
         assert verdict == b"refused", verdict
         results(manager, submit(manager, 1))  # the parent's manager serves on
     finally:
+        manager.stop(block=True, timeout=WAIT)
+
+
+@pytest.mark.skipif(not cbt.LOOP_TAKES_INFERENCE_MODE, reason="transformers 5.23's loop takes no inference mode")
+@pytest.mark.parametrize("inference", [True, False])
+def test_the_loop_runs_in_the_inference_mode_of_the_thread_that_started_it(cpu_model, inference):
+    """Issue 41: from 5.24 on, upstream's start() hands the caller's ``torch.inference_mode`` (thread-local) to the
+    loop, which runs in it; the manager's own start() must do the same, or every forward step runs outside it."""
+    seen = []
+    hook = cpu_model.register_forward_pre_hook(lambda *_: seen.append(torch.is_inference_mode_enabled()))
+    manager = cbt.init_continuous_batching(cpu_model, greedy_config(MAX_NEW), batching_config())
+    try:
+        with torch.inference_mode(inference):
+            manager.start()
+        results(manager, submit(manager, 1))
+        assert seen and set(seen) == {inference}, seen
+    finally:
+        hook.remove()
         manager.stop(block=True, timeout=WAIT)

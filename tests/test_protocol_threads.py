@@ -47,7 +47,7 @@ IMPLS = [pytest.param(ours, id="cbpause"), pytest.param(BackgroundThreadStatus, 
 
 def upstream_fails(defect: str):
     """Parametrize over both; upstream must fail (strict xfail)."""
-    xfail = pytest.mark.xfail(strict=True, reason=f"transformers 5.23.0 has {defect}")
+    xfail = pytest.mark.xfail(strict=True, reason=f"upstream transformers has {defect}")
     upstream = pytest.param(BackgroundThreadStatus, id="upstream", marks=[*_UPSTREAM, xfail])
     params = [pytest.param(ours, id="cbpause"), upstream]
     return pytest.mark.parametrize("make", params)

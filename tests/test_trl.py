@@ -14,10 +14,10 @@ if not os.environ.get("CI"):
     pytest.importorskip("trl")  # CI's full environment installs the extra: there a missing TRL fails
 
 import torch  # noqa: E402
-from trl.experimental.async_grpo import AsyncGRPOTrainer  # noqa: E402
 
 from cbpause.integrations.transformers import init_continuous_batching  # noqa: E402
 from cbpause.integrations.trl import (  # noqa: E402
+    AsyncGRPOTrainer,  # noqa: E402
     CBRolloutWorker,
     PartialSync,
     PauseWeightSync,
@@ -283,7 +283,7 @@ def test_only_the_tested_trl_minor_version_is_accepted():
 
 
 def test_the_cpu_workarounds_are_undone_after_the_block():
-    from trl.experimental.async_grpo import async_grpo_trainer, packing
+    from cbpause.integrations.trl import async_grpo_trainer, packing
 
     before = async_grpo_trainer.get_peak_flops_per_device, packing._flash_attn
     with trl_on_cpu():

@@ -57,7 +57,7 @@ def upstream_runs() -> dict[tuple[str, ...], str]:
     from cbpause.integrations import upstream
 
     found = {}
-    for name in upstream.FINGERPRINTS:
+    for name in upstream.fingerprints():
         obj = upstream.upstream_function(name)
         source = inspect.getsource(obj.fget if isinstance(obj, property) else obj).splitlines()
         for run in runs(normalise(source)):
@@ -94,7 +94,7 @@ def overridden() -> set[str]:
 
     ours = [cbt.PausableContinuousBatchingManager, cbt.PausableBatchProcessor, admission.TrackingRouter,
             modes.RetractedRequestState]  # fmt: skip
-    if importlib.util.find_spec("fastapi") is not None:  # transformers serve (the serve extra)
+    if importlib.util.find_spec("fastapi") is not None and upstream.release() in upstream.SERVED:  # the serve extra
         from cbpause.integrations import serving
 
         ours.append(serving.PausableCBGenerateManager)
@@ -116,7 +116,11 @@ def test_every_override_wrap_and_restatement_of_upstream_has_a_fingerprint():
     callers = {c for cs in upstream.WRAPPED.values() for c in cs}
     readers = {r for rs in upstream.SETS.values() for r in rs}
     touched = overridden() | set(upstream.WRAPPED) | callers | set(upstream.RESTATED) | readers
-    assert touched | set(upstream.REMOVED_ROUTES.values()) == set(upstream.FINGERPRINTS)
+    touched |= set(upstream.REMOVED_ROUTES.values())
+    if upstream.release() not in upstream.SERVED:  # the server's are neither overridden nor checked there
+        touched = {name for name in touched if not name.startswith("cli.")}
+    assert touched == set(upstream.fingerprints())
+    assert set(upstream.fingerprints("5.23")) >= set(upstream.fingerprints()), "a name only a later release has"
 
 
 def test_the_private_attributes_set_and_the_routes_removed_are_the_table_s():
@@ -124,6 +128,8 @@ def test_the_private_attributes_set_and_the_routes_removed_are_the_table_s():
     and removes exactly the routes of ``REMOVED_ROUTES`` (each still declared by the function that builds the app)."""
     from cbpause.integrations import upstream
 
+    if upstream.release() not in upstream.SERVED:
+        pytest.skip(f"the serving module does not run on transformers {upstream.release()}")
     text = (SRC / "integrations" / "serving.py").read_text()
     assigned = {f"_{name}" for name in re.findall(r"\bstate\._(\w+)", text)}
     assigned |= set(re.findall(r"\brouter\.(\w+)\[\w+\] = ", text))  # an entry of upstream's output router
@@ -143,16 +149,19 @@ def test_upstream_is_the_transformers_the_integration_was_checked_against():
     it; ``python -m cbpause.integrations.upstream`` prints the new table once the change has been reviewed."""
     from cbpause.integrations import upstream
 
-    changed = [name for name, digest in upstream.FINGERPRINTS.items() if upstream.fingerprint(name) != digest]
-    assert changed == [], f"changed upstream since transformers {upstream.CHECKED_WITH}: {changed}"
+    release = upstream.release()
+    assert release in upstream.CHECKED_WITH, f"transformers {release} was never checked"
+    changed = [name for name, digest in upstream.fingerprints().items() if upstream.fingerprint(name) != digest]
+    assert changed == [], f"changed upstream since transformers {upstream.CHECKED_WITH[release]}: {changed}"
 
 
 def test_upstream_still_calls_what_the_integration_wraps():
     from cbpause.integrations import upstream
 
+    checked = upstream.fingerprints()
     for wrapped, callers in upstream.WRAPPED.items():
         method = wrapped.rsplit(".", 1)[1]
-        for caller in callers:
+        for caller in (c for c in callers if c in checked):
             source = inspect.getsource(upstream.upstream_function(caller))
             assert re.search(rf"\.{method}\(", source), f"{caller} no longer calls {method}"
 
@@ -172,4 +181,42 @@ def test_a_changed_upstream_function_fails_its_fingerprint(monkeypatch):
     name = "continuous_api.ContinuousBatchingManager.stop"
     real = inspect.getsource
     monkeypatch.setattr(inspect, "getsource", lambda obj: real(obj) + "\n    pass\n")
-    assert upstream.fingerprint(name) != upstream.FINGERPRINTS[name]
+    assert upstream.fingerprint(name) != upstream.fingerprints()[name]
+
+
+def test_each_release_s_table_is_5_23_s_with_the_changes_reviewed():
+    """The table of a later release is 5.23.0's with what that release changed (``CHANGED_IN``, each change said in
+    a comment), and the server's names only where the serving module runs."""
+    from cbpause.integrations import upstream
+
+    assert set(upstream.CHECKED_WITH) == set(upstream.CHANGED_IN) | {"5.23"}
+    for minor, changes in upstream.CHANGED_IN.items():
+        assert set(changes) <= set(upstream.FINGERPRINTS), minor
+        table = upstream.fingerprints(minor)
+        assert all(table[name] == digest for name, digest in changes.items() if name in table)
+        assert any(name.startswith("cli.") for name in table) == (minor in upstream.SERVED)
+
+
+def test_the_supported_releases_are_one_list():
+    """The releases the integration accepts, the ones fingerprinted, the nox matrix and the pins agree (one home per
+    fact: docs/transformers-releases.md's steps name each copy)."""
+    import tomllib
+
+    pytest.importorskip("nox")
+    spec = importlib.util.spec_from_file_location("cbpause_noxfile", ROOT / "noxfile.py")
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    from cbpause.integrations import transformers as cbt
+    from cbpause.integrations import upstream
+
+    assert set(cbt.SUPPORTED) == set(upstream.CHECKED_WITH) == set(noxfile.RELEASES)
+    assert noxfile.RELEASES == upstream.CHECKED_WITH and noxfile.SERVED == upstream.SERVED
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    newest, served = max(cbt.SUPPORTED, key=upstream._key), max(upstream.SERVED, key=upstream._key)
+    assert f"transformers>=5.23.0,<{_next(newest)}" in extras["transformers"]
+    assert f"transformers>=5.23.0,<{_next(served)}" in extras["serve"]
+
+
+def _next(minor: str) -> str:
+    major, number = minor.split(".")
+    return f"{major}.{int(number) + 1}"

@@ -28,15 +28,24 @@ import threading
 from collections import Counter
 from typing import Any
 
-from transformers.cli.serving import utils as _serving
-from transformers.cli.serving.server import build_server
-
-from ..core.errors import LoopPausedError
 from . import upstream
-from .admission import TOO_LONG
-from .modes import ABORTED_BY_PAUSE
-from .transformers import PausableContinuousBatchingManager, init_continuous_batching
-from .weights import STALE
+
+if upstream.release() not in upstream.SERVED:
+    raise ImportError(
+        f"cbpause serve runs on the server of transformers {', '.join(upstream.SERVED)}, not "
+        f"{upstream.release()}: transformers 5.25 rebuilt `transformers serve` (a worker process per model), and the "
+        f"port is not done (issue 41); install one with `pip install 'cbpause[serve]'` (the continuous-batching "
+        "integration itself runs on 5.25)"
+    )
+
+from transformers.cli.serving import utils as _serving  # noqa: E402
+from transformers.cli.serving.server import build_server  # noqa: E402
+
+from ..core.errors import LoopPausedError  # noqa: E402
+from .admission import TOO_LONG  # noqa: E402
+from .modes import ABORTED_BY_PAUSE  # noqa: E402
+from .transformers import PausableContinuousBatchingManager, init_continuous_batching  # noqa: E402
+from .weights import STALE  # noqa: E402
 
 __all__ = ["GENERATION_ROUTES", "NEUTRAL", "PausableCBGenerateManager", "RETRY_AFTER_S", "check_generation_body",
            "openai_app", "openai_error", "sampling_of"]

@@ -1,5 +1,5 @@
-"""``PauseProtocol`` driving transformers' own continuous-batching loop (transformers 5.23.x only): the manager and
-its entry point, :func:`init_continuous_batching`.
+"""``PauseProtocol`` driving transformers' own continuous-batching loop (transformers 5.23, 5.24 and 5.25): the
+manager and its entry point, :func:`init_continuous_batching`.
 
 The package :mod:`cbpause.integrations` is the only code of cbpause that knows transformers' internals: this module
 (the manager), :mod:`~cbpause.integrations.iteration` (one iteration of the loop, each step reported to the protocol),
@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,21 +44,48 @@ from ..core.condition import SafeEvent
 from ..core.dropin import PauseProtocol
 from ..core.protocol import PauseHold
 
-SUPPORTED = "5.23"
+# The minor releases of transformers the integration is checked on (docs/transformers-releases.md: how a new one is
+# taken in).  cbpause.integrations.upstream keeps the fingerprints of each.
+SUPPORTED = ("5.23", "5.24", "5.25")
+# Set to 1 to import the integration on a newer release, unchecked, at your own risk (a warning names what is not).
+UNCHECKED_ENV = "CBPAUSE_UNCHECKED_TRANSFORMERS"
 
 
-def check_transformers_version(version: str) -> None:
-    """Raise ``ImportError`` unless ``version`` is a transformers 5.23.x release.
+def check_transformers_version(version: str, environ: Any = None) -> bool:
+    """Raise ``ImportError`` unless ``version`` is a release of :data:`SUPPORTED`; True if it is one.
 
-    The integration overrides a private method of transformers' batch processor, whose shape changes
-    between minor releases; running it on another one could silently lose the pause guarantees.
+    The integration overrides private methods of transformers' continuous batching, whose shape changes between
+    minor releases; running it on another one could silently lose the pause guarantees.  A newer release is let in,
+    with a warning, when ``$CBPAUSE_UNCHECKED_TRANSFORMERS`` is ``1`` (returns False then).
     """
+    environ = os.environ if environ is None else environ
     parts = version.split(".")
-    if parts[:2] != SUPPORTED.split("."):
-        raise ImportError(
-            f"cbpause.integrations.transformers supports transformers {SUPPORTED}.x only, found {version}: "
-            f"install it with `pip install 'transformers=={SUPPORTED}.*'` (or `pip install 'cbpause[transformers]'`)"
+    minor = ".".join(parts[:2])
+    if minor in SUPPORTED:
+        return True
+    newer = _release(minor) > _release(SUPPORTED[-1])
+    if newer and environ.get(UNCHECKED_ENV) == "1":
+        warnings.warn(
+            f"cbpause.integrations.transformers runs on transformers {version}, which it was not checked on "
+            f"({UNCHECKED_ENV}=1): the fingerprints of the upstream functions it overrides and wraps "
+            "(`python -m cbpause.integrations.upstream`), the drop-in fidelity tests and the Upstream_* models are "
+            f"those of {SUPPORTED[-1]}; a changed one may lose the pause guarantees silently",
+            RuntimeWarning,
+            stacklevel=3,
         )
+        return False
+    hint = f"; to try a newer one at your own risk, set {UNCHECKED_ENV}=1" if newer else ""
+    raise ImportError(
+        f"cbpause.integrations.transformers supports transformers {', '.join(SUPPORTED)} only, found {version}: "
+        f"install one with `pip install 'cbpause[transformers]'`{hint}"
+    )
+
+
+def _release(minor: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in minor.split("."))
+    except ValueError:
+        return (0,)
 
 
 try:
@@ -69,8 +97,17 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 check_transformers_version(_transformers.__version__)
 
+import inspect  # noqa: E402
+
+import torch  # noqa: E402
 from transformers import ContinuousBatchingConfig, GenerationConfig  # noqa: E402
 from transformers.generation.continuous_batching import continuous_api as _api  # noqa: E402
+
+# transformers 5.25: the loop runs in the inference mode of the thread that started it (thread-local, so start() hands
+# it over); earlier releases' loops take no argument.
+LOOP_TAKES_INFERENCE_MODE = "use_inference_mode" in inspect.signature(
+    _api.ContinuousBatchingManager._run_generation_loop
+).parameters
 
 from . import admission, upstream, weights  # noqa: E402
 from .iteration import LoopIteration, PausableBatchProcessor  # noqa: E402
@@ -297,17 +334,19 @@ class PausableContinuousBatchingManager(
             atexit.register(_stop_at_exit, weakref.ref(self))
             self._stop_at_exit_registered = True
         self.background_thread_status.clear()  # P-RESTART (a no-op before the first start)
+        # As upstream's start() does from 5.25 on: the loop runs in the caller's inference mode.
+        kwargs = {"use_inference_mode": torch.is_inference_mode_enabled()} if LOOP_TAKES_INFERENCE_MODE else {}
         self._generation_thread = threading.Thread(
-            target=self._run_generation_loop, name="cbpause-generation-loop", daemon=True
+            target=self._run_generation_loop, kwargs=kwargs, name="cbpause-generation-loop", daemon=True
         )
         self._generation_thread.start()
 
-    def _run_generation_loop(self) -> None:
+    def _run_generation_loop(self, **kwargs: Any) -> None:
         # Settle which thread is the loop's before anything else can ask (D4's check relies on it).
         self.background_thread_status.bind_loop_thread()
         self.versions.launched.clear()  # a step of an earlier session that failed was never read back
         try:
-            super()._run_generation_loop()
+            super()._run_generation_loop(**kwargs)  # 5.25's use_inference_mode, from start()
         except BaseException as error:
             # Not an Exception, so upstream's handler let it through, and every request with it: each gets its
             # terminal output before the thread ends (R-NOTHING-LOST-DELIVERED).

@@ -53,12 +53,17 @@ check_trl_version(_trl.__version__)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+# TRL's experimental async GRPO, imported here and nowhere else in cbpause (issue 41): the stable AsyncGRPOTrainer of a
+# later TRL is a change to these lines (the demo, the benchmark and the test kit take the names from this module).
+from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, async_grpo_trainer, packing  # noqa: E402
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample  # noqa: E402
 
 from .modes import ABORTED_BY_PAUSE  # noqa: E402
 from .weights import STALE, PartialSync, engine_name  # noqa: E402
 
-__all__ = ["CBRolloutWorker", "PartialSync", "PauseWeightSync", "engine_name"]
+__all__ = ["AsyncGRPOConfig", "AsyncGRPOTrainer", "CBRolloutWorker", "PartialSync", "PauseWeightSync",
+           "async_grpo_trainer", "engine_name", "packing"]
 
 MODE_NAMES = tuple(t.MODE_NAMES.values())
 

@@ -43,12 +43,18 @@ from typing import Any
 from . import admission, modes, weights
 
 __all__ = [
-    "CHECKED_WITH", "FINGERPRINTS", "REMOVED_ROUTES", "RESTATED", "SETS", "STAMPS", "WRAPPED", "deliver_cancellations",
-    "fingerprint", "hold_admission", "never_share_stale_blocks", "patch_processor", "refuse_what_cannot_fit",
+    "CHANGED_IN", "CHECKED_WITH", "FINGERPRINTS", "REMOVED_ROUTES", "RESTATED", "SERVED", "SETS", "STAMPS", "WRAPPED",
+    "deliver_cancellations", "fingerprint", "fingerprints", "hold_admission", "release", "never_share_stale_blocks",
+    "patch_processor", "refuse_what_cannot_fit",
     "upstream_function", "upstream_name",
 ]  # fmt: skip
 
-CHECKED_WITH = "5.23.0"
+# The release each minor version's fingerprints were taken on (docs/transformers-releases.md: how a new one is taken
+# in).  FINGERPRINTS is 5.23.0's; CHANGED_IN holds what a later release changed, each change reviewed.
+CHECKED_WITH = {"5.23": "5.23.0", "5.24": "5.24.0", "5.25": "5.25.0"}
+# The releases whose `transformers serve` cbpause.integrations.serving runs on.  5.25 rebuilt the server (a worker
+# process per model, GenerateRunner and CBGenerateRunner in place of CBGenerateManager): not ported yet (issue 41).
+SERVED = ("5.23", "5.24")
 _PACKAGE = "transformers.generation.continuous_batching."
 _CLI = "cli."  # names under transformers itself (the server's)
 
@@ -117,7 +123,7 @@ STAMPS = {
     "_cbpause_layout": "the batch processor (the same; weights.check_model_unchanged renews it)",
 }
 
-# sha256 (first 16 hex digits) of each upstream function's source in transformers CHECKED_WITH.
+# sha256 (first 16 hex digits) of each upstream function's source in transformers 5.23.0.
 FINGERPRINTS = {
     "cli.serving.chat_completion.ChatCompletionHandler._streaming": "e78783e3a8363a49",
     "cli.serving.completion.CompletionHandler._streaming": "c6eccad95c72a058",
@@ -169,6 +175,49 @@ FINGERPRINTS = {
     "scheduler.Scheduler.add_waiting_request": "9ef098f71ace6777",
     "scheduler.Scheduler.clear_cancelled_requests": "c3c5dd503929ae64",
 }
+
+
+# The fingerprints a later release changed, with what the change is and why the integration still holds (or what it
+# does about it).  A name absent here is as in 5.23.0; on a release not in SERVED the server's ("cli.") are not
+# checked, since cbpause.integrations.serving refuses to run there.
+_LOOP_IN_CALLERS_INFERENCE_MODE = {
+    # start() hands the caller's torch.inference_mode (thread-local) to the loop, which runs in it: the manager's
+    # start() and _run_generation_loop pass use_inference_mode on (transformers.LOOP_TAKES_INFERENCE_MODE).
+    "continuous_api.ContinuousBatchingManager._run_generation_loop": "56c9cdba165cd2cf",
+    "continuous_api.ContinuousBatchingManager.start": "70483a28c71ce586",
+}
+CHANGED_IN = {
+    "5.24": {
+        **_LOOP_IN_CALLERS_INFERENCE_MODE,
+        # GET /v1/models lists model_manager.list_models(): the serving module answers /v1/models itself (the served
+        # name, serving._GenerationChecks), so upstream's listing is never reached.
+        "cli.serving.server.build_server": "a040a6af921a70e0",
+    },
+    "5.25": {**_LOOP_IN_CALLERS_INFERENCE_MODE},
+}
+
+
+def release(version: str | None = None) -> str:
+    """The minor release (``"5.24"``) of ``version``, the installed transformers by default."""
+    if version is None:
+        import transformers
+
+        version = transformers.__version__
+    return ".".join(version.split(".")[:2])
+
+
+def _key(minor: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in minor.split("."))
+
+
+def fingerprints(minor: str | None = None) -> dict[str, str]:
+    """The fingerprints of the release ``minor`` (the installed one by default): 5.23.0's, with what that release
+    changed; without the server's where the serving module does not run (:data:`SERVED`)."""
+    minor = release() if minor is None else minor
+    table = {**FINGERPRINTS, **CHANGED_IN.get(minor, {})}
+    if minor not in SERVED:
+        table = {name: digest for name, digest in table.items() if not name.startswith(_CLI)}
+    return table
 
 
 # ------------------------------------------------------------------------------------------------ the patches
@@ -303,6 +352,10 @@ if __name__ == "__main__":  # pragma: no cover
     import transformers
 
     print(f"# transformers {transformers.__version__}")
-    for name in sorted(FINGERPRINTS):
-        now = fingerprint(name)
-        print(f'    "{name}": "{now}",' + ("" if now == FINGERPRINTS[name] else f"  # was {FINGERPRINTS[name]}"))
+    known = fingerprints()
+    for name in sorted(known):
+        try:
+            now = fingerprint(name)
+        except (AttributeError, ModuleNotFoundError) as error:
+            now = f"gone: {error}"
+        print(f'    "{name}": "{now}",' + ("" if now == known[name] else f"  # was {known[name]}"))

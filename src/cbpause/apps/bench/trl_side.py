@@ -29,10 +29,9 @@ HEADER = "| trainer | steps | s per step | tokens/s | weight sync s | reward, fi
 def run_async(task: Any, mode: str) -> dict:
     """``AsyncGRPOTrainer`` on a cbpause engine paused in ``mode``."""
     from transformers import AutoModelForCausalLM
-    from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     from ...integrations.transformers import init_continuous_batching
-    from ...integrations.trl import CBRolloutWorker, PauseWeightSync
+    from ...integrations.trl import AsyncGRPOTrainer, CBRolloutWorker, PauseWeightSync
     from ...testing.trl_cpu import trl_on_cpu
 
     engine = AutoModelForCausalLM.from_pretrained(task.model_dir).eval()

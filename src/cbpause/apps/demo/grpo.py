@@ -36,10 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def train(args: argparse.Namespace, scratch: Path) -> tuple[list[float], list[float], int]:
     """The reward and the staleness of each step, and the syncs made."""
     from transformers import AutoModelForCausalLM
-    from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     from ...integrations.transformers import init_continuous_batching
-    from ...integrations.trl import CBRolloutWorker, PauseWeightSync
+    from ...integrations.trl import AsyncGRPOTrainer, CBRolloutWorker, PauseWeightSync
     from ...testing.trl_cpu import tiny_task, trl_on_cpu
 
     task = tiny_task(scratch, steps=args.steps, seed=args.seed)
