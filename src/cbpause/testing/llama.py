@@ -1,6 +1,6 @@
 """A tiny random Llama built from a config (no download), its generation and batching configs, and a probe.
 
-Needs the ``transformers`` extra (torch and transformers 5.23.x).  The tests, the benchmark, the soak and the
+Needs the ``transformers`` extra (torch and transformers 5.23-5.25).  The tests, the benchmark, the soak and the
 demo all build their model here, so that "the tiny model" is one model, sized by keyword where a use needs
 more (the benchmark's is wider).
 """

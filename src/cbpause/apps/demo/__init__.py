@@ -10,7 +10,7 @@ lost (always 0: R-NOTHING-LOST-DELIVERED).  Exits 1 if a request was lost or fai
 ``python -m cbpause.apps.demo --trl`` trains with TRL's ``AsyncGRPOTrainer`` on a cbpause engine
 (:mod:`cbpause.apps.demo.grpo`, the ``trl`` extra).
 
-Needs the ``transformers`` extra (torch and transformers 5.23.x).
+Needs the ``transformers`` extra (torch and transformers 5.23-5.25).
 """
 
 from __future__ import annotations
