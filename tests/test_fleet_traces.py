@@ -67,11 +67,13 @@ def test_the_lease_table_s_own_log_under_expiries_cuts_and_races_is_accepted(tmp
         with pytest.raises(WriteBusy), table.write_weights(a.id):
             pass
         table.commit_write(writing, lambda: None)
-    with pytest.raises(Fenced), table.write_weights(a.id):  # b wrote last and holds its lease
+    with pytest.raises(Superseded), table.write_weights(a.id):  # a's lease is older than b's, which wrote last
+        pass
+    c = table.pause_lease(holder="c")
+    with pytest.raises(Fenced), table.write_weights(c.id):  # b wrote last and holds its lease
         pass
     assert table.resume_lease(b.id) is True
-    with pytest.raises(Superseded), table.write_weights(a.id):  # b's lease ended; a's is the older
-        pass
+    table.resume_lease(c.id)
     with pytest.raises(LeaseGone):
         table.renew_lease(b.id)
     short = table.pause_lease(ttl=0.05, holder="short")
