@@ -210,7 +210,8 @@ RELEASES = {"5.23": "5.23.0", "5.24": "5.24.0", "5.25": "5.25.0"}
 SERVED = ("5.23", "5.24")
 # On each release: the integration's real-loop tests, the TP=2 gloo tests, the serve tests (where it runs), TRL, the
 # upstream defect tests (D1-D11, strict xfails: a release that fixes one fails here) and the drop-in fidelity tests
-# (transformers' own pause scenarios through cbpause), the fingerprints and the staleness bound.
+# (transformers' own pause scenarios through cbpause), the fingerprints and the staleness bound; then the real-loop
+# campaign's covering subset.
 RELEASE_TESTS = (
     "tests/test_integration_transformers.py", "tests/test_integration_tp.py", "tests/test_upstream_copies.py",
     "tests/test_dropin_fidelity.py", "tests/test_protocol_threads.py", "tests/test_staleness.py",
@@ -228,6 +229,9 @@ def _release_session(minor: str, version: str) -> None:
         selection = ("--ci",) if os.environ.get("CI") else ()
         session.run("pytest", "-p", "no:cacheprovider", *XDIST, *selection, *RELEASE_TESTS, *session.posargs,
                     env=TLC_CACHE)  # fmt: skip
+        # The real-loop campaign's covering subset (every mode, the TP=2 plans, collective faults), its traces
+        # validated by TLC: the loop's behaviour on this release is the spec's.
+        _run(session, COMMANDS["traces_real"]["brief"](""))
 
     session_fn.__doc__ = f"The integration's checks on transformers {version} (its own virtual environment)."
     nox.session(python=PYTHON, name=f"transformers-{minor}")(session_fn)

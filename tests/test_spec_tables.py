@@ -80,7 +80,8 @@ def test_every_action_has_its_p_requirement():
 def test_models_that_must_pass_check_every_requirement():
     """The fast models of the protocol check every invariant and property of the spec; the bounded-entry ones,
     R-BOUNDED-ENTRY; those of the requests under pauses, every one of tla/RequestVersions.tla; the model of
-    cbpause's stop(), every one of tla/StopTeardown.tla; the fleet's, every one of tla/FleetPause.tla."""
+    cbpause's stop(), every one of tla/StopTeardown.tla; the fleet's, every one of tla/FleetPause.tla; the staleness
+    bound's restarts, every one of tla/StaleRestarts.tla."""
     wanted = checked_definitions(TLA)
     requests = checked_definitions((TLA_DIR / "RequestVersions.tla").read_text())
     for m in load_manifest(TLA_DIR):
@@ -97,6 +98,8 @@ def test_models_that_must_pass_check_every_requirement():
             need = requests if m.module == "RequestVersions" else need
             need = checked_definitions(TEARDOWN) if m.module == "StopTeardown" else need
             need = checked_definitions((TLA_DIR / "FleetPause.tla").read_text()) if m.module == "FleetPause" else need
+            if m.module == "StaleRestarts":
+                need = checked_definitions((TLA_DIR / "StaleRestarts.tla").read_text())
             if m.module == "FleetPause" and cfg.constants().get("MaxEpoch") == "2":  # liveness is the 1-pause models'
                 need = need - {"NoPausedForEverProp"}
             assert need <= listed, f"{m.name} does not check {need - listed}"

@@ -52,7 +52,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
 @contextmanager
 def trl_on_cpu() -> Iterator[None]:
     """Within the block, TRL's ``AsyncGRPOTrainer`` builds and trains without CUDA (see the module); undone after."""
-    from ..integrations.trl import async_grpo_trainer, packing
+    # TRL's internals this kit patches to train on a CPU (the testing kit may not import the integration, whose
+    # module is the home of TRL's experimental names otherwise).
+    from trl.experimental.async_grpo import async_grpo_trainer, packing
 
     saved = async_grpo_trainer.get_peak_flops_per_device, packing._flash_attn
     kernel = SimpleNamespace(flash_attn_varlen_func=varlen_attention)
@@ -112,8 +114,8 @@ def tiny_task(path: Path, *, steps: int, num_generations: int = 8, max_new_token
     trainer's temperature, log-probabilities returned)."""
     from datasets import Dataset
     from transformers import GenerationConfig
+    from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    from ..integrations.trl import AsyncGRPOConfig
     from .llama import batching_config
 
     model_dir = save_tiny_policy(Path(path) / "policy", seed=seed)
