@@ -787,3 +787,28 @@ def test_the_loop_runs_in_the_inference_mode_of_the_thread_that_started_it(cpu_m
     finally:
         hook.remove()
         manager.stop(block=True, timeout=WAIT)
+
+
+@pytest.mark.skipif(not cbt.LOOP_TAKES_INFERENCE_MODE, reason="transformers 5.23's loop takes no inference mode")
+def test_a_cached_manager_restarted_in_another_inference_mode_is_refused_clearly(cpu_model):
+    """Issue 41's review: a cached manager (``stop(keep_for_next_session=True)``) whose first loop ran inside
+    ``torch.inference_mode()`` keeps inference tensors; restarted outside it, its loop died at the first step
+    (``Inplace update to inference tensor outside InferenceMode``) and failed every request.  ``start()`` refuses
+    now, with what to do; restarted in the same mode it runs."""
+    manager = cbt.init_continuous_batching(cpu_model, greedy_config(MAX_NEW), batching_config())
+    with torch.inference_mode():
+        manager.start()
+    assert results(manager, submit(manager, 1))[0].error is None
+    manager.stop(block=True, timeout=WAIT, keep_for_next_session=True)
+    again = cbt.init_continuous_batching(cpu_model, greedy_config(MAX_NEW), batching_config())
+    assert again is manager
+    try:
+        with pytest.raises(RuntimeError, match="built inside torch.inference_mode"):
+            again.start()
+        assert not again.is_running()
+        with torch.inference_mode():
+            again.start()
+        assert results(again, submit(again, 1))[0].error is None
+    finally:
+        again.stop(block=True, timeout=WAIT)
+        cpu_model.destroy_cached_continuous_batching_manager()

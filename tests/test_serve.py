@@ -627,3 +627,105 @@ def test_the_console_script_serves_and_refuses_a_bad_command_line():
     assert helped.returncode == 0 and "--weights-dir" in helped.stdout and "--default-ttl" in helped.stdout
     wrong = subprocess.run([script, "frobnicate"], capture_output=True, text=True, timeout=HANG_S)
     assert wrong.returncode != 0 and "usage: cbpause serve" in wrong.stderr
+
+
+class Clock:
+    """A table's clock that the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_cut_write_is_labelled_partial_before_the_next_writer_commits():
+    """Issue 39's hostile review: lease a's write hangs past its deadline; a's renewal cuts it, which frees the write
+    slot and lifts the fence; b writes and commits vB.  a's lease thread used to label the weights
+    ``PartialSync(vA)`` only after that, over b's acknowledged version (30 runs of 30).  The cut labels them now, in
+    the locked step that frees the slot (FleetPause's WriteCut is one step)."""
+    from cbpause.integrations.weights import PartialSync
+
+    manager, clock, records = FakeManager(), Clock(), []
+    table = LeaseTable(manager, default_ttl=100, clock=clock, log=records.append)
+    a, b = table.pause_lease(holder="a"), table.pause_lease(holder="b")
+    inside, go = threading.Event(), threading.Event()
+
+    def write_a():
+        with pytest.raises(LeaseGone), table.write_weights(a.id, timeout=5, version="vA") as writing:
+            inside.set()
+            go.wait(HANG_S)
+            table.commit_write(writing, lambda: manager.set_weight_version("vA"))
+
+    thread = threading.Thread(target=write_a)
+    thread.start()
+    assert inside.wait(HANG_S)
+    clock.now += 6  # past a's write deadline: its copy hangs
+    with pytest.raises(LeaseGone):
+        table.renew_lease(a.id)  # a's renewer looks at it: the cut
+    with table.write_weights(b.id, timeout=5, version="vB") as writing:
+        table.commit_write(writing, lambda: manager.set_weight_version("vB"))
+    go.set()
+    thread.join(HANG_S)
+    a.thread.join(HANG_S)
+    assert not thread.is_alive() and not a.thread.is_alive()
+    assert manager.versions == [PartialSync("vA"), "vB"], manager.versions
+    assert [r["a"] for r in records if r["a"].startswith("Write")] == ["WriteBegin", "WriteCut", "WriteBegin",
+                                                                       "WriteEnd"]  # fmt: skip
+    table.close()
+
+
+def test_a_copy_that_fails_is_a_write_that_failed_in_the_log_and_in_the_labels(tmp_path):
+    """Issue 39's hostile review: a copy that failed on its first tensor left the log without an end of the write
+    (TLC could not replay it), and one that failed half-way was logged as a complete write while the weights were
+    labelled ``PartialSync``.  Both are ``WriteFail`` now, and the log replays."""
+    import torch
+
+    from cbpause.integrations.weights import PartialSync
+    from cbpause.serve import weights_io
+    from cbpause.serve.control import _write
+    from cbpause.tlc.fleet_traces import validate
+
+    from .conftest import TLA_DIR
+
+    class Model(FakeManager):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+
+    for tensors, labels in (({"0.weight": torch.zeros(3, 3)}, []),  # fails on the first tensor: nothing copied
+                            ({"0.weight": torch.ones(2, 2), "1.weight": torch.zeros(3, 3)}, [PartialSync("v1")])):
+        manager, records = Model(), []
+        table = LeaseTable(manager, default_ttl=HANG_S, log=records.append)
+        lease = table.pause_lease(holder="t")
+        with pytest.raises(weights_io.CopyFailed):
+            _write(table, lease.id, manager, tensors, "v1")
+        table.resume_lease(lease.id)
+        assert manager.versions == labels
+        assert [r["a"] for r in records] == ["PauseLease", "WriteBegin", "WriteFail", "ResumeLease"], records
+        assert records[2]["ver"] == (-1 if labels else 0)  # Partial(1) in the log's sign, or the label unchanged
+        result = validate(records, TLA_DIR, tmp_path / str(len(labels)))
+        assert result.accepted, result.output[-2000:]
+
+
+def test_a_resume_that_waited_for_a_write_cut_at_its_deadline_says_the_lease_expired():
+    """Issue 39's hostile review: the resume answered True (HTTP ``resumed: true``) while the write it waited for was
+    cut and the lease ended as expired, its pause not left (the loop releases it as a dead holder's)."""
+    table = LeaseTable(FakeManager(), default_ttl=HANG_S)
+    lease = table.pause_lease(holder="t")
+    answers = []
+    with table.write_weights(lease.id, timeout=0.2):
+        resumer = threading.Thread(target=lambda: answers.append(_outcome(table.resume_lease, lease.id)))
+        resumer.start()
+        lease.thread.join(HANG_S)  # the write "hangs" past its deadline: cut
+    resumer.join(HANG_S)
+    assert not resumer.is_alive() and lease.state == "expired"
+    assert answers == ["LeaseGone"], answers
+    table.close()
+
+
+def _outcome(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as error:  # noqa: BLE001 -- the test compares what came back
+        return type(error).__name__

@@ -195,6 +195,8 @@ def test_each_release_s_table_is_5_23_s_with_the_changes_reviewed():
         table = upstream.fingerprints(minor)
         assert all(table[name] == digest for name, digest in changes.items() if name in table)
         assert any(name.startswith("cli.") for name in table) == (minor in upstream.SERVED)
+    newest = max(upstream.CHECKED_WITH, key=upstream._key)
+    assert upstream.fingerprints("5.99") == upstream.fingerprints(newest)  # an unchecked release: the newest's
 
 
 def test_the_supported_releases_are_one_list():

@@ -341,6 +341,16 @@ WriteCut(s) ==
     /\ writing' = [writing EXCEPT ![s] = 0]
     /\ UNCHANGED <<up, ttl, wroteEp, seq, nseq, wtime, serverCrashes, losses, trn, net, completed>>
 
+\* WriteFail (LeaseTable.fail_write): the copy failed before its end (an error, not the deadline): the write ends, its
+\* lease still held; the weights keep their label if nothing was copied, and are labelled Partial if some tensors were
+\* (a mix).  The route answers an error: no acknowledgement.  Nothing makes it happen.
+WriteFail(s) ==
+    /\ up[s] /\ writing[s] # 0
+    /\ \/ UNCHANGED <<ver, fresh>>
+       \/ ver' = [ver EXCEPT ![s] = Partial(writing[s])] /\ fresh' = [fresh EXCEPT ![s] = TRUE]
+    /\ writing' = [writing EXCEPT ![s] = 0]
+    /\ UNCHANGED <<up, lease, ttl, wroteEp, seq, nseq, wtime, serverCrashes, losses, trn, net, completed>>
+
 WriteTick(s) ==
     /\ up[s] /\ writing[s] # 0 /\ wtime[s] > 0
     /\ wtime' = [wtime EXCEPT ![s] = @ - 1]
@@ -422,6 +432,7 @@ Next ==
     \/ \E m \in net : PauseLease(m)
     \/ \E m \in net : WriteBegin(m)
     \/ \E s \in Servers : WriteEnd(s)
+    \/ \E s \in Servers : WriteFail(s)
     \/ \E s \in Servers : WriteTick(s)
     \/ \E s \in Servers : WriteCut(s)
     \/ \E m \in net : ResumeLease(m)

@@ -11,7 +11,8 @@
 (* the weights were last fully written under, or Partial of it for a      *)
 (* write cut at its deadline).  Each record must be an enabled             *)
 (* step of the spec (Grant, Renew, RenewRefused, StartWrite, WriteRefused, *)
-(* WriteEnd, WriteCut, LeaseExpires, EndLease) that leaves that label.     *)
+(* WriteEnd, WriteFail, WriteCut, LeaseExpires, EndLease) that leaves that *)
+(* label.                                                                  *)
 (*                                                                         *)
 (* Where the code is not the spec's atomic step, and only there:           *)
 (*  - Time: the code's clock is not recorded.  The spec's Tick and         *)
@@ -48,6 +49,7 @@ Recorded(r) ==
       [] r.a = "WriteRefused" -> (WriteRefused(S, r.e) \/ (writing[S] # 0 /\ UNCHANGED srv)) /\ UNCHANGED Others
       [] r.a = "WriteEnd"     -> writing[S] = r.e /\ WriteEnd(S)
       [] r.a = "WriteCut"     -> writing[S] = r.e /\ WriteCut(S) /\ UNCHANGED net
+      [] r.a = "WriteFail"    -> writing[S] = r.e /\ WriteFail(S)
       [] r.a = "LeaseExpires" -> LeaseExpires(S, r.e) /\ UNCHANGED <<net, fresh>>
       [] r.a = "ResumeLease"  -> lease[S][r.e] = "held" /\ EndLease(S, r.e) /\ UNCHANGED Others
 

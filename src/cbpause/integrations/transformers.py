@@ -334,8 +334,18 @@ class PausableContinuousBatchingManager(
             atexit.register(_stop_at_exit, weakref.ref(self))
             self._stop_at_exit_registered = True
         self.background_thread_status.clear()  # P-RESTART (a no-op before the first start)
-        # As upstream's start() does from 5.25 on: the loop runs in the caller's inference mode.
+        # As upstream's start() does from 5.24 on: the loop runs in the caller's inference mode.
         kwargs = {"use_inference_mode": torch.is_inference_mode_enabled()} if LOOP_TAKES_INFERENCE_MODE else {}
+        built = getattr(getattr(self, "batch_processor", None), "_cbpause_inference_mode", None)
+        if kwargs and built is not None and built != kwargs["use_inference_mode"]:
+            # A cached batch processor (stop(keep_for_next_session=True)) keeps tensors made in the mode of its first
+            # loop: inference tensors cannot be updated outside inference mode, so the loop would die at its first
+            # step (found by issue 41's review; upstream's start() has the same flaw).
+            raise RuntimeError(
+                f"this manager's cached batch processor was built {'inside' if built else 'outside'} "
+                f"torch.inference_mode(), and start() is called {'inside' if not built else 'outside'} it: start it "
+                "in the same mode, or call model.destroy_cached_continuous_batching_manager() and build a new one"
+            )
         self._generation_thread = threading.Thread(
             target=self._run_generation_loop, kwargs=kwargs, name="cbpause-generation-loop", daemon=True
         )
@@ -417,8 +427,11 @@ class PausableContinuousBatchingManager(
             device.empty_cache()
 
     def _create_batch_processor(self) -> _api.ContinuousBatchProcessor:
-        return upstream.patch_processor(super()._create_batch_processor(), PausableBatchProcessor, self.model,
-                                        self.versions, self.background_thread_status)  # fmt: skip
+        processor = upstream.patch_processor(super()._create_batch_processor(), PausableBatchProcessor, self.model,
+                                             self.versions, self.background_thread_status)  # fmt: skip
+        if not hasattr(processor, "_cbpause_inference_mode"):  # the mode its tensors are made in (kept when reused)
+            processor._cbpause_inference_mode = torch.is_inference_mode_enabled()
+        return processor
 
 
 INIT_KEYWORDS = ("workload_hints", "peer_park_timeout", "trace", "while_paused", "max_staleness", "on_stale",

@@ -121,6 +121,7 @@ STAMPS = {
     "_cbpause_stale": "the cache (weights.never_share_stale_blocks)",
     "_cbpause_model": "the batch processor (PausableContinuousBatchingManager._create_batch_processor)",
     "_cbpause_layout": "the batch processor (the same; weights.check_model_unchanged renews it)",
+    "_cbpause_inference_mode": "the batch processor (the same): the inference mode its tensors were made in",
 }
 
 # sha256 (first 16 hex digits) of each upstream function's source in transformers 5.23.0.
@@ -212,8 +213,11 @@ def _key(minor: str) -> tuple[int, ...]:
 
 def fingerprints(minor: str | None = None) -> dict[str, str]:
     """The fingerprints of the release ``minor`` (the installed one by default): 5.23.0's, with what that release
-    changed; without the server's where the serving module does not run (:data:`SERVED`)."""
+    changed; without the server's where the serving module does not run (:data:`SERVED`).  A release never checked
+    gets the newest checked one's table (what ``python -m cbpause.integrations.upstream`` compares it with)."""
     minor = release() if minor is None else minor
+    if minor not in CHECKED_WITH:  # a release not checked (CBPAUSE_UNCHECKED_TRANSFORMERS): compare with the newest
+        minor = max(CHECKED_WITH, key=_key)
     table = {**FINGERPRINTS, **CHANGED_IN.get(minor, {})}
     if minor not in SERVED:
         table = {name: digest for name, digest in table.items() if not name.startswith(_CLI)}

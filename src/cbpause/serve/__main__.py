@@ -50,7 +50,10 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
     from transformers import ContinuousBatchingConfig
 
-    from . import build_app
+    try:
+        from . import build_app
+    except ImportError as error:  # transformers 5.25's server is not ported: the message says what to install
+        sys.exit(f"cbpause serve: {error}")
 
     config = None if args.num_blocks is None else ContinuousBatchingConfig(num_blocks=args.num_blocks)
     api_key = args.api_key if args.api_key is not None else os.environ.get("CBPAUSE_API_KEY") or None

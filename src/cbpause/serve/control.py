@@ -293,17 +293,18 @@ def _write(leases: LeaseTable, lease_id: str, manager: Any, tensors: dict, new: 
            timeout: float | None = None) -> int:  # fmt: skip
     """``WriteBegin``, the copy, ``WriteEnd``: the version is set only if every tensor was copied and the write was not
     cut at its deadline (:meth:`LeaseTable.write_weights`).  A copy that fails half-way labels the weights
-    ``PartialSync(new)`` while the pause still holds (the weights are a mix), and the error is raised."""
+    ``PartialSync(new)`` while the pause still holds (the weights are a mix), and the error is raised (``WriteFail``).
+    """
     from ..integrations.weights import PartialSync
 
     with leases.write_weights(lease_id, timeout, new) as lease:
         try:
-            copied = weights_io.copy_in(manager.model, tensors, alive=lambda: not lease.cut)
+            copied = weights_io.copy_in(manager.model, tensors, alive=lambda: not lease.cut, lock=leases.copying)
         except weights_io.CopyFailed as error:
-            if lease.cut:  # labelled by its lease's thread
+            if lease.cut:  # labelled by the cut
                 raise LeaseGone(lease) from error
-            if error.copied:
-                leases.commit_write(lease, lambda: manager.set_weight_version(PartialSync(new)))
+            # WriteFail: labelled partial if some tensors were copied (a mix), left as it was if none
+            leases.fail_write(lease, (lambda: manager.set_weight_version(PartialSync(new))) if error.copied else None)
             raise
         leases.commit_write(lease, lambda: manager.set_weight_version(new))
     return copied

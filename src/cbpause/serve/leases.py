@@ -110,6 +110,7 @@ class Lease:
     write_deadline: float = float("inf")  # the deadline of the writes under way (on the table's clock)
     writing: Any = None  # the version the write under way sets
     cut: bool = False  # a write under way passed its deadline: the lease ended without it, the weights are partial
+    write_ended: bool = False  # the write under way was committed (WriteEnd) or failed (WriteFail)
     seq: int = 0  # the order in which the leases were entered (FleetPause.tla's epochs)
     on_entered: Callable[[], None] | None = None  # called once from the lease's thread when ``entered`` is set
     abandoned: bool = False  # its asker left before the window opened: the pause is left as soon as it is entered
@@ -137,6 +138,9 @@ class LeaseTable:
         self.written_seq = 0  # the seq of the lease the weights were last written under (0: none)
         self._written_by: Lease | None = None  # that lease (FleetPause.tla's wroteEp): the fence asks if it is held
         self._writer: Lease | None = None  # the lease whose write runs now (one at a time; a cut one frees the slot)
+        # Held around each tensor's copy (weights_io.copy_in) and each commit: a cut write's copy that is under way
+        # when the next write begins lands before that write's first tensor and before its commit, never after.
+        self.copying = threading.Lock()
         # The log of the table's actions, FleetPause.tla's names (tla/TraceFleetPause.tla replays it): each record is
         # taken under the lock, in the order the actions happened.  ``ver`` is what the model's ver[s] is then: the
         # seq of the lease the weights were last fully written under, or minus that seq for a cut write (the
@@ -214,9 +218,10 @@ class LeaseTable:
     def resume_lease(self, lease_id: str) -> bool:
         """``ResumeLease``: leave the lease's pause, once no write runs under it (the loop must not step while the
         weights change; a write that passes its deadline is cut, and the lease ends so instead).  True if this call
-        asked the resume, False if one was asked before (idempotent); ``LeaseGone`` if it expired, ``UnknownLease``
-        if no such lease.  Returns once the lease's thread has left the pause: at once, or once the write under way
-        has ended or been cut at its deadline."""
+        asked the resume, False if one was asked before (idempotent); ``LeaseGone`` if it expired, or if the write
+        under way was cut at its deadline while the resume waited (the lease then ended as expired, without leaving:
+        found by review, it answered True), ``UnknownLease`` if no such lease.  Returns once the lease's thread has left
+        the pause: at once, or once the write under way has ended."""
         with self._lock:
             lease = self._find(lease_id)
             if lease.resume_asked or lease.state == "resumed":
@@ -226,6 +231,8 @@ class LeaseTable:
             lease.resume_asked = True
             lease._resume.set()
         lease.thread.join(timeout=lease.ttl + MAX_TTL_S)  # the window closes if it was the last
+        if lease.state == "expired":  # the write under way was cut: the lease ended without the resume
+            raise LeaseGone(lease)
         return True
 
     def resume_legacy(self) -> int:
@@ -248,12 +255,14 @@ class LeaseTable:
     def write_weights(self, lease_id: Any, timeout: float | None = None, version: Any = None) -> Iterator[Lease]:
         """``WriteBegin`` .. ``WriteEnd`` under a held lease: the lease does not expire (nor its pause end) before the
         block ends or ``timeout`` seconds pass (default: the lease's ttl), so the loop takes no step while the
-        weights change.  Past that deadline the write is *cut* (``WriteCut``): the lease ends without it (expired, or
-        resumed if a resume waits), the weights are labelled ``PartialSync(version)`` while the hold is still in
-        place, and :meth:`commit_write` refuses.  So a write that hangs (a trainer, a filesystem, a device) parks the
-        server for ``timeout`` at most (R-LEASE-EXPIRES).  ``UnknownLease``/``LeaseGone`` if the lease is not held
-        now, ``WriteBusy`` while another write runs, ``Superseded`` under an older lease than the last writer's, and
-        ``Fenced`` while the last writer's lease, another one, is still held (R-WRITE-FENCE)."""
+        weights change.  Past that deadline the write is *cut* (``WriteCut``): the lease ends without it (expired, even
+        if a resume waits: that resume answers ``LeaseGone``), the weights are labelled ``PartialSync(version)`` in the
+        same locked step, while the hold is still in place, and :meth:`commit_write` refuses.  So a write that hangs (a
+        trainer, a filesystem) parks the server for ``timeout`` at most (R-LEASE-EXPIRES); a device copy that hangs
+        inside a tensor also keeps ``copying``, so the next write waits for it (never two copies at once).
+        ``UnknownLease``/``LeaseGone`` if the lease is not held now, ``WriteBusy`` while another write runs,
+        ``Superseded`` under an older lease than the last writer's, and ``Fenced`` while the last writer's lease,
+        another one, is still held (R-WRITE-FENCE)."""
         with self._lock:
             try:
                 lease = self.check_held(lease_id, locked=True)
@@ -278,7 +287,7 @@ class LeaseTable:
                                  "is still held: they stand until it ends (another trainer may have been told its "
                                  "update is complete); retry once it has been resumed or has expired")
             self.written_seq, self._written_by = lease.seq, lease
-            lease.busy, lease.cut, self._writer = 1, False, lease
+            lease.busy, lease.cut, lease.write_ended, self._writer = 1, False, False, lease
             lease.write_deadline = self._clock() + timeout
             lease.writing = version
             self._record("WriteBegin", lease)
@@ -286,6 +295,7 @@ class LeaseTable:
         try:
             yield lease
         finally:
+            self.fail_write(lease)  # a block left without commit_write: the write failed (a no-op after its end)
             with self._lock:
                 lease.busy = 0
                 lease.write_deadline = float("inf")
@@ -297,12 +307,26 @@ class LeaseTable:
         """The end of a write (``WriteEnd``): ``commit()`` (set the version) under the table's lock, unless the write
         was cut (``LeaseGone``): the cut and the commit exclude each other, so a cut write never labels the weights
         as complete."""
-        with self._lock:
+        with self.copying, self._lock:
             if lease.cut:
                 raise LeaseGone(lease)
             commit()
             self._ver = ("full", lease.seq)
+            lease.write_ended = True
             self._record("WriteEnd", lease)
+
+    def fail_write(self, lease: Lease, label: Callable[[], None] | None = None) -> None:
+        """A write that failed before its end (``WriteFail``): a copy that raised, or anything that left the write
+        block early.  ``label()``, when given, labels the weights partial (some tensors were copied): under the
+        table's lock, unless the write was cut (its cut labelled them already)."""
+        with self.copying, self._lock:
+            if lease.cut or lease.write_ended:
+                return
+            if label is not None:
+                label()
+                self._ver = ("partial", lease.seq)
+            lease.write_ended = True
+            self._record("WriteFail", lease)
 
     def held(self) -> list[Lease]:
         with self._lock:
@@ -355,7 +379,11 @@ class LeaseTable:
             self.lease_expires(lease)
 
     def _cut(self, lease: Lease) -> None:
+        """``WriteCut`` (the caller holds the lock): the weights are labelled partial here, in the same locked step that
+        frees the write slot, as the model's one step does: the next writer's commit comes after the label, never
+        before it (found by review: the lease's thread labelled them later, over the next trainer's version)."""
         lease.cut = True
+        self._label_partial(lease)  # the cut lease's hold is still in place: its thread has not left the pause
         self._writer = None  # the slot is free: a hung copy checks ``cut`` before each tensor, and stops there
         self._ver = ("partial", lease.seq)
         logger.error("a write under lease %s of holder %r passed its deadline and was cut off: the lease ends without "
@@ -378,8 +406,8 @@ class LeaseTable:
                            "releases its pause as a dead holder's", lease.id[:8], lease.holder, lease.mode, lease.ttl)
 
     def _label_partial(self, lease: Lease) -> None:
-        """The weights of a cut write are a mix: the lease's thread labels them while its hold is still in place
-        (``set_weight_version`` needs a pause), before it leaves or ends."""
+        """The weights of a cut write are a mix: labelled while the cut lease's hold is still in place
+        (``set_weight_version`` needs a pause; it takes no lock, so calling it under the table's is safe)."""
         from ..integrations.weights import PartialSync
 
         try:
@@ -434,12 +462,10 @@ class LeaseTable:
                     # HolderDies: this thread ends inside the pause.  The context manager stays referenced by the
                     # lease, so that the loop releases the hold (ReleaseDeadHolder), not the garbage collector.
                     lease.context = pause
-                    cut = lease.cut
                     break
                 if lease.resume_asked and not lease.busy:  # ResumeLease: once no write runs under it
                     lease.state, lease.ended_at = "resumed", self._clock()
                     self._record("ResumeLease", lease)
-                    cut = False
                     break
                 # The next moment _look may change something: the lease's deadline, or with a write under way the
                 # later of it and the write's (a write that ends, a resume or a renewal wakes this thread earlier
@@ -448,8 +474,6 @@ class LeaseTable:
                 remaining = None if end == float("inf") else max(end - self._clock(), 0.0)
             lease._resume.wait(remaining)
             lease._resume.clear()
-        if cut:
-            self._label_partial(lease)
         if lease.state == "expired":
             return
         pause.__exit__(None, None, None)  # LeavePause

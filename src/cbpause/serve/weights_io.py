@@ -114,22 +114,26 @@ class CopyFailed(RuntimeError):
         self.copied, self.total = copied, total
 
 
-def copy_in(model: Any, tensors: dict[str, Any], alive: Any = None) -> int:
+def copy_in(model: Any, tensors: dict[str, Any], alive: Any = None, lock: Any = None) -> int:
     """Copy the checked tensors into the model, in place (the caller holds a pause); returns how many.  ``alive()``
-    is asked before each tensor: once it says no (the write was cut at its deadline), nothing more is copied.
-    :class:`CopyFailed` if it stops half-way for that or any other reason."""
+    is asked before each tensor, and the tensor copied, under ``lock`` (the lease table's ``copying``): once it says
+    no (the write was cut at its deadline), nothing more is copied, and a tensor under way when the next write began
+    lands before that write's own.  :class:`CopyFailed` if it stops half-way for that or any other reason."""
+    import contextlib
+
     import torch
 
     own = dict(model.state_dict(keep_vars=True))
     copied = 0
     with torch.no_grad():
         for name, tensor in tensors.items():
-            if alive is not None and not alive():
-                raise CopyFailed(copied, len(tensors), "the write passed its deadline and was cut off")
-            try:
-                own[name].copy_(tensor.to(own[name].device))
-            except Exception as error:  # noqa: BLE001 -- reported with how far the copy went
-                raise CopyFailed(copied, len(tensors), f"{type(error).__name__}: {error}") from error
+            with lock if lock is not None else contextlib.nullcontext():
+                if alive is not None and not alive():
+                    raise CopyFailed(copied, len(tensors), "the write passed its deadline and was cut off")
+                try:
+                    own[name].copy_(tensor.to(own[name].device))
+                except Exception as error:  # noqa: BLE001 -- reported with how far the copy went
+                    raise CopyFailed(copied, len(tensors), f"{type(error).__name__}: {error}") from error
             copied += 1
     return copied
 

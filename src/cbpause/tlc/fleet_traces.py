@@ -25,8 +25,8 @@ from .launcher import run_tlc
 __all__ = ["ACTIONS", "FleetTraceResult", "read_log", "validate", "write_trace"]
 
 # The records a lease table writes: FleetPause.tla's server steps (TraceFleetPause.tla's Recorded).
-ACTIONS = ("PauseLease", "RenewLease", "RenewRefused", "WriteBegin", "WriteRefused", "WriteEnd", "WriteCut",
-           "LeaseExpires", "ResumeLease")  # fmt: skip
+ACTIONS = ("PauseLease", "RenewLease", "RenewRefused", "WriteBegin", "WriteRefused", "WriteEnd", "WriteFail",
+           "WriteCut", "LeaseExpires", "ResumeLease")  # fmt: skip
 
 
 def read_log(path: Path) -> list[dict]:
