@@ -332,3 +332,34 @@ def test_a_token_of_a_half_done_sync_makes_the_sample_older_than_any_policy():
     from cbpause.integrations.trl import _policy
 
     assert [_policy(v) for v in (None, 0, 3, PartialSync(2), True, "v1")] == [0, 0, 3, -1, -1, -1]
+
+
+def test_a_completion_the_staleness_bound_keeps_ending_fails_the_worker_saying_why(task):
+    """Issue 40's review: the worker submitted a STALE-ended completion again for ever (a new request, with a restart
+    budget of its own), so a completion that needs more steps than the updates leave it undid the engine's budget.
+    Past ``MAX_STALE_RESUBMITS`` it fails, with what to change."""
+    from cbpause.integrations.trl import MAX_STALE_RESUBMITS
+    from cbpause.integrations.weights import STALE
+
+    _, manager = engine_for(task)
+    real = manager.get_result
+
+    def always_stale(*args, **kwargs):  # every completion is ended by the bound, as under updates after every step
+        out = real(*args, **kwargs)
+        if out is not None:
+            out.error = f"{STALE}: 1 versions behind (forced by the test)"
+        return out
+
+    manager.get_result = always_stale
+    try:
+        worker = CBRolloutWorker(manager, task.dataset, task.reward, num_generations=2, max_new_tokens=2)
+        worker.start()
+        worker._thread.join(JOIN_TIMEOUT)
+        assert not worker._thread.is_alive(), "the worker retried for ever"
+        with pytest.raises(RuntimeError, match="see the chained exception") as raised:
+            worker.check_health(stale_after_s=60)
+        assert "staleness bound" in str(raised.value.__cause__) and "max_staleness" in str(raised.value.__cause__)
+        assert worker.resubmitted >= MAX_STALE_RESUBMITS
+        worker.stop()
+    finally:
+        manager.stop(block=True, timeout=JOIN_TIMEOUT)

@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import transitions as t
@@ -66,6 +66,9 @@ __all__ = ["AsyncGRPOConfig", "AsyncGRPOTrainer", "CBRolloutWorker", "PartialSyn
            "async_grpo_trainer", "engine_name", "packing"]
 
 MODE_NAMES = tuple(t.MODE_NAMES.values())
+# How many times the worker submits one completion again after the engine's staleness bound ended it (each time after
+# the engine's own max_stale_restarts): past that it fails, saying why, instead of retrying for ever (issue 40).
+MAX_STALE_RESUBMITS = 3
 
 
 class PauseWeightSync:
@@ -167,6 +170,7 @@ class _Group:
     prompt_ids: list[int]
     outputs: list
     started: float
+    stale: dict = field(default_factory=dict)  # completion index -> times the engine's staleness bound ended it
 
 
 class CBRolloutWorker:
@@ -186,7 +190,8 @@ class CBRolloutWorker:
       :class:`PartialSync` counts as -1, so that the trainer drops the sample as stale).
     * A request ended by a pause of mode ``abort``, or by the engine's staleness bound (``on_stale="abort"``, or its
       ``max_stale_restarts`` spent), is submitted again from its prompt, as a new request with a budget of its own;
-      any other failed request fails the worker (``check_health`` raises it).
+      one completion ended stale more than ``MAX_STALE_RESUBMITS`` times fails the worker with a message that says
+      why, and so does any other failed request (``check_health`` raises it).
     * Per sample, ``metrics_queue`` gets ``cbpause/reward``, ``cbpause/staleness`` (the worker's ``model_version``
       minus the sample's), ``cbpause/versions_spanned`` and ``cbpause/tokens_per_s``.
 
@@ -310,6 +315,15 @@ class CBRolloutWorker:
                 continue  # not one of ours (or cancelled)
             group, index = slot
             if output.error:
+                if str(output.error).startswith(STALE):
+                    group.stale[index] = group.stale.get(index, 0) + 1
+                    if group.stale[index] > MAX_STALE_RESUBMITS:  # issue 40: no completion is retried for ever
+                        raise RuntimeError(
+                            f"a completion of prompt group {group.group_id} was ended by the engine's staleness bound "
+                            f"{group.stale[index]} times (each after its own restarts): it needs more forward steps "
+                            "than the weight updates leave it; raise max_staleness (or max_stale_restarts), or update "
+                            f"less often. Last: {output.error}"
+                        )
                 if str(output.error).startswith((ABORTED_BY_PAUSE, STALE)):
                     self.resubmitted += 1
                     self._submit(group, index)
