@@ -468,6 +468,7 @@ def bad_requests(server: str, lease: str) -> list[tuple[str, str, object, int]]:
         ("/update_weights_from_disk", "bad version", {"lease_id": lease, "path": "v1.safetensors",
                                                       "weight_version": [1]}, 400),  # fmt: skip
         ("/update_weight_version", "no lease", {"weight_version": 3}, 409),
+        ("/update_weight_version", "unknown lease", {"lease_id": "nope", "weight_version": 3}, 404),
     ]
 
 

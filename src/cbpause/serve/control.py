@@ -259,7 +259,9 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
             await run_in_threadpool(_write, leases, body["lease_id"], manager, {}, new, body.get("write_timeout"))
         except ValueError as error:
             return _error(400, str(error))
-        except (UnknownLease, LeaseGone) as error:
+        except UnknownLease as error:  # as the other routes answer it (found by issue 39's review: a 410)
+            return _error(404, error.args[0])
+        except LeaseGone as error:
             return _error(410, str(error))
         except (Fenced, Superseded, WriteBusy) as error:
             return _error(409, str(error))
