@@ -60,7 +60,7 @@ FUZZ_SEED = "2027"
 # process: 417 s in one process, 286 s in two there (2026-12-06).  The core layer gains nothing (48 s either way).
 # Every test is independent of the others' order and process (its own ports, temporary folders and TLC copies; the
 # TLC cache is written atomically).
-XDIST = ("-n", "2")
+XDIST = ("-n", "2", "--dist", "loadgroup")  # loadgroup: a module marked xdist_group runs in one process, in order
 
 
 def _fuzz(seed: str, steps: str) -> list[tuple[list[str], dict[str, str]]]:

@@ -14,7 +14,9 @@ from cbpause.apps.hostile import serve_cases  # noqa: E402
 from cbpause.client import MODES as CLIENT_MODES  # noqa: E402
 from cbpause.serve.control import MODES  # noqa: E402
 
-pytestmark = pytest.mark.layer("system")
+# One process runs every case, in order, on one server: the last case replays the lease log of all the others
+# (CI's two pytest-xdist workers would split them: --dist loadgroup keeps a group together).
+pytestmark = [pytest.mark.layer("system"), pytest.mark.xdist_group("serve-hostile")]
 
 
 @pytest.fixture(scope="module")
