@@ -103,7 +103,7 @@ import torch  # noqa: E402
 from transformers import ContinuousBatchingConfig, GenerationConfig  # noqa: E402
 from transformers.generation.continuous_batching import continuous_api as _api  # noqa: E402
 
-# transformers 5.25: the loop runs in the inference mode of the thread that started it (thread-local, so start() hands
+# transformers 5.24 on: the loop runs in the inference mode of the thread that started it (thread-local, so start() hands
 # it over); earlier releases' loops take no argument.
 LOOP_TAKES_INFERENCE_MODE = "use_inference_mode" in inspect.signature(
     _api.ContinuousBatchingManager._run_generation_loop
@@ -356,7 +356,7 @@ class PausableContinuousBatchingManager(
         self.background_thread_status.bind_loop_thread()
         self.versions.launched.clear()  # a step of an earlier session that failed was never read back
         try:
-            super()._run_generation_loop(**kwargs)  # 5.25's use_inference_mode, from start()
+            super()._run_generation_loop(**kwargs)  # use_inference_mode (5.24 on), from start()
         except BaseException as error:
             # Not an Exception, so upstream's handler let it through, and every request with it: each gets its
             # terminal output before the thread ends (R-NOTHING-LOST-DELIVERED).
