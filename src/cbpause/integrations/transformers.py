@@ -103,7 +103,7 @@ import torch  # noqa: E402
 from transformers import ContinuousBatchingConfig, GenerationConfig  # noqa: E402
 from transformers.generation.continuous_batching import continuous_api as _api  # noqa: E402
 
-# transformers 5.24 on: the loop runs in the inference mode of the thread that started it (thread-local, so start() hands
+# transformers 5.24 on: the loop runs in the inference mode of the thread that started it (thread-local: start() hands
 # it over); earlier releases' loops take no argument.
 LOOP_TAKES_INFERENCE_MODE = "use_inference_mode" in inspect.signature(
     _api.ContinuousBatchingManager._run_generation_loop
