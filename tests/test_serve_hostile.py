@@ -19,7 +19,7 @@ from cbpause.serve.control import MODES  # noqa: E402
 pytestmark = [pytest.mark.layer("system"), pytest.mark.xdist_group("serve-hostile")]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not torn down when the worker runs another module in between (the lease log)
 def server(tmp_path_factory):
     from cbpause.testing.trl_cpu import save_tiny_policy
 
