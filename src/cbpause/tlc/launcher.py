@@ -146,7 +146,9 @@ def run_tlc(
         extra += ["-coverage", "60"]  # minutes between reports: one report, at the end, for any run of ours
     metadir = Path(tempfile.mkdtemp(prefix=f"tlc-{module}-"))
     cmd = [
-        find_java(), "-XX:+UseParallelGC", "-cp", str(find_jar()), "tlc2.TLC",
+        # its own java.io.tmpdir: TLC writes the standard modules (Naturals.tla...) there, and two runs at once in a
+        # shared /tmp can read each other's half-written copy (a parse error seen once in CI, 2026-12-06)
+        find_java(), "-XX:+UseParallelGC", f"-Djava.io.tmpdir={metadir}", "-cp", str(find_jar()), "tlc2.TLC",
         "-workers", str(workers), "-metadir", str(metadir), "-cleanup", "-config", cfg, *extra, module,
     ]  # fmt: skip
     start = time.monotonic()
