@@ -6,6 +6,7 @@ import threading
 import pytest
 
 from cbpause import PauseProtocol, TraceRecorder
+from cbpause.core.transitions import DRAIN
 from cbpause.testing import HANG_S, JOIN_TIMEOUT, Group
 from cbpause.tlc.traces import describe_rejection, validate
 
@@ -172,3 +173,167 @@ def test_a_peer_finishes_its_iteration_after_the_driver_took_its_next_payload(la
     trace = Trace(_group_iteration_trace(late), [], 2)
     result = validate(trace, TLA_DIR, tmp_path)
     assert result.accepted, describe_rejection(trace, result)
+
+
+class _Log:
+    """A trace written by hand from the transitions (ranks and the holder numbered from 0, as the recorder does)."""
+
+    def __init__(self, n_ranks: int = 1):
+        from cbpause.core import transitions as t
+
+        self.t = t
+        self.s = [t.RankState() for _ in range(n_ranks)]
+        self.events: list = []
+        self.n_ranks = n_ranks
+
+    def rec(self, action, rank=0, fn=None, *args, request="", argument=0, holder=None, holder_state=""):
+        from cbpause.core.recorder import TraceEvent
+
+        if fn is not None:
+            self.s[rank] = fn(self.s[rank], *args)
+        self.events.append(TraceEvent(action, rank, holder, argument, self.s[rank], holder_state, len(self.events),
+                                      request))  # fmt: skip
+
+    def trace(self, events=None):
+        from cbpause.tlc.traces import Trace
+
+        return Trace(list(self.events if events is None else events), [0] if self._holders() else [], self.n_ranks)
+
+    def _holders(self):
+        return any(e.holder is not None for e in self.events)
+
+
+def _drain_trace(forge: str = "") -> _Log:
+    """One rank, one holder asking for a drain while request ``a`` is in flight: the first decision finds the batch
+    busy (DrainFirst), a step ends ``a``, the next decision opens the window.  Request ``b``, submitted during the
+    drain, is taken from the queue once the window closed.  ``forge`` writes what the code never does:
+    ``"window-in-flight"``, the window opened at the first decision, ``a`` still in flight; ``"admit"``, ``b`` taken
+    from the queue while the drain holds admission."""
+    log = _Log()
+    t, rec = log.t, log.rec
+    rec("Submit", request="a", argument=1)
+    rec("Drain", request="a")
+    rec("Observe", 0, t.observe)
+    rec("AllReduce", 0, t.all_reduce, 0, 0)
+    rec("NoPause", 0, t.no_pause)
+    rec("Broadcast")
+    rec("StartStep", 0, t.start_step)
+    rec("EndStep", 0, t.end_step)
+    rec("FirstStep", request="a")  # a is in flight
+    rec("RequestPause", 0, t.request_pause, t.DRAIN, argument=t.DRAIN, holder=0, holder_state="waiting")
+    rec("Observe", 0, t.observe)
+    if forge == "window-in-flight":
+        rec("AllReduce", 0, t.all_reduce, 0, t.DRAIN, False)  # the batch claimed empty
+        rec("OpenWindow", 0, t.open_window)
+        return log
+    rec("AllReduce", 0, t.all_reduce, 0, t.DRAIN, True)
+    rec("DrainFirst", 0, t.drain_first)
+    rec("Submit", request="b", argument=1)
+    rec("StartStep", 0, t.start_step)
+    rec("Deliver", request="a")  # a's last token
+    rec("EndStep", 0, t.end_step)
+    if forge == "admit":
+        rec("Drain", request="b")  # the drain's decision still holds admission
+    rec("Observe", 0, t.observe)
+    rec("AllReduce", 0, t.all_reduce, 0, t.DRAIN, False)
+    rec("OpenWindow", 0, t.open_window)
+    rec("EnterPause", 0, t.enter_pause, holder=0, holder_state="inside")
+    rec("LeavePause", 0, t.leave_pause, t.DRAIN, holder=0, holder_state="idle")
+    rec("CloseWindow", 0, t.close_window)
+    rec("Barrier", 0, t.barrier)
+    rec("Idle", 0, t.idle)
+    if forge != "admit":
+        rec("Drain", request="b")
+    rec("Observe", 0, t.observe)
+    return log
+
+
+def test_a_drain_trace_with_a_request_in_flight_is_accepted(tmp_path, tlc_ready):
+    """The trace sees the drain: the first decision is DrainFirst because ``a`` is in flight (its FirstStep record),
+    and the window opens at the decision after ``a`` was delivered."""
+    trace = _drain_trace().trace()
+    result = validate(trace, TLA_DIR, tmp_path)
+    assert result.accepted, describe_rejection(trace, result)
+
+
+# The audit's forged logs (issue 40, point 2): each is a behaviour the code never has, which the trace spec accepted.
+FORGED = {
+    "a drain opens its window with a request in flight": lambda: _drain_trace("window-in-flight"),
+    "a drain admits a new request": lambda: _drain_trace("admit"),
+}
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGED))
+def test_a_forged_drain_is_rejected(forgery, tmp_path, tlc_ready):
+    log = FORGED[forgery]()
+    result = validate(log.trace(), TLA_DIR, tmp_path)
+    forged = next(n for n, e in enumerate(log.events)  # the first record the code never writes
+                  if e.action == "AllReduce" and e.state.tp_pause == DRAIN and not e.state.draining
+                  or e.action == "Drain" and e.request == "b")  # fmt: skip
+    assert not result.accepted and result.matched == forged, describe_rejection(log.trace(), result)
+
+
+def test_a_second_all_reduce_record_of_one_iteration_is_rejected(tmp_path, tlc_ready):
+    """A rank records its part of a group step once: a second ``AllReduce`` record in the same iteration (the trace
+    spec once took it as a lagging rank catching up, lagging or not) is refused."""
+    log = _drain_trace()
+    k = next(n for n, e in enumerate(log.events) if e.action == "AllReduce")
+    events = [*log.events[: k + 1], log.events[k], *log.events[k + 1 :]]
+    assert validate(log.trace(), TLA_DIR, tmp_path / "as-recorded").accepted
+    result = validate(log.trace(events), TLA_DIR, tmp_path / "forged")
+    assert not result.accepted and result.matched == k + 1
+
+
+def test_a_late_broadcast_record_outside_the_body_is_rejected(tmp_path, tlc_ready):
+    """A peer records its part of a broadcast late (after the driver took its next payload) but before its own next
+    step: once it has idled and observed, a ``Broadcast`` record of it, with nothing in hand, is refused."""
+    from cbpause.tlc.traces import Trace
+
+    events = _group_iteration_trace(late=True)
+    k = next(n for n, e in enumerate(events) if e.action == "Broadcast" and e.rank == 1)
+    observe = next(n for n, e in enumerate(events) if e.action == "Observe" and e.rank == 1 and n > k)
+    forged = events[:k] + events[k + 1 : observe + 1] + [events[k]] + events[observe + 1 :]
+    assert validate(Trace(events, [], 2), TLA_DIR, tmp_path / "as-recorded").accepted
+    result = validate(Trace(forged, [], 2), TLA_DIR, tmp_path / "forged")
+    assert not result.accepted and result.matched == observe  # the moved record is the first one refused
+
+
+def test_a_trace_is_checked_against_every_invariant_the_spec_s_models_check():
+    """One home for the list: every invariant (and action property) a PauseProtocol model checks, outside the
+    witnesses, is one TLC checks on every replayed state of a trace (``cbpause.tlc.traces.TRACE_INVARIANTS``)."""
+    from cbpause.tlc.manifest import Cfg
+    from cbpause.tlc.traces import TRACE_INVARIANTS, TRACE_PROPERTIES
+
+    checked = set()
+    for cfg in TLA_DIR.glob("MCPauseProtocol_*.cfg"):  # (the Entry models add a ghost counter)
+        checked |= {n for n in Cfg.read(cfg).names("INVARIANT") if not n.endswith("Witness") and n != "IndInv"}
+        checked |= {n for n in Cfg.read(cfg).names("PROPERTY") if n.endswith("Inv")}
+    assert checked, "no model read"
+    assert checked <= set(TRACE_INVARIANTS) | set(TRACE_PROPERTIES), checked - set(TRACE_INVARIANTS)
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_peer_idles_once_its_copy_of_a_cancelled_request_left_its_scheduler(recorded, tmp_path, tlc_ready):
+    """A request cancelled at once: the payload carries it and its cancellation to both ranks; the peer's scheduler
+    drops its copy and the peer idles before the driver's output of it is recorded (a real TP=2 trace had that order
+    and was rejected).  The peer's ``PeerDrop`` record makes its Idle a step of the spec; without it the Idle of a
+    rank whose batch has work is refused."""
+    log = _Log(2)
+    t, rec = log.t, log.rec
+    rec("Submit", 0, request="req_0", argument=1)
+    rec("Drain", 0, request="req_0")
+    for r in (0, 1):
+        rec("Observe", r, t.observe)
+    for r in (0, 1):
+        rec("AllReduce", r, t.all_reduce, 0, 0)
+    for r in (0, 1):
+        rec("NoPause", r, t.no_pause)
+    rec("Broadcast", 1)
+    if recorded:
+        rec("PeerDrop", 1, request="req_0")
+    rec("Idle", 1, t.idle)
+    rec("Broadcast", 0)
+    rec("Deliver", 0, request="req_0")
+    rec("Idle", 0, t.idle)
+    result = validate(log.trace(), TLA_DIR, tmp_path)
+    assert result.accepted == recorded, describe_rejection(log.trace(), result)

@@ -238,9 +238,14 @@ ObserveLoop(r) ==
 \* P-OBSERVE: read the local stop status and the pending pause request (its
 \* mode) for the all-reduce; the driver drains its request queue into its
 \* hand (the payload), unless a drain holds admission (R-MODES).
+\* The guard of the driver's drain of its queue at P-OBSERVE: a drain that
+\* found work admits no new request (R-MODES).  TracePauseProtocol's Drain
+\* record is checked against it.
+CanDrainQueue(r) == r = Driver /\ ~draining[r]
+
 Observe(r) ==
     /\ ObserveLoop(r)
-    /\ req' = IF r = Driver /\ ~draining[r]
+    /\ req' = IF CanDrainQueue(r)
               THEN [i \in Requests |-> IF req[i] = "queued" THEN "drained" ELSE req[i]]
               ELSE req
     /\ UNCHANGED out
@@ -412,22 +417,33 @@ EndStep(r) ==
        ELSE UNCHANGED requestVars
 
 \* P-IDLE: nothing to do and no stop: wait for work (the wake-up event), go round.
-Idle(r) ==
+\* The guards of P-IDLE and P-EXIT-LOOP take work, whether the rank's batch
+\* has work: HasWork here; TracePauseProtocol gives a peer its own view.
+CanIdle(r, work) ==
     /\ phase[r] = "body"
     /\ ~PayloadPending
-    /\ ~HasWork
+    /\ ~work
     /\ tpStatus = DONT_STOP
+
+Idle(r) ==
+    /\ CanIdle(r, HasWork)
     /\ Move(r, "read")
 
 \* P-EXIT-LOOP: a hard stop exits before any pause window; a flush stop exits
 \* once nothing is left to generate.  Whatever remains fails; mark_as_stopped.
-ExitLoop(r) ==
-    /\ \/ phase[r] = "decided" /\ tpStatus = HARD_STOP
-       \/ phase[r] = "body" /\ tpStatus = FLUSH_AND_STOP /\ ~PayloadPending /\ ~HasWork
+CanExitLoop(r, work) ==
+    \/ phase[r] = "decided" /\ tpStatus = HARD_STOP
+    \/ phase[r] = "body" /\ tpStatus = FLUSH_AND_STOP /\ ~PayloadPending /\ ~work
+
+Exit(r) ==
     /\ localStatus' = [localStatus EXCEPT ![r] = STOPPED]
     /\ phase' = [phase EXCEPT ![r] = "stopped"]
     /\ FailRemaining(r)
     /\ UNCHANGED <<obsStatus, obsPause, fatal, draining, groupVars, holderVars, restarts>>
+
+ExitLoop(r) ==
+    /\ CanExitLoop(r, HasWork)
+    /\ Exit(r)
 
 -----------------------------------------------------------------------------
 (* Holders of rank RankOf[h].                                              *)

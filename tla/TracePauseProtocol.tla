@@ -32,18 +32,25 @@
 (*    FailRemaining, inside the loop steps that take them. Two are the     *)
 (*    requests' own records: Drain (one per request taken from the queue,  *)
 (*    just before the rank's Observe, which then drains nothing:           *)
-(*    TraceObserve) and Deliver (a terminal output handed to the caller;   *)
-(*    for a request the spec still holds, the output is made and delivered *)
-(*    in one step: a request that finished, or failed alone). The spec's   *)
-(*    two steps per request are an abstraction of the scheduler, which the *)
-(*    trace does not record: its EndStep moves no request (TraceEndStep),  *)
-(*    so no request is "active", and whether the batch has requests in     *)
-(*    flight at a drain's decision is not known: TraceDrainFirst is        *)
-(*    DrainFirst on a drain decision without the draining flag. With       *)
-(*    Requests = {}, TraceStartStep is StartStep without its HasWork       *)
-(*    guard. NothingLostInv is checked on every state, and a trace that    *)
-(*    ends with every loop stopped must have delivered every accepted      *)
-(*    request (DeliveredAtEnd).                                            *)
+(*    TraceObserve; under Observe's own guard, CanDrainQueue: a drain that *)
+(*    found work takes nothing) and Deliver (a terminal output handed to   *)
+(*    the caller; for a request the spec still holds, the output is made   *)
+(*    and delivered in one step: a request that finished, or failed        *)
+(*    alone).  The spec's two steps per request are an abstraction of the  *)
+(*    scheduler: the trace's EndStep moves no request (TraceEndStep), and  *)
+(*    the driver records instead the first forward step of each request    *)
+(*    (FirstStep: waiting -> active, request by request), so that InFlight *)
+(*    is what the loop's drain decision reads (modes.busy): the AllReduce  *)
+(*    record's draining flag is compared with the spec's, and DrainFirst,  *)
+(*    OpenWindow and the release of a dead holder take the spec's guards.  *)
+(*    A request restarted stale (R-STALENESS: back at its prompt, no       *)
+(*    longer in flight) is the one request step PauseProtocol does not     *)
+(*    model: TraceStaleRestart, active -> waiting.  With Requests = {},    *)
+(*    TraceStartStep is StartStep without its HasWork guard.  Every        *)
+(*    invariant the spec's models check is checked on every state (and    *)
+(*    MonotoneStopInv on every step: cbpause.tlc.traces.TRACE_INVARIANTS), *)
+(*    and a trace that ends with every loop stopped must have delivered    *)
+(*    every accepted request (DeliveredAtEnd).                             *)
 (*  - HolderDies is not seen by the code when it happens: it is recorded   *)
 (*    where the protocol learns it, just before its ReleaseDeadHolder (the *)
 (*    dead thread did nothing in between, so the order is one the spec     *)
@@ -59,16 +66,18 @@ VARIABLES
     i,        \* how many records of the log were matched
     lagging,  \* ranks whose object has not recorded its part of the last group step
     prev,     \* [Ranks -> View]: what each rank's object showed before that group step
-    owed      \* ranks that have not recorded the last Broadcast, which another rank's record took
+    owed,     \* ranks that have not recorded the last Broadcast, which another rank's record took
+    dropped   \* <<r, q>>: peer r's copy of request q left its scheduler without a step (PeerDrop)
 
-traceVars == <<i, lagging, prev, owed>>
+traceVars == <<i, lagging, prev, owed, dropped>>
 
 \* What a rank's object shows of the loop's and the group's variables.
 View(r) ==
     [phase |-> phase[r], localStatus |-> localStatus[r], tpStatus |-> tpStatus,
-     tpPause |-> tpPause, obsStatus |-> obsStatus[r], obsPause |-> obsPause[r]]
+     tpPause |-> tpPause, obsStatus |-> obsStatus[r], obsPause |-> obsPause[r],
+     draining |-> draining[r]]
 
-TraceInit == Init /\ i = 0 /\ lagging = {} /\ prev = [r \in Ranks |-> View(r)] /\ owed = {}
+TraceInit == Init /\ i = 0 /\ lagging = {} /\ prev = [r \in Ranks |-> View(r)] /\ owed = {} /\ dropped = {}
 
 TraceStartStep(r) ==
     IF Requests = {}
@@ -80,27 +89,56 @@ TraceObserve(r) == ObserveLoop(r) /\ UNCHANGED requestVars
 
 TraceEndStep(r) == EndStepLoop(r) /\ UNCHANGED requestVars
 
-TraceDrainFirst(r) ==
-    /\ PauseDecided(r)
-    /\ tpPause = DRAIN
-    /\ Move(r, "body")
+\* The driver's first forward step of request q ended: q is in flight (the
+\* spec's EndStep, waiting -> active, request by request: the scheduler
+\* decides which waiting requests a step takes, and a request whose first
+\* step also ends it goes from waiting to delivered, TraceDeliver).  The
+\* driver records it after its EndStep, before its next Observe; the
+\* AllReduce after it reads InFlight for the drain's decision.
+TraceFirstStep(q) ==
+    /\ phase[Driver] = "read"
+    /\ req[q] = "waiting"
+    /\ req' = [req EXCEPT ![q] = "active"]
+    /\ UNCHANGED <<loopVars, groupVars, holderVars, out, restarts>>
 
-\* The same unknown flag: the loop releases a dead holder at a drain step
-\* (DeadHolderReleasable's draining), in the phase TraceDrainFirst moved to.
-TraceReleaseDeadHolder(h) ==
-    /\ hs[h] = "dead"
-    /\ DeadHolderReleasable(h) \/ (tpPause = DRAIN /\ phase[RankOf[h]] = "body")
-    /\ Drop(h)
+\* R-STALENESS's restart (RequestVersions' StaleRestarted), the one step the
+\* trace takes that PauseProtocol does not model: at the close of a window
+\* that set new weights, a request in flight too many versions behind goes
+\* back to its prompt, waiting and no longer in flight (modes.restart_stale).
+\* It changes no variable of the loop's, and nothing is lost: the request is
+\* still held.
+TraceStaleRestart(q) ==
+    /\ phase[Driver] = "body"
+    /\ req[q] = "active"
+    /\ req' = [req EXCEPT ![q] = "waiting"]
+    /\ UNCHANGED <<loopVars, groupVars, holderVars, out, restarts>>
+
+\* A peer's copy of request q leaves its scheduler without a step: cancelled
+\* (the payload carried the cancellation to every rank) or refused at its
+\* admission (failed alone).  The driver's copy does the same, and the
+\* driver's Deliver record of its output may come after the peer went on:
+\* the peer's batch has no work from q then (PeerWork), which the peer's Idle
+\* and flush ExitLoop read.  It changes no variable of the spec.
+TracePeerDrop(r, q) ==
+    /\ r # Driver
+    /\ UNCHANGED vars
+    /\ dropped' = dropped \cup {<<r, q>>}
+
+\* Whether rank r's own batch has work: the spec's HasWork, less the requests
+\* a peer dropped.
+PeerWork(r) == \E q \in Requests : req[q] \in {"waiting", "active"} /\ <<r, q>> \notin dropped
 
 \* A group step taken by the first rank to record it; the later ranks' records
-\* stutter, each catching its rank up.
+\* stutter, each catching its rank up: only a rank that has not recorded its
+\* part yet (a second record of one group step by the same rank is refused).
 GroupStep(A, r, before) ==
     /\ UNCHANGED owed
     /\ IF phase[r] = before
        THEN /\ A
             /\ lagging' = {q \in Ranks : q # r /\ phase[q] = before}
             /\ prev' = [q \in Ranks |-> View(q)]
-       ELSE /\ UNCHANGED vars
+       ELSE /\ r \in lagging
+            /\ UNCHANGED vars
             /\ lagging' = lagging \ {r}
             /\ UNCHANGED prev
 
@@ -124,9 +162,12 @@ TraceSubmit(q, ok) ==
     /\ req' = [req EXCEPT ![q] = IF ok = 1 THEN "queued" ELSE "rejected"]
     /\ UNCHANGED <<loopVars, groupVars, holderVars, out, restarts>>
 
-\* The driver's loop takes request q from its queue, just before its Observe.
+\* The driver's loop takes request q from its queue, just before its Observe,
+\* under the guard of Observe's drain (CanDrainQueue: not while a drain holds
+\* admission).
 TraceDrain(q) ==
     /\ phase[Driver] = "read"
+    /\ CanDrainQueue(Driver)
     /\ req[q] = "queued"
     /\ req' = [req EXCEPT ![q] = "drained"]
     /\ UNCHANGED <<loopVars, groupVars, holderVars, out, restarts>>
@@ -138,7 +179,8 @@ TraceDrain(q) ==
 \* drained the next requests by then; found by a real TP=2 trace, issue 38.)
 TraceBroadcast(r) ==
     IF r \in owed
-    THEN /\ UNCHANGED vars
+    THEN /\ phase[r] = "body"  \* a rank records its part before its next step
+         /\ UNCHANGED vars
          /\ owed' = owed \ {r}
     ELSE /\ Broadcast
          /\ owed' = {q \in Ranks : q # r /\ phase[q] # "dead"}
@@ -168,7 +210,7 @@ Step(e) ==
     IN CASE e.a = "Observe"           -> TraceObserve(r)
          [] e.a = "AllReduce"         -> GroupStep(AllReduce, r, "reduce")
          [] e.a = "OpenWindow"        -> OpenWindow(r)
-         [] e.a = "DrainFirst"        -> TraceDrainFirst(r)
+         [] e.a = "DrainFirst"        -> DrainFirst(r)
          [] e.a = "SkipWindow"        -> SkipWindow(r)
          [] e.a = "ParkForPeer"       -> ParkForPeer(r)
          [] e.a = "JoinPeerPause"     -> JoinPeerPause(r)
@@ -179,8 +221,8 @@ Step(e) ==
          [] e.a = "NoPause"           -> NoPause(r)
          [] e.a = "StartStep"         -> TraceStartStep(r)
          [] e.a = "EndStep"           -> TraceEndStep(r)
-         [] e.a = "Idle"              -> Idle(r)
-         [] e.a = "ExitLoop"          -> ExitLoop(r)
+         [] e.a = "Idle"              -> CanIdle(r, PeerWork(r)) /\ Move(r, "read")
+         [] e.a = "ExitLoop"          -> CanExitLoop(r, PeerWork(r)) /\ Exit(r)
          [] e.a = "RequestPause"      -> TraceRequestPause(h, e.arg)
          [] e.a = "EnterPause"        -> EnterPause(h)
          [] e.a = "LeavePause"        -> LeavePause(h)
@@ -188,7 +230,7 @@ Step(e) ==
          [] e.a = "Interrupt"         -> Interrupt(h)
          [] e.a = "PauseTimeout"      -> PauseTimeout(h)
          [] e.a = "HolderDies"        -> HolderDies(h)
-         [] e.a = "ReleaseDeadHolder" -> TraceReleaseDeadHolder(h)
+         [] e.a = "ReleaseDeadHolder" -> ReleaseDeadHolder(h)
          [] e.a = "RequestStop"       -> TraceRequestStop(r, e.arg)
          [] e.a = "RecordFatalError"  -> RecordFatalError(r)
          [] e.a = "FailLoop"          -> FailLoop(r)
@@ -198,6 +240,9 @@ Step(e) ==
          [] e.a = "Drain"             -> TraceDrain(e.q)
          [] e.a = "Broadcast"         -> TraceBroadcast(r)
          [] e.a = "Deliver"           -> TraceDeliver(e.q)
+         [] e.a = "FirstStep"         -> TraceFirstStep(e.q)
+         [] e.a = "StaleRestart"      -> TraceStaleRestart(e.q)
+         [] e.a = "PeerDrop"          -> TracePeerDrop(r, e.q)
          [] OTHER                     -> FALSE
 
 GroupActions == {"AllReduce", "Barrier", "Restart"}
@@ -220,7 +265,8 @@ Matches(e) ==
         v == e.v
         shown == IF r \in lagging' THEN prev'[r]
                  ELSE [phase |-> phase'[r], localStatus |-> localStatus'[r], tpStatus |-> tpStatus',
-                       tpPause |-> tpPause', obsStatus |-> obsStatus'[r], obsPause |-> obsPause'[r]]
+                       tpPause |-> tpPause', obsStatus |-> obsStatus'[r], obsPause |-> obsPause'[r],
+                       draining |-> draining'[r]]
     IN IF e.a = "Crash" THEN phase'[r] = "dead" ELSE  \* all the harness knows of a killed rank
        /\ fatal'[r] = v.fatal
        /\ paused'[r] = v.paused
@@ -232,12 +278,14 @@ Matches(e) ==
        /\ shown.tpPause = v.tpPause
        /\ shown.obsStatus = v.obsStatus
        /\ shown.obsPause = v.obsPause
+       /\ shown.draining = v.draining
        /\ e.h # 0 => hs'[e.h] = e.hs
 
 TraceNext ==
     /\ i < Len(Log)
     /\ Step(Log[i + 1])
     /\ IF Log[i + 1].a \in GroupActions THEN TRUE ELSE KeepLag(Log[i + 1])
+    /\ Log[i + 1].a # "PeerDrop" => UNCHANGED dropped
     /\ Matches(Log[i + 1])
     /\ i' = i + 1
 

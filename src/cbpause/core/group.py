@@ -207,7 +207,7 @@ def _loop_steps(g: GroupState, r: int, s: RankState) -> Iterator[tuple[str, Grou
     tag = f"({tla_number(r)})"
     if t.can_observe(s):
         succ = _set_rank(g, r, t.observe(s))
-        if r == DRIVER and not s.draining:
+        if r == DRIVER and t.can_drain_queue(s):
             succ = replace(succ, req=tuple("drained" if q == "queued" else q for q in g.req))
         yield "Observe" + tag, succ
     if t.can_drain_first(s):

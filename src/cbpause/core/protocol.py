@@ -71,7 +71,8 @@ class RankProtocol(LoopSteps):
         return denial
 
     def record_request(self, action: str, request_id: str = "") -> None:
-        """Write a step of a request that the loop took into the trace (``Drain``, ``Broadcast``, ``Deliver``: see
+        """Write a step of a request that the loop took into the trace (``Drain``, ``Broadcast``, ``Deliver``,
+        ``FirstStep``, ``StaleRestart``, ``PeerDrop``: see
         ``tla/TracePauseProtocol.tla``), with this rank's state, in order with its transitions.  Nothing without a
         recorder: the requests are the loop's, and this object does not track them."""
         if self._trace is not None:

@@ -117,6 +117,12 @@ class RankCore:
         return self._state
 
     @property
+    def tracing(self) -> bool:
+        """Whether a :class:`~cbpause.core.recorder.TraceRecorder` records this object's steps (the loop then also
+        records what the trace needs of its requests: ``PauseProtocol.record_request``)."""
+        return self._trace is not None
+
+    @property
     def peer_park_timeout_s(self) -> float | None:
         """The ``peer_park_timeout`` this object was built with (seconds, or None for ever)."""
         return self._peer_park_timeout

@@ -26,12 +26,12 @@ __all__ = ["REQUEST_RECORDS", "TraceEvent", "TraceRecorder", "action_of"]
 
 # The records of a request's steps (PauseProtocol.submit, .record_request): "Submit" carries the acceptance as its
 # status (1 accepted, 0 refused).
-REQUEST_RECORDS = frozenset({"Submit", "Drain", "Broadcast", "Deliver"})
+REQUEST_RECORDS = frozenset({"Submit", "Drain", "Broadcast", "Deliver", "FirstStep", "StaleRestart", "PeerDrop"})
 
 
 def action_of(function_name: str) -> str:
     """The TLA+ action of a transition function: ``open_window`` -> ``OpenWindow``."""
-    return "".join(part.capitalize() for part in function_name.split("_"))
+    return "".join(part[:1].upper() + part[1:] for part in function_name.split("_"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -252,9 +252,13 @@ class TrackingRouter(_api.OutputRouter):
         self.live = live
         self.versions = versions
         self.status: Any = None  # the driver's PauseProtocol, which writes each terminal output into its trace
+        # The requests whose first forward step the driver's trace recorded (FirstStep, modes.record_first_steps)
+        # and that are not delivered yet: in flight as TracePauseProtocol sees them.
+        self.traced_in_flight: set[str] = set()
 
     def _delivered(self, request_id: str) -> None:
         self.live.discard(request_id)
+        self.traced_in_flight.discard(request_id)
         if self.status is not None:
             self.status.record_request("Deliver", request_id)
 

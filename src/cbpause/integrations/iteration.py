@@ -52,8 +52,10 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         # a rank without queues brings nothing.
         if self.input_queue is None or self.cancel_queue is None:
             payload: tuple[list, list] = ([], [])
-        else:
+        elif t.can_drain_queue(status.state):
             payload = (_api.drain_queue(self.input_queue), _api.drain_queue(self.cancel_queue))
+        else:
+            payload = ([], self._cancellations_while_draining())
         in_hand = payload[0]  # an abort at the decision empties it
         for state in in_hand:  # TracePauseProtocol's Drain, just before the Observe
             status.record_request("Drain", state.request_id)
@@ -76,7 +78,29 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             raise
         for cancelled in cancellations:  # every rank marks the driver's cancellations, in its order
             self.scheduler.set_request_cancellation(cancelled)
+            self._peer_drop(cancelled)
         return False
+
+    def _peer_drop(self, request_id: str) -> None:
+        """A peer's trace only: its copy of the request leaves its scheduler without a step (cancelled, or refused at
+        admission), and the peer may idle before the driver's output of it is recorded (TracePauseProtocol's
+        PeerDrop; a real TP=2 trace of a request cancelled at once showed it)."""
+        status = self.background_thread_status
+        if self.input_queue is None and status.tracing:
+            status.record_request("PeerDrop", request_id)
+
+    def _cancellations_while_draining(self) -> list:
+        """A drain that found work takes no new request from the queue (CanDrainQueue, R-MODES): the cancellations of
+        the requests the scheduler holds apply now (a cancelled request in flight ends the drain sooner); the others
+        name requests still in the queue (or gone), and go back to their queue, to be taken with their requests once
+        the drain ends (a cancellation applied before its request arrives would be lost)."""
+        scheduler, held = self.scheduler, []
+        for request_id in _api.drain_queue(self.cancel_queue):
+            if request_id in scheduler.active_requests or request_id in scheduler.waiting_requests:
+                held.append(request_id)
+            else:
+                self.cancel_queue.put(request_id)
+        return held
 
     def _generation_step(self, model: Any) -> None:
         """Upstream's forward step, its version noted (R-VERSIONS: async batching reads it back after a window)."""
@@ -98,6 +122,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         except Exception as error:
             _api.logger.error("request %s cannot be admitted: %s", state.request_id, error, exc_info=True)
             self._handle_request_error(error, state)
+            self._peer_drop(state.request_id)
 
     def _group_decision(self, status: PauseProtocol, payload_size: int, taken: list) -> tuple[int, bool]:
         """Observe, AllReduce, then ExitLoop, or the pause window with its Barrier (DrainFirst in a drain that found
@@ -204,6 +229,7 @@ class LoopIteration:
             if not bootstrapping:  # no update when bootstrapping an async batching generation
                 batch_processor.update_batch()
             status.end_step()
+            modes.record_first_steps(batch_processor)  # a trace's FirstStep records (nothing without a recorder)
             return not bootstrapping
         if status.tp_status == status.HARD_STOP:
             return False  # P-EXIT-LOOP was taken in the group step

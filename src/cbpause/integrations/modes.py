@@ -29,7 +29,7 @@ from transformers.generation.continuous_batching import continuous_api as _api
 from ..core import transitions as t
 from .weights import STALE
 
-__all__ = ["ABORTED_BY_PAUSE", "abort", "at_decision", "busy", "restart_stale", "retract"]
+__all__ = ["ABORTED_BY_PAUSE", "abort", "at_decision", "busy", "record_first_steps", "restart_stale", "retract"]
 
 ABORTED_BY_PAUSE = "aborted by a pause (mode='abort')"
 
@@ -44,6 +44,22 @@ def busy(processor: Any) -> bool:
     """The batch has requests in flight (what a drain waits for)."""
     scheduler = processor.scheduler
     return bool(scheduler.active_requests) or any(in_flight(s) for s in scheduler.waiting_requests.values())
+
+
+def record_first_steps(processor: Any) -> None:
+    """The driver's trace only, after each forward step: record each request in flight (:func:`busy`'s) that the trace
+    does not know in flight yet (``FirstStep``, TracePauseProtocol's waiting -> active), so that the trace's
+    ``InFlight`` at the next all-reduce is what :func:`busy` reads there, and TLC checks the drain's decision
+    (``draining``) against it.  A request leaves the set when delivered, or restarted stale (:func:`restart_stale`)."""
+    router = processor.output_router
+    status = router.status
+    if status is None or not status.tracing:
+        return
+    scheduler, traced = processor.scheduler, router.traced_in_flight
+    for request_id in [*scheduler.active_requests, *(r for r, s in scheduler.waiting_requests.items() if in_flight(s))]:
+        if request_id not in traced:
+            traced.add(request_id)
+            status.record_request("FirstStep", request_id)
 
 
 class RetractedRequestState(_api.RequestState):
@@ -177,6 +193,9 @@ def restart_stale(processor: Any) -> int:
             versions.forget(state.request_id)
             versions.restarts[state.request_id] = done + 1
             restarted.append(from_prompt(state))
+            if state.request_id in router.traced_in_flight:  # back at its prompt: no longer in flight
+                router.traced_in_flight.discard(state.request_id)
+                router.status.record_request("StaleRestart", state.request_id)
         else:
             spent = f"; restarted {done} times (max_stale_restarts={versions.max_stale_restarts}), it needs more " \
                     "forward steps than the updates leave it" if versions.on_stale == "restart" else ""

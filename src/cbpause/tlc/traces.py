@@ -126,9 +126,14 @@ def _tla(value) -> str:
     return '"' + str(value) + '"'
 
 
-# What a record shows of the rank (TracePauseProtocol's ``v``): its TLA+ variables, less ``draining``, which the
-# trace spec follows through the actions that set it.
-_SHOWN = tuple(f for f in RANK_VARIABLES + SHARED_VARIABLES if f != "draining")
+# What a record shows of the rank (TracePauseProtocol's ``v``): every TLA+ variable of the rank and the group.
+_SHOWN = RANK_VARIABLES + SHARED_VARIABLES
+
+# What TLC checks on every replayed state: every invariant the spec's models check (PROPERTY: an action property),
+# and the trace's own end condition.
+TRACE_INVARIANTS = ("TypeOK", "ExclusionInv", "SameWindowInv", "CountsInv", "ModeInv", "NothingLostInv",
+                    "DeliveredAtEnd")  # fmt: skip
+TRACE_PROPERTIES = ("MonotoneStopInv",)
 
 
 def _state(s: RankState) -> str:
@@ -198,9 +203,9 @@ def write_trace(
         "    Log <- TraceLog\n"
         "INIT TraceInit\n"
         "NEXT TraceNext\n"
-        "INVARIANT NothingLostInv\n"
-        "INVARIANT DeliveredAtEnd\n"
-        "INVARIANT NeverMatched\n"
+        + "".join(f"INVARIANT {name}\n" for name in TRACE_INVARIANTS)
+        + "".join(f"PROPERTY {name}\n" for name in TRACE_PROPERTIES)
+        + "INVARIANT NeverMatched\n"
     )
     return module, cfg
 
@@ -212,7 +217,7 @@ class TraceResult:
     matched: int  # events matched (all of them when accepted)
     states: int | None  # distinct states TLC explored
     output: str
-    violated: str = ""  # the spec's invariant a rejected trace broke on the way (NothingLostInv, DeliveredAtEnd)
+    violated: str = ""  # the spec's invariant or action property a rejected trace broke on the way (TRACE_INVARIANTS)
 
 
 def validate(
@@ -231,7 +236,8 @@ def validate(
     write_trace(recorder, workdir, name, events)
     run = run_tlc(name, f"{name}.cfg", workdir, mode="trace")
     accepted = run.outcome == "invariant:NeverMatched"  # the witness of TraceMatched
-    violated = run.outcome.split(":", 1)[1] if run.outcome.startswith("invariant:") and not accepted else ""
+    broke = run.outcome.startswith(("invariant:", "action-property:")) and not accepted
+    violated = run.outcome.split(":", 1)[1] if broke else ""
     if not accepted and not violated and run.outcome != "ok":
         raise RuntimeError(f"TLC could not check the trace ({run.outcome}):\n{run.output[-3000:]}")
     matched = len(events) if accepted else (run.depth - 1 if run.depth else 0)
