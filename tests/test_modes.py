@@ -137,6 +137,27 @@ def test_drain_finishes_the_batch_first_and_admits_nothing_meanwhile(plain_manag
     nothing_left(manager)
 
 
+def test_a_request_accepted_during_a_drain_is_finished_by_a_flush_stop_asked_then(plain_manager):
+    """Found by issue 40's hostile review of a loop that left new requests in its queue during a drain (where the
+    spec then had them): the drain's last observation took nothing, and the flush stop that followed the window
+    exited with the request still queued and failed it.  The loop takes its queue in a drain too (its scheduler
+    holds what it takes, TLA+ ``Admits``): a flush finishes every request accepted before it."""
+    manager = plain_manager
+    status = manager.background_thread_status
+    ids, hold, drain_gate = held_mid_drain(manager)
+    late = submit(manager, 1)  # accepted during the drain
+    manager.stop(block=False)  # a flush, asked during the drain
+    loop = manager._generation_thread
+    drain_gate.release()
+    enter(status, hold)
+    status.leave_pause(hold)
+    loop.join(WAIT)
+    assert not loop.is_alive()
+    outs = results(manager, ids + late)
+    assert all(o.status == RequestStatus.FINISHED and len(o.generated_tokens) == MAX_NEW for o in outs), outs
+    nothing_left(manager)
+
+
 def test_a_drain_that_times_out_withdraws_and_nothing_is_lost(plain_manager):
     manager = plain_manager
     status = manager.background_thread_status

@@ -303,6 +303,25 @@ def test_the_sizes_table_of_the_docs_is_generated():
     assert stated == sizes_table(TLA_DIR)
 
 
+def test_every_size_the_docs_argue_from_is_a_model_of_the_manifest():
+    """Issue 40, point 4: the argument of docs/tlc.md for why the sizes checked are enough names its models by their
+    manifest names, and each is a model there (an argument once rested on an IndInv model that had been removed)."""
+    import re
+
+    from cbpause.tlc.manifest import load_manifest
+
+    from .conftest import ROOT, TLA_DIR
+
+    doc = (ROOT / "docs" / "tlc.md").read_text()
+    argument = doc[doc.index("Why these sizes are enough, property by property") : doc.index("## What the expected")]
+    named = set(re.findall(r"`((?:PauseProtocol|IndInv|BoundedEntry|FleetPause|RequestVersions|StaleRestarts)_\w+)`",
+                           argument))  # fmt: skip
+    assert len(named) >= 15, f"only {sorted(named)} read: has the section changed?"
+    assert named <= {m.name for m in load_manifest(TLA_DIR)}, sorted(named - {m.name for m in load_manifest(TLA_DIR)})
+    short = re.findall(r"`(\d+r\d+h\w*)`", argument)
+    assert not short, f"name the models by their manifest names, not {short}"
+
+
 def test_every_counted_model_has_a_row_in_the_docs():
     """A model whose counts the manifest records is in docs/tlc.md's table of models (the counts test reads it)."""
     from cbpause.tlc.manifest import load_manifest

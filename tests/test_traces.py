@@ -204,11 +204,11 @@ class _Log:
 
 
 def _drain_trace(forge: str = "") -> _Log:
-    """One rank, one holder asking for a drain while request ``a`` is in flight: the first decision finds the batch
+    """One rank, one holder asking for a drain while request ``a`` is in flight: the first decisions find the batch
     busy (DrainFirst), a step ends ``a``, the next decision opens the window.  Request ``b``, submitted during the
-    drain, is taken from the queue once the window closed.  ``forge`` writes what the code never does:
-    ``"window-in-flight"``, the window opened at the first decision, ``a`` still in flight; ``"admit"``, ``b`` taken
-    from the queue while the drain holds admission."""
+    drain, is taken from the queue and carried to the scheduler, which holds it (``Admits``) until the window has
+    closed: its first step comes after.  ``forge`` writes what the code never does: ``"window-in-flight"``, the
+    window opened at the first decision, ``a`` still in flight; ``"admit"``, ``b``'s first step during the drain."""
     log = _Log()
     t, rec = log.t, log.rec
     rec("Submit", request="a", argument=1)
@@ -230,10 +230,19 @@ def _drain_trace(forge: str = "") -> _Log:
     rec("DrainFirst", 0, t.drain_first)
     rec("Submit", request="b", argument=1)
     rec("StartStep", 0, t.start_step)
+    rec("EndStep", 0, t.end_step)
+    rec("Drain", request="b")  # taken from the queue; the scheduler will hold it
+    rec("Observe", 0, t.observe)
+    rec("AllReduce", 0, t.all_reduce, 0, t.DRAIN, True)  # a is still in flight
+    rec("DrainFirst", 0, t.drain_first)
+    rec("Broadcast")
+    rec("StartStep", 0, t.start_step)
+    if forge == "admit":
+        rec("EndStep", 0, t.end_step)
+        rec("FirstStep", request="b")  # the drain holds admission: b never runs before the window
+        return log
     rec("Deliver", request="a")  # a's last token
     rec("EndStep", 0, t.end_step)
-    if forge == "admit":
-        rec("Drain", request="b")  # the drain's decision still holds admission
     rec("Observe", 0, t.observe)
     rec("AllReduce", 0, t.all_reduce, 0, t.DRAIN, False)
     rec("OpenWindow", 0, t.open_window)
@@ -241,9 +250,10 @@ def _drain_trace(forge: str = "") -> _Log:
     rec("LeavePause", 0, t.leave_pause, t.DRAIN, holder=0, holder_state="idle")
     rec("CloseWindow", 0, t.close_window)
     rec("Barrier", 0, t.barrier)
-    rec("Idle", 0, t.idle)
-    if forge != "admit":
-        rec("Drain", request="b")
+    rec("StartStep", 0, t.start_step)
+    rec("EndStep", 0, t.end_step)
+    rec("FirstStep", request="b")
+    rec("Deliver", request="b")
     rec("Observe", 0, t.observe)
     return log
 
@@ -259,7 +269,7 @@ def test_a_drain_trace_with_a_request_in_flight_is_accepted(tmp_path, tlc_ready)
 # The audit's forged logs (issue 40, point 2): each is a behaviour the code never has, which the trace spec accepted.
 FORGED = {
     "a drain opens its window with a request in flight": lambda: _drain_trace("window-in-flight"),
-    "a drain admits a new request": lambda: _drain_trace("admit"),
+    "a drain admits a new request into its batch": lambda: _drain_trace("admit"),
 }
 
 
@@ -269,7 +279,7 @@ def test_a_forged_drain_is_rejected(forgery, tmp_path, tlc_ready):
     result = validate(log.trace(), TLA_DIR, tmp_path)
     forged = next(n for n, e in enumerate(log.events)  # the first record the code never writes
                   if e.action == "AllReduce" and e.state.tp_pause == DRAIN and not e.state.draining
-                  or e.action == "Drain" and e.request == "b")  # fmt: skip
+                  or e.action == "FirstStep" and e.request == "b")  # fmt: skip
     assert not result.accepted and result.matched == forged, describe_rejection(log.trace(), result)
 
 

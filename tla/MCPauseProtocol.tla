@@ -74,6 +74,8 @@ ThreeRanksOneHolderEach == [h \in {1, 2, 3} |-> h]
 OneRankThreeHolders == [h \in {1, 2, 3} |-> 1]
 \* Two ranks, one holder on rank 1 and two on rank 2.
 TwoRanksOneAndTwoHolders == [h \in {1, 2, 3} |-> IF h = 1 THEN 1 ELSE 2]
+\* Three ranks, holders 1 + 1 + 2 (issue 40, point 4).
+ThreeRanksOneOneTwoHolders == [h \in {1, 2, 3, 4} |-> IF h = 4 THEN 3 ELSE h]
 
 -----------------------------------------------------------------------------
 (* Witnesses: properties that must FAIL, to show the models are not       *)
@@ -100,6 +102,10 @@ NeverStopsWitness == \A r \in Ranks : ~(phase[r] = "stopped" /\ ~fatal[r])
 
 \* A drain does find work in the batch, and steps it before its window.
 NeverDrainsWitness == \A r \in Ranks : ~draining[r]
+
+\* A drain does hold a new request waiting in the scheduler while it steps
+\* the batch (Admits; two requests needed).
+NeverHeldWitness == ~\E i \in Requests : req[i] = "waiting" /\ ~Admits
 
 \* A holder does wait while a window in a weaker mode than its own is open
 \* (it waits for the next window, R-MODES).

@@ -142,8 +142,13 @@ HoldersOf(r) == {h \in Holders : RankOf[h] = r}
 LivePhase(ph) == ph \notin {"stopped", "dead"}
 Live(r) == LivePhase(phase[r])
 AnyInside == \E h \in Holders : hs[h] = "inside" /\ phase[RankOf[h]] # "dead"
-\* The scheduler has requests: a forward step has something to do.
-HasWork == \E i \in Requests : req[i] \in {"waiting", "active"}
+\* A drain that found work holds admission (R-MODES): the scheduler takes no
+\* new request into the batch, and only the requests in flight step
+\* (upstream.hold_admission); the driver still takes requests from its queue
+\* at Observe, and they wait in the scheduler.
+Admits == ~draining[Driver]
+\* The scheduler has requests it may step: a forward step has something to do.
+HasWork == \E i \in Requests : req[i] = "active" \/ (req[i] = "waiting" /\ Admits)
 \* Requests in flight: stepped at least once, not ended (modes.busy).
 InFlight == \E i \in Requests : req[i] = "active"
 \* The group's payload: requests the driver drained and the broadcast has not
@@ -237,15 +242,10 @@ ObserveLoop(r) ==
 
 \* P-OBSERVE: read the local stop status and the pending pause request (its
 \* mode) for the all-reduce; the driver drains its request queue into its
-\* hand (the payload), unless a drain holds admission (R-MODES).
-\* The guard of the driver's drain of its queue at P-OBSERVE: a drain that
-\* found work admits no new request (R-MODES).  TracePauseProtocol's Drain
-\* record is checked against it.
-CanDrainQueue(r) == r = Driver /\ ~draining[r]
-
+\* hand (the payload), in a drain too (the scheduler holds them: Admits).
 Observe(r) ==
     /\ ObserveLoop(r)
-    /\ req' = IF CanDrainQueue(r)
+    /\ req' = IF r = Driver
               THEN [i \in Requests |-> IF req[i] = "queued" THEN "drained" ELSE req[i]]
               ELSE req
     /\ UNCHANGED out
@@ -404,14 +404,15 @@ EndStepLoop(r) ==
     /\ UNCHANGED <<groupVars, holderVars, restarts>>
 
 \* P-END-STEP: the step ends; on the driver a request's first step puts it in
-\* flight (waiting -> active) and its second ends it (two steps per request
+\* flight (waiting -> active, unless a drain holds admission: Admits) and its
+\* second ends it (two steps per request
 \* are enough to expose every interleaving that matters: a request in flight
 \* at a decision, which a drain waits for, and one that ends).
 EndStep(r) ==
     /\ EndStepLoop(r)
     /\ IF r = Driver
        THEN /\ req' = [i \in Requests |-> CASE req[i] = "active" -> "done"
-                                            [] req[i] = "waiting" -> "active"
+                                            [] req[i] = "waiting" /\ Admits -> "active"
                                             [] OTHER -> req[i]]
             /\ out' = [i \in Requests |-> IF req[i] = "active" THEN out[i] + 1 ELSE out[i]]
        ELSE UNCHANGED requestVars

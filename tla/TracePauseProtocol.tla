@@ -32,8 +32,7 @@
 (*    FailRemaining, inside the loop steps that take them. Two are the     *)
 (*    requests' own records: Drain (one per request taken from the queue,  *)
 (*    just before the rank's Observe, which then drains nothing:           *)
-(*    TraceObserve; under Observe's own guard, CanDrainQueue: a drain that *)
-(*    found work takes nothing) and Deliver (a terminal output handed to   *)
+(*    TraceObserve) and Deliver (a terminal output handed to               *)
 (*    the caller; for a request the spec still holds, the output is made   *)
 (*    and delivered in one step: a request that finished, or failed        *)
 (*    alone).  The spec's two steps per request are an abstraction of the  *)
@@ -41,8 +40,10 @@
 (*    the driver records instead the first forward step of each request    *)
 (*    (FirstStep: waiting -> active, request by request), so that InFlight *)
 (*    is what the loop's drain decision reads (modes.busy): the AllReduce  *)
-(*    record's draining flag is compared with the spec's, and DrainFirst,  *)
-(*    OpenWindow and the release of a dead holder take the spec's guards.  *)
+(*    record's draining flag is compared with the spec's, DrainFirst,      *)
+(*    OpenWindow and the release of a dead holder take the spec's guards,  *)
+(*    and a first step takes EndStep's (Admits: a drain that found work    *)
+(*    admits no new request).                                              *)
 (*    A request restarted stale (R-STALENESS: back at its prompt, no       *)
 (*    longer in flight) is the one request step PauseProtocol does not     *)
 (*    model: TraceStaleRestart, active -> waiting.  With Requests = {},    *)
@@ -98,6 +99,7 @@ TraceEndStep(r) == EndStepLoop(r) /\ UNCHANGED requestVars
 TraceFirstStep(q) ==
     /\ phase[Driver] = "read"
     /\ req[q] = "waiting"
+    /\ Admits  \* EndStep's guard: a drain that found work admits no new request
     /\ req' = [req EXCEPT ![q] = "active"]
     /\ UNCHANGED <<loopVars, groupVars, holderVars, out, restarts>>
 
@@ -126,7 +128,7 @@ TracePeerDrop(r, q) ==
 
 \* Whether rank r's own batch has work: the spec's HasWork, less the requests
 \* a peer dropped.
-PeerWork(r) == \E q \in Requests : req[q] \in {"waiting", "active"} /\ <<r, q>> \notin dropped
+PeerWork(r) == \E q \in Requests : (req[q] = "active" \/ (req[q] = "waiting" /\ Admits)) /\ <<r, q>> \notin dropped
 
 \* A group step taken by the first rank to record it; the later ranks' records
 \* stutter, each catching its rank up: only a rank that has not recorded its
@@ -162,12 +164,9 @@ TraceSubmit(q, ok) ==
     /\ req' = [req EXCEPT ![q] = IF ok = 1 THEN "queued" ELSE "rejected"]
     /\ UNCHANGED <<loopVars, groupVars, holderVars, out, restarts>>
 
-\* The driver's loop takes request q from its queue, just before its Observe,
-\* under the guard of Observe's drain (CanDrainQueue: not while a drain holds
-\* admission).
+\* The driver's loop takes request q from its queue, just before its Observe.
 TraceDrain(q) ==
     /\ phase[Driver] = "read"
-    /\ CanDrainQueue(Driver)
     /\ req[q] = "queued"
     /\ req' = [req EXCEPT ![q] = "drained"]
     /\ UNCHANGED <<loopVars, groupVars, holderVars, out, restarts>>

@@ -152,9 +152,14 @@ def deliver(g: GroupState, i: int) -> GroupState:
     return _set_request(g, i, "delivered")
 
 
+def admits(g: GroupState) -> bool:
+    """TLA+ ``Admits``: no drain holds admission (a drain that found work steps only the requests in flight)."""
+    return not g.ranks[DRIVER].draining
+
+
 def has_work(g: GroupState) -> bool:
-    """TLA+ ``HasWork``: the scheduler has requests (waiting or active)."""
-    return "waiting" in g.req or "active" in g.req
+    """TLA+ ``HasWork``: the scheduler has requests it may step (in flight, or waiting while it admits)."""
+    return "active" in g.req or ("waiting" in g.req and admits(g))
 
 
 def in_flight(g: GroupState) -> bool:
@@ -207,7 +212,7 @@ def _loop_steps(g: GroupState, r: int, s: RankState) -> Iterator[tuple[str, Grou
     tag = f"({tla_number(r)})"
     if t.can_observe(s):
         succ = _set_rank(g, r, t.observe(s))
-        if r == DRIVER and t.can_drain_queue(s):
+        if r == DRIVER:
             succ = replace(succ, req=tuple("drained" if q == "queued" else q for q in g.req))
         yield "Observe" + tag, succ
     if t.can_drain_first(s):
@@ -233,7 +238,7 @@ def _loop_steps(g: GroupState, r: int, s: RankState) -> Iterator[tuple[str, Grou
         yield "StartStep" + tag, _set_rank(g, r, t.start_step(s))
     if t.can_end_step(s):
         stepped = _finish(_set_rank(g, r, t.end_step(s)), r, ("active",))
-        if r == DRIVER:  # a request's first step puts it in flight
+        if r == DRIVER and admits(g):  # a request's first step puts it in flight, unless a drain holds admission
             stepped = replace(stepped, req=tuple("active" if q == "waiting" else q for q in stepped.req))
         yield "EndStep" + tag, stepped
     if t.can_idle(s) and not has_work(g) and not payload_pending(g):
@@ -454,8 +459,8 @@ GROUP_INVARIANTS = {
 
 __all__ = [
     "DRIVER", "FAULTS", "GROUP_INVARIANTS", "HELD", "HOLDER_STATES", "REQUEST_STATES", "Bounds", "GroupState",
-    "action_name", "any_inside", "broadcast", "counts_inv", "deliver", "exclusion_inv", "has_work", "in_flight",
-    "in_hand", "initial_group", "payload_pending",
+    "action_name", "admits", "any_inside", "broadcast", "counts_inv", "deliver", "exclusion_inv", "has_work",
+    "in_flight", "in_hand", "initial_group", "payload_pending",
     "holder_dies", "mode_inv", "monotone_stop_inv", "next_steps", "nothing_lost_inv", "same_window_inv", "submit",
     "terminated", "tla_holder_state", "tla_number", "type_ok",
 ]  # fmt: skip

@@ -166,10 +166,6 @@ def can_drain_first(s: RankState) -> bool:
     return pause_decided(s) and s.draining
 
 
-def can_drain_queue(s: RankState) -> bool:  # TLA+ CanDrainQueue (the driver's): a drain that found work takes nothing
-    return not s.draining
-
-
 def can_skip_window(s: RankState) -> bool:
     return pause_decided(s) and not s.draining and pending(s) == 0 and (s.obs_pause > 0 or s.local_status != DONT_STOP)
 

@@ -39,7 +39,6 @@ from cbpause.core.state import (  # noqa: F401 - re-exported: the guards, the st
     can_close_window,
     can_collective_timeout,
     can_drain_first,
-    can_drain_queue,
     can_drop_waiting,
     can_end_step,
     can_enter_window,

@@ -257,10 +257,12 @@ class TrackingRouter(_api.OutputRouter):
         self.traced_in_flight: set[str] = set()
 
     def _delivered(self, request_id: str) -> None:
-        self.live.discard(request_id)
-        self.traced_in_flight.discard(request_id)
+        # Recorded before the id is free again: a caller reusing it at once has its Submit recorded after this
+        # Deliver, which the trace then numbers as the old request's (found by a hostile review, issue 40).
         if self.status is not None:
             self.status.record_request("Deliver", request_id)
+        self.traced_in_flight.discard(request_id)
+        self.live.discard(request_id)
 
     def _label(self, output: Any) -> bool:
         finished = output.is_finished()

@@ -52,10 +52,8 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         # a rank without queues brings nothing.
         if self.input_queue is None or self.cancel_queue is None:
             payload: tuple[list, list] = ([], [])
-        elif t.can_drain_queue(status.state):
+        else:  # in a drain too: the scheduler holds what it takes (TLA+ Admits; upstream.hold_admission)
             payload = (_api.drain_queue(self.input_queue), _api.drain_queue(self.cancel_queue))
-        else:
-            payload = ([], self._cancellations_while_draining())
         in_hand = payload[0]  # an abort at the decision empties it
         for state in in_hand:  # TracePauseProtocol's Drain, just before the Observe
             status.record_request("Drain", state.request_id)
@@ -78,7 +76,8 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             raise
         for cancelled in cancellations:  # every rank marks the driver's cancellations, in its order
             self.scheduler.set_request_cancellation(cancelled)
-            self._peer_drop(cancelled)
+            if cancelled in self.scheduler.active_requests or cancelled in self.scheduler.waiting_requests:
+                self._peer_drop(cancelled)  # (one the scheduler does not hold yet will come, and run, later)
         return False
 
     def _peer_drop(self, request_id: str) -> None:
@@ -88,19 +87,6 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         status = self.background_thread_status
         if self.input_queue is None and status.tracing:
             status.record_request("PeerDrop", request_id)
-
-    def _cancellations_while_draining(self) -> list:
-        """A drain that found work takes no new request from the queue (CanDrainQueue, R-MODES): the cancellations of
-        the requests the scheduler holds apply now (a cancelled request in flight ends the drain sooner); the others
-        name requests still in the queue (or gone), and go back to their queue, to be taken with their requests once
-        the drain ends (a cancellation applied before its request arrives would be lost)."""
-        scheduler, held = self.scheduler, []
-        for request_id in _api.drain_queue(self.cancel_queue):
-            if request_id in scheduler.active_requests or request_id in scheduler.waiting_requests:
-                held.append(request_id)
-            else:
-                self.cancel_queue.put(request_id)
-        return held
 
     def _generation_step(self, model: Any) -> None:
         """Upstream's forward step, its version noted (R-VERSIONS: async batching reads it back after a window)."""

@@ -57,7 +57,9 @@ def record_first_steps(processor: Any) -> None:
         return
     scheduler, traced = processor.scheduler, router.traced_in_flight
     for request_id in [*scheduler.active_requests, *(r for r, s in scheduler.waiting_requests.items() if in_flight(s))]:
-        if request_id not in traced:
+        # (only the requests the caller submitted: the children upstream forks for num_return_sequences > 1 are not
+        # the spec's requests, and a trace of such a run is rejected at their outputs: a known limit)
+        if request_id not in traced and request_id in router.live:
             traced.add(request_id)
             status.record_request("FirstStep", request_id)
 
