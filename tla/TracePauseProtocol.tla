@@ -80,11 +80,23 @@ View(r) ==
 
 TraceInit == Init /\ i = 0 /\ lagging = {} /\ prev = [r \in Ranks |-> View(r)] /\ owed = {} /\ dropped = {}
 
+\* The spec has no cancellation: the trace takes a cancelled request's output
+\* as a Deliver from the scheduler (TraceDeliver).  A drain whose requests in
+\* flight were all cancelled then holds only waiting requests (Admits false),
+\* which the loop asked to flush does not exit on: it goes round through an
+\* empty step until the next decision ends the drain (a state the spec, whose
+\* requests in flight end only by a step, never reaches).
 TraceStartStep(r) ==
     IF Requests = {}
     THEN /\ phase[r] = "body"
          /\ Move(r, "step")
-    ELSE StartStep(r)
+    ELSE \/ StartStep(r)
+         \/ /\ phase[r] = "body"
+            /\ ~PayloadPending
+            /\ tpStatus = FLUSH_AND_STOP
+            /\ ~Admits
+            /\ \E q \in Requests : req[q] = "waiting"
+            /\ Move(r, "step")
 
 TraceObserve(r) == ObserveLoop(r) /\ UNCHANGED requestVars
 
