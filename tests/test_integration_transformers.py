@@ -31,6 +31,7 @@ from cbpause.testing import (  # noqa: E402  # noqa: E402
     run_thread,
     tiny_llama,
 )
+from cbpause.testing import greedy_reference as greedy_without_eos  # noqa: E402
 
 from .conftest import MAX_NEW, PROMPT, WAIT, overlapping_holders, results, submit  # noqa: E402
 
@@ -677,9 +678,20 @@ def perturb_weights(model, seed: int) -> None:
 def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
     """What the model generates now, outside the continuous-batching loop (its manager stopped and forgotten)."""
     model.destroy_cached_continuous_batching_manager()
-    ids = torch.tensor([prompt], device=model.device)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
-    return out[0, len(prompt) :].tolist()
+    return greedy_without_eos(model, prompt, n)
+
+
+def test_the_reference_runs_past_the_configs_end_of_sequence_token_as_the_loop_does(manager):
+    """The CI failure of 5a691f5: ``model.generate`` stopped at the Llama config's end-of-sequence token (2), the
+    loop (``greedy_config``) does not, and a prompt whose split between old and new weights depends on timing
+    made the two disagree.  This prompt's greedy continuation holds a 2 on the tiny model, every run."""
+    model = manager.model
+    prompt = [int(x) for x in torch.randint(1, 100, (20,), generator=torch.Generator().manual_seed(1))]
+    manager.start()
+    (out,) = results(manager, [manager.add_request(list(prompt), max_new_tokens=MAX_NEW)])
+    manager.stop(block=True, timeout=WAIT)
+    assert model.generation_config.eos_token_id in out.generated_tokens  # the case: generate() would stop there
+    assert out.generated_tokens == greedy_reference(model, prompt, MAX_NEW)
 
 
 def test_d6_a_prompt_after_a_weight_update_reads_no_kv_of_the_old_weights(d6_cbpause_or_upstream):

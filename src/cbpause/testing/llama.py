@@ -25,6 +25,7 @@ __all__ = [
     "batching_config",
     "cache_blocks",
     "greedy_config",
+    "greedy_reference",
     "pending_pause",
     "probed",
     "tiny_llama",
@@ -53,6 +54,28 @@ def tiny_llama(device: str = "cpu", seed: int = 0, **overrides: Any) -> LlamaFor
 def greedy_config(max_new_tokens: int) -> GenerationConfig:
     """Greedy decoding, no end-of-sequence token: every request generates exactly ``max_new_tokens``."""
     return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+
+
+def greedy_reference(model: LlamaForCausalLM, prompt: list[int], n: int) -> list[int]:
+    """The ``n`` tokens greedy decoding appends to ``prompt`` outside the loop, with no end-of-sequence token.
+
+    Not ``model.generate``: it stops at the model config's end-of-sequence token (2 for a ``LlamaConfig``),
+    which :func:`greedy_config` turns off for the loop, so the two disagreed on every prompt whose greedy
+    continuation holds a 2 (a prompt built from the loop's own output, whose split between old and new weights
+    depends on timing, hit one in CI).  ``generate`` refuses ``eos_token_id=-1`` with a warning; this is its
+    greedy loop, the KV cache included, without the stop.
+    """
+    tokens = torch.tensor([prompt], device=model.device)
+    out: list[int] = []
+    past = None
+    with torch.no_grad():
+        for _ in range(n):
+            step = model(tokens, past_key_values=past, use_cache=True)
+            past = step.past_key_values
+            token = int(step.logits[0, -1].argmax())
+            out.append(token)
+            tokens = torch.tensor([[token]], device=model.device)
+    return out
 
 
 def cache_blocks(requests: int, tokens: int, spare: int = 16) -> int:
