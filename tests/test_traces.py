@@ -121,21 +121,40 @@ def test_a_request_record_keeps_its_action_name():
     assert all(action_of(a) == a for a in REQUEST_RECORDS)
 
 
+class _Log:
+    """A trace written by hand from the transitions (ranks and the holder numbered from 0, as the recorder does)."""
+
+    def __init__(self, n_ranks: int = 1):
+        from cbpause.core import transitions as t
+
+        self.t = t
+        self.s = [t.RankState() for _ in range(n_ranks)]
+        self.events: list = []
+        self.n_ranks = n_ranks
+
+    def rec(self, action, rank=0, fn=None, *args, request="", argument=0, holder=None, holder_state=""):
+        from cbpause.core.recorder import TraceEvent
+
+        if fn is not None:
+            self.s[rank] = fn(self.s[rank], *args)
+        self.events.append(TraceEvent(action, rank, holder, argument, self.s[rank], holder_state, len(self.events),
+                                      request))  # fmt: skip
+
+    def trace(self, events=None):
+        from cbpause.tlc.traces import Trace
+
+        return Trace(list(self.events if events is None else events), [0] if self._holders() else [], self.n_ranks)
+
+    def _holders(self):
+        return any(e.holder is not None for e in self.events)
+
+
 def _group_iteration_trace(late: bool) -> list:
     """Two ranks, hand-written from the transitions: request 0 is drained, agreed, broadcast by rank 0 (rank 1's
     record of the same broadcast comes ``late``: after rank 0 delivered request 0 (failed alone at admission), idled,
     drained request 1 and observed, as a real TP=2 trace had it), then rank 1 idles and observes."""
-    from cbpause.core import transitions as t
-    from cbpause.core.recorder import TraceEvent
-
-    s = [t.RankState(), t.RankState()]
-    events = []
-
-    def rec(action, rank, fn=None, *args, request="", argument=0):
-        if fn is not None:
-            s[rank] = fn(s[rank], *args)
-        events.append(TraceEvent(action, rank, None, argument, s[rank], "", len(events), request))
-
+    log = _Log(2)
+    t, rec, events = log.t, log.rec, log.events
     rec("Submit", 0, request="req_0", argument=1)
     rec("Drain", 0, request="req_0")
     rec("Observe", 0, t.observe)
@@ -173,34 +192,6 @@ def test_a_peer_finishes_its_iteration_after_the_driver_took_its_next_payload(la
     trace = Trace(_group_iteration_trace(late), [], 2)
     result = validate(trace, TLA_DIR, tmp_path)
     assert result.accepted, describe_rejection(trace, result)
-
-
-class _Log:
-    """A trace written by hand from the transitions (ranks and the holder numbered from 0, as the recorder does)."""
-
-    def __init__(self, n_ranks: int = 1):
-        from cbpause.core import transitions as t
-
-        self.t = t
-        self.s = [t.RankState() for _ in range(n_ranks)]
-        self.events: list = []
-        self.n_ranks = n_ranks
-
-    def rec(self, action, rank=0, fn=None, *args, request="", argument=0, holder=None, holder_state=""):
-        from cbpause.core.recorder import TraceEvent
-
-        if fn is not None:
-            self.s[rank] = fn(self.s[rank], *args)
-        self.events.append(TraceEvent(action, rank, holder, argument, self.s[rank], holder_state, len(self.events),
-                                      request))  # fmt: skip
-
-    def trace(self, events=None):
-        from cbpause.tlc.traces import Trace
-
-        return Trace(list(self.events if events is None else events), [0] if self._holders() else [], self.n_ranks)
-
-    def _holders(self):
-        return any(e.holder is not None for e in self.events)
 
 
 def _drain_trace(forge: str = "") -> _Log:

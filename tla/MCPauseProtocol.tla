@@ -74,8 +74,6 @@ ThreeRanksOneHolderEach == [h \in {1, 2, 3} |-> h]
 OneRankThreeHolders == [h \in {1, 2, 3} |-> 1]
 \* Two ranks, one holder on rank 1 and two on rank 2.
 TwoRanksOneAndTwoHolders == [h \in {1, 2, 3} |-> IF h = 1 THEN 1 ELSE 2]
-\* Three ranks, holders 1 + 1 + 2 (issue 40, point 4).
-ThreeRanksOneOneTwoHolders == [h \in {1, 2, 3, 4} |-> IF h = 4 THEN 3 ELSE h]
 
 -----------------------------------------------------------------------------
 (* Witnesses: properties that must FAIL, to show the models are not       *)

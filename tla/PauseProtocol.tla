@@ -147,8 +147,11 @@ AnyInside == \E h \in Holders : hs[h] = "inside" /\ phase[RankOf[h]] # "dead"
 \* (upstream.hold_admission); the driver still takes requests from its queue
 \* at Observe, and they wait in the scheduler.
 Admits == ~draining[Driver]
+\* Request q is one the scheduler may step (TracePauseProtocol's PeerWork
+\* reads it per request).
+Workable(q) == req[q] = "active" \/ (req[q] = "waiting" /\ Admits)
 \* The scheduler has requests it may step: a forward step has something to do.
-HasWork == \E i \in Requests : req[i] = "active" \/ (req[i] = "waiting" /\ Admits)
+HasWork == \E q \in Requests : Workable(q)
 \* Requests in flight: stepped at least once, not ended (modes.busy).
 InFlight == \E i \in Requests : req[i] = "active"
 \* The group's payload: requests the driver drained and the broadcast has not
@@ -389,11 +392,16 @@ Broadcast ==
     /\ req' = [i \in Requests |-> IF req[i] = "drained" THEN "waiting" ELSE req[i]]
     /\ UNCHANGED <<loopVars, groupVars, holderVars, out, restarts>>
 
-\* P-START-STEP: a forward step of the batch.
-StartStep(r) ==
+\* P-START-STEP: a forward step of the batch.  Its guard takes work, whether
+\* the batch has work: HasWork here; TracePauseProtocol widens it to a flush
+\* loop's empty step.
+CanStartStep(r, work) ==
     /\ phase[r] = "body"
     /\ ~PayloadPending
-    /\ HasWork
+    /\ work
+
+StartStep(r) ==
+    /\ CanStartStep(r, HasWork)
     /\ Move(r, "step")
 
 \* EndStep's step of the loop, without the requests' (TracePauseProtocol takes

@@ -78,7 +78,11 @@ View(r) ==
      tpPause |-> tpPause, obsStatus |-> obsStatus[r], obsPause |-> obsPause[r],
      draining |-> draining[r]]
 
-TraceInit == Init /\ i = 0 /\ lagging = {} /\ prev = [r \in Ranks |-> View(r)] /\ owed = {} /\ dropped = {}
+\* Every rank's View (primed as a whole: View(r)' would prime r too, where r
+\* is read from the log at i).
+Views == [s \in Ranks |-> View(s)]
+
+TraceInit == Init /\ i = 0 /\ lagging = {} /\ prev = Views /\ owed = {} /\ dropped = {}
 
 \* The spec has no cancellation: the trace takes a cancelled request's output
 \* as a Deliver from the scheduler (TraceDeliver).  A drain whose requests in
@@ -86,17 +90,15 @@ TraceInit == Init /\ i = 0 /\ lagging = {} /\ prev = [r \in Ranks |-> View(r)] /
 \* which the loop asked to flush does not exit on: it goes round through an
 \* empty step until the next decision ends the drain (a state the spec, whose
 \* requests in flight end only by a step, never reaches).
+FlushThroughDrain ==
+    /\ tpStatus = FLUSH_AND_STOP
+    /\ ~Admits
+    /\ \E q \in Requests : req[q] = "waiting"
+
+\* A trace without request records (Requests = {}) steps whenever its loop did.
 TraceStartStep(r) ==
-    IF Requests = {}
-    THEN /\ phase[r] = "body"
-         /\ Move(r, "step")
-    ELSE \/ StartStep(r)
-         \/ /\ phase[r] = "body"
-            /\ ~PayloadPending
-            /\ tpStatus = FLUSH_AND_STOP
-            /\ ~Admits
-            /\ \E q \in Requests : req[q] = "waiting"
-            /\ Move(r, "step")
+    /\ CanStartStep(r, Requests = {} \/ HasWork \/ FlushThroughDrain)
+    /\ Move(r, "step")
 
 TraceObserve(r) == ObserveLoop(r) /\ UNCHANGED requestVars
 
@@ -140,7 +142,12 @@ TracePeerDrop(r, q) ==
 
 \* Whether rank r's own batch has work: the spec's HasWork, less the requests
 \* a peer dropped.
-PeerWork(r) == \E q \in Requests : (req[q] = "active" \/ (req[q] = "waiting" /\ Admits)) /\ <<r, q>> \notin dropped
+PeerWork(r) == \E q \in Requests : Workable(q) /\ <<r, q>> \notin dropped
+
+\* The spec's Idle and ExitLoop, with the rank's own view of its work.
+TraceIdle(r) == CanIdle(r, PeerWork(r)) /\ Move(r, "read")
+
+TraceExitLoop(r) == CanExitLoop(r, PeerWork(r)) /\ Exit(r)
 
 \* A group step taken by the first rank to record it; the later ranks' records
 \* stutter, each catching its rank up: only a rank that has not recorded its
@@ -150,7 +157,7 @@ GroupStep(A, r, before) ==
     /\ IF phase[r] = before
        THEN /\ A
             /\ lagging' = {q \in Ranks : q # r /\ phase[q] = before}
-            /\ prev' = [q \in Ranks |-> View(q)]
+            /\ prev' = Views
        ELSE /\ r \in lagging
             /\ UNCHANGED vars
             /\ lagging' = lagging \ {r}
@@ -232,8 +239,8 @@ Step(e) ==
          [] e.a = "NoPause"           -> NoPause(r)
          [] e.a = "StartStep"         -> TraceStartStep(r)
          [] e.a = "EndStep"           -> TraceEndStep(r)
-         [] e.a = "Idle"              -> CanIdle(r, PeerWork(r)) /\ Move(r, "read")
-         [] e.a = "ExitLoop"          -> CanExitLoop(r, PeerWork(r)) /\ Exit(r)
+         [] e.a = "Idle"              -> TraceIdle(r)
+         [] e.a = "ExitLoop"          -> TraceExitLoop(r)
          [] e.a = "RequestPause"      -> TraceRequestPause(h, e.arg)
          [] e.a = "EnterPause"        -> EnterPause(h)
          [] e.a = "LeavePause"        -> LeavePause(h)
@@ -274,10 +281,7 @@ KeepLag(e) ==
 Matches(e) ==
     LET r == e.r
         v == e.v
-        shown == IF r \in lagging' THEN prev'[r]
-                 ELSE [phase |-> phase'[r], localStatus |-> localStatus'[r], tpStatus |-> tpStatus',
-                       tpPause |-> tpPause', obsStatus |-> obsStatus'[r], obsPause |-> obsPause'[r],
-                       draining |-> draining'[r]]
+        shown == IF r \in lagging' THEN prev'[r] ELSE Views'[r]
     IN IF e.a = "Crash" THEN phase'[r] = "dead" ELSE  \* all the harness knows of a killed rank
        /\ fatal'[r] = v.fatal
        /\ paused'[r] = v.paused

@@ -22,6 +22,7 @@ before any window opens, so that the batches of a TP group stay copies of each o
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from transformers.generation.continuous_batching import continuous_api as _api
@@ -40,10 +41,15 @@ def in_flight(state: Any) -> bool:
     return bool(state.is_cpu_offloaded or state._true_initial_tokens)
 
 
+def in_flight_ids(scheduler: Any) -> Iterator[str]:
+    """The ids of the requests in flight: active, or waiting after a step (a drain waits for them)."""
+    yield from scheduler.active_requests
+    yield from (request_id for request_id, state in scheduler.waiting_requests.items() if in_flight(state))
+
+
 def busy(processor: Any) -> bool:
     """The batch has requests in flight (what a drain waits for)."""
-    scheduler = processor.scheduler
-    return bool(scheduler.active_requests) or any(in_flight(s) for s in scheduler.waiting_requests.values())
+    return next(in_flight_ids(processor.scheduler), None) is not None
 
 
 def record_first_steps(processor: Any) -> None:
@@ -55,8 +61,8 @@ def record_first_steps(processor: Any) -> None:
     status = router.status
     if status is None or not status.tracing:
         return
-    scheduler, traced = processor.scheduler, router.traced_in_flight
-    for request_id in [*scheduler.active_requests, *(r for r, s in scheduler.waiting_requests.items() if in_flight(s))]:
+    traced = router.traced_in_flight
+    for request_id in list(in_flight_ids(processor.scheduler)):
         # (only the requests the caller submitted: the children upstream forks for num_return_sequences > 1 are not
         # the spec's requests, and a trace of such a run is rejected at their outputs: a known limit)
         if request_id not in traced and request_id in router.live:

@@ -28,7 +28,6 @@ HOLDER_MAPS = {
     "TwoRanksOneAndTwoHolders": (1, 2),
     "ThreeRanksOneHolderEach": (1, 1, 1),
     "TwoRanksTwoHoldersEach": (2, 2),
-    "ThreeRanksOneOneTwoHolders": (1, 1, 2),
 }
 
 
