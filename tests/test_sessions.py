@@ -142,3 +142,23 @@ def test_the_session_runs_briefly(name, tmp_path):
         out.append(done.stdout + done.stderr)
         assert done.returncode == 0, f"{name}: {' '.join(argv)} exited {done.returncode}\n{''.join(out)[-4000:]}"
     CHECKS[name]("".join(out), tmp_path)
+
+
+def test_what_ci_leaves_out_of_its_ci_session_the_same_run_makes_elsewhere():
+    """CI runs each check once: its ``ci`` session leaves out the release tests and the real-loop campaign
+    (``noxfile.left_to_the_newest_release``) only because the README's test command, which ``.ci/run`` runs, also
+    runs the newest release's session, whose tests and campaign they are."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    command = re.findall(r"```sh\n(python3 -m pip install nox && python3 -m nox [^\n]+)\n```", readme)[1]
+    sessions = command.split(" -s ", 1)[1].split()
+    assert "ci" in sessions and f"transformers-{noxfile.NEWEST}" in sessions, sessions
+    left = noxfile.left_to_the_newest_release()
+    ignored = [a.removeprefix("--ignore=") for a in left if a.startswith("--ignore=")]
+    assert ignored and set(ignored) <= set(noxfile.RELEASE_TESTS)
+    assert all((ROOT / f).is_file() for f in ignored)
+    assert noxfile.NEWEST in noxfile.SERVED or "tests/test_serve.py" not in ignored  # skipped there: kept here
+    assert left[-2:] == ["--deselect", "tests/test_sessions.py::test_the_session_runs_briefly[traces_real]"]
+    assert noxfile.RELEASE_CAMPAIGN("") == noxfile.COMMANDS["traces_real"]["brief"]("")
+    assert "traces_real" in noxfile.COMMANDS  # the id deselected is one of test_the_session_runs_briefly's
