@@ -45,8 +45,8 @@ SEARCH = 180
 # searches run only in `nox -s crosshair`: a restructuring once left one replacing nothing, unnoticed until then).
 PLANTS = {
     "leave_pause_keeps_the_count": (
-        "    return _drop(_plus(s, mode, -1, inside=s.inside - 1, count=s.count - 1), s)\n",
-        "    return _drop(_plus(s, mode, -1, inside=s.inside - 1), s)\n",
+        "    return _drop(_plus(s, mode, -1, inside=s.inside - 1, count=s.count - 1), s, queued)\n",
+        "    return _drop(_plus(s, mode, -1, inside=s.inside - 1), s, queued)\n",
     ),
     "open_window_without_its_guard": ("    pre: can_open_window(s)\n", "    pre: pause_decided(s)\n"),
 }

@@ -46,6 +46,7 @@ def no_hold_left(manager) -> None:
     state = status.state
     assert (state.count, state.waiting, state.inside) == (0, 0, 0), state
     assert not [h for h in status._holds if h.state != "idle"], status._holds  # none waiting or inside
+    assert not status._queued, status._queued  # none queued at a closing window
 
 
 def serves(manager, n: int = 2) -> None:
@@ -274,6 +275,63 @@ def test_an_interrupt_at_any_line_of_a_pause_on_another_thread_leaks_no_hold(man
     assert not thread.is_alive()
     assert "error" not in box, box.get("error")
     assert box["result"] > 40
+    serves(manager)
+
+
+def _closing_window(manager) -> tuple:
+    """Holders A and B (threads) share a window; A leaves, so it is closing.  Returns B's thread and the event that
+    lets B leave (which closes the window)."""
+    a_in, a_leave, b_in, b_leave = (threading.Event() for _ in range(4))
+
+    def hold(inside: threading.Event, leave: threading.Event) -> None:
+        with manager.pause(timeout=WAIT):
+            inside.set()
+            leave.wait(WAIT)
+
+    a = run_thread(lambda: hold(a_in, a_leave), "holder-a")
+    assert a_in.wait(WAIT)
+    b = run_thread(lambda: hold(b_in, b_leave), "holder-b")
+    assert b_in.wait(WAIT)
+    a_leave.set()
+    a[0].join(JOIN_TIMEOUT)
+    assert manager.background_thread_status.state.closing
+    return b, b_leave
+
+
+def test_an_interrupt_at_any_line_of_a_queued_pause_leaks_no_hold(manager):
+    """Issue 40, point 3: the same, for a pause that arrives at a closing window and is queued (P-QUEUE-PAUSE): an
+    interrupt while queued (P-LEAVE-QUEUE), at the close that makes it waiting, or after, leaves nothing held or
+    queued.  A closer thread lets the window close once the pause is queued (or has ended)."""
+    status = manager.background_thread_status
+    points = 0
+    with young_heap():
+        for n in range(1, 2000):
+            (b, b_box), b_leave = _closing_window(manager)
+            done = threading.Event()
+
+            def closer() -> None:
+                with status._lock:
+                    status._condition.wait_for(lambda: bool(status._queued) or done.is_set(), WAIT)
+                b_leave.set()
+
+            closing = run_thread(closer, "closer")
+            fired, propagated = pause_interrupted_at(manager, n)
+            done.set()
+            with status._lock:
+                status._condition.notify_all()
+            for thread, box in (closing, (b, b_box)):
+                thread.join(JOIN_TIMEOUT)
+                assert not thread.is_alive() and "error" not in box, box
+            gc.collect()
+            if not fired:
+                break
+            points += 1
+            assert propagated, f"the KeyboardInterrupt at line event {n} did not propagate"
+            no_hold_left(manager)
+        else:
+            pytest.fail("the traced pause never ended")
+    assert points > 40
+    assert status.metrics().holders_queued == 0
     serves(manager)
 
 

@@ -19,6 +19,7 @@ and change nothing.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import re
@@ -41,7 +42,7 @@ from hypothesis.stateful import (
 from cbpause import PauseProtocol, PeerParkTimeout
 from cbpause.core import group as gr
 from cbpause.core import transitions
-from cbpause.testing import HANG_S
+from cbpause.testing import HANG_S, run_thread, wait_for_queued
 from cbpause.tlc.tla import checked_definitions, next_actions
 
 from .conftest import TLA_DIR
@@ -137,6 +138,7 @@ class ProtocolComparison(RuleBasedStateMachine):
         self.dead: set[int] = set()
         self.api = apis[: len(rank_of)]  # each holder uses one API throughout
         self.holds: dict[int, object] = {}  # explicit holders' PauseHold objects
+        self.queued: dict[int, tuple] = {}  # holders queued at a closing window: their thread and its box
         self._steps: tuple[gr.GroupState | None, list] = (None, [])
 
     def steps(self) -> list[tuple[str, gr.GroupState]]:
@@ -146,6 +148,10 @@ class ProtocolComparison(RuleBasedStateMachine):
                 timeouts = ("CollectiveTimeout", "PeerParkTimeout")
                 calm = [(lbl, g) for lbl, g in steps if gr.action_name(lbl) not in timeouts]
                 steps = calm or steps  # a timeout is the only way on: take it
+            # A holder queued on a thread of its own waits there until the window closes: nothing withdraws it
+            # from outside (its LeaveQueue is taken by the calls that give up at once, do_QueuePause).
+            steps = [(lbl, g) for lbl, g in steps if not (gr.action_name(lbl) == "LeaveQueue"
+                                                          and index(lbl) in self.queued)]  # fmt: skip
             self._steps = (self.g, steps)
         return self._steps[1]
 
@@ -164,6 +170,7 @@ class ProtocolComparison(RuleBasedStateMachine):
             on_loop(getattr(self.rank(label), snake(action)))
         else:
             getattr(self, "do_" + action)(label, data)
+        self.collect_admitted()
         assert gr.monotone_stop_inv(before, self.g), f"MonotoneStopInv broken by {label}"
         STEPS[0] += 1
 
@@ -301,6 +308,42 @@ class ProtocolComparison(RuleBasedStateMachine):
                 p.acquire_pause(None, timeout=0, mode=name)
             self.settle(h, "PauseTimeout")
 
+    def do_QueuePause(self, label, data):
+        """A holder asks at a closing window.  Either it gives up at once (``timeout=0``: QueuePause, then
+        LeaveQueue with its TimeoutError), or it waits on a thread of its own until the Drop that closes the window
+        makes it waiting (:meth:`collect_admitted` then takes its hold)."""
+        h, p = self.holder(label)
+        mode = self.g.hmode[h]
+        # On a thread of its own: the model's holders are threads, and a thread with a hold inside the window (the
+        # machine's, for its holders) asks at once, its pause nesting in the one it holds (outside the model).
+        gives_up = self.bounds.faults & {"interrupt", "timeout"} and data.draw(st.booleans(), label="gives up")
+        if gives_up:
+            call = p.request_pause if self.api[h] == "explicit" else functools.partial(p.acquire_pause, None)
+            thread, box = run_thread(lambda: call(mode=mode, timeout=0), name=f"gives-up-{h}")
+            thread.join(HANG_S)
+            assert not thread.is_alive() and isinstance(box.get("error"), TimeoutError), box
+            assert "closing" in str(box["error"])
+            self.settle(h, "LeaveQueue")
+            return
+        self.holds.pop(h, None)
+        queued = len(p._queued)
+        self.queued[h] = run_thread(lambda: p.request_pause(mode=mode), name=f"queued-{h}")
+        assert wait_for_queued(p, HANG_S, queued + 1), "the holder was not queued"
+
+    def do_LeaveQueue(self, label, data):
+        raise AssertionError("a queued holder's LeaveQueue is taken at once, by do_QueuePause")
+
+    def collect_admitted(self) -> None:
+        """The holders the model made waiting out of the queue (the Drop that closed their window): their threads
+        return their holds, as explicit holders."""
+        for h in [h for h in self.queued if self.g.hs[h] != "queued"]:
+            thread, box = self.queued.pop(h)
+            thread.join(HANG_S)
+            assert not thread.is_alive() and "error" not in box, (h, box)
+            hold = self.holds[h] = box["result"]
+            hold.thread = threading.current_thread()  # its thread ended: the hold lives on with the machine's
+            self.api[h] = "explicit"  # a hold of request_pause from now on
+
     def settle(self, h: int, action: str) -> None:
         """The model's second step of a drop-in holder's call."""
         want = f"{action}({gr.tla_number(h)})"
@@ -368,6 +411,8 @@ class ProtocolComparison(RuleBasedStateMachine):
             assert (p.fatal_error is not None) == state.fatal, (r, p.fatal_error, state)
             m = p.metrics()
             assert (m.holders_waiting, m.holders_inside) == (state.waiting, state.inside)
+            queued = sum(x == "queued" and self.g.rank_of[h] == r for h, x in enumerate(self.g.hs))
+            assert m.holders_queued == queued, (r, m.holders_queued, queued)
         for h, hold in self.holds.items():
             if self.g.rank_of[h] not in self.dead:
                 assert hold.state == self.g.hs[h].removeprefix("dead:"), (h, hold, self.g.hs[h])
@@ -439,7 +484,7 @@ def test_fuzz_campaign():
 def test_fuzzing_finds_a_planted_bug(monkeypatch):
     """LeavePause that forgets to close the window: the machine must find CountsInv broken."""
 
-    def leave_pause(s, mode=transitions.KEEP):  # named as the transition it replaces (traces record it by name)
+    def leave_pause(s, mode=transitions.KEEP, queued=()):  # named as the transition it replaces (traces record it)
         return s._replace(inside=s.inside - 1, count=s.count - 1)
 
     monkeypatch.setattr(transitions, "leave_pause", leave_pause)

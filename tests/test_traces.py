@@ -143,10 +143,9 @@ class _Log:
     def trace(self, events=None):
         from cbpause.tlc.traces import Trace
 
-        return Trace(list(self.events if events is None else events), [0] if self._holders() else [], self.n_ranks)
-
-    def _holders(self):
-        return any(e.holder is not None for e in self.events)
+        events = list(self.events if events is None else events)
+        holders = sorted({e.holder for e in events if e.holder is not None})
+        return Trace(events, [next(e.rank for e in events if e.holder == h) for h in holders], self.n_ranks)
 
 
 def _group_iteration_trace(late: bool) -> list:
@@ -192,6 +191,54 @@ def test_a_peer_finishes_its_iteration_after_the_driver_took_its_next_payload(la
     trace = Trace(_group_iteration_trace(late), [], 2)
     result = validate(trace, TLA_DIR, tmp_path)
     assert result.accepted, describe_rejection(trace, result)
+
+
+def _queue_trace(forge: bool = False) -> _Log:
+    """One rank, three holders: A and B share a window, A leaves (it is closing), C asks and is queued, B leaves,
+    which closes the window and makes C waiting; C enters the next window.  ``forge``: C queues while the window
+    is open and not closing yet (before A leaves), which the code never does."""
+    log = _Log()
+    t, rec = log.t, log.rec
+    keep = t.KEEP
+
+    def holder(action, fn, h, after, *args, argument=0):
+        rec(action, 0, fn, *args, argument=argument, holder=h, holder_state=after)
+
+    holder("RequestPause", t.request_pause, 0, "waiting", keep, argument=keep)
+    rec("Observe", 0, t.observe)
+    rec("AllReduce", 0, t.all_reduce, 0, keep)
+    rec("OpenWindow", 0, t.open_window)
+    holder("EnterPause", t.enter_pause, 0, "inside")
+    holder("RequestPause", t.request_pause, 1, "waiting", keep, argument=keep)
+    holder("EnterPause", t.enter_pause, 1, "inside")
+    if forge:
+        holder("QueuePause", t.queue_pause, 2, "queued", keep, argument=keep)
+    holder("LeavePause", t.leave_pause, 0, "idle", keep)  # the window is closing
+    if not forge:
+        holder("QueuePause", t.queue_pause, 2, "queued", keep, argument=keep)
+    holder("LeavePause", t.leave_pause, 1, "idle", keep, (keep,))  # closes it: C waits, counted
+    rec("CloseWindow", 0, t.close_window)
+    rec("Barrier", 0, t.barrier)
+    rec("Idle", 0, t.idle)
+    rec("Observe", 0, t.observe)
+    rec("AllReduce", 0, t.all_reduce, 0, keep)
+    rec("OpenWindow", 0, t.open_window)
+    holder("EnterPause", t.enter_pause, 2, "inside")
+    holder("LeavePause", t.leave_pause, 2, "idle", keep)
+    return log
+
+
+def test_a_holder_queued_at_a_closing_window_is_accepted_and_one_queued_at_an_open_one_is_not(tmp_path, tlc_ready):
+    """Issue 40, point 3: QueuePause, and the Drop that closes the window making the queued holder waiting, as the
+    code records them; a QueuePause at a window that is not closing is refused at that record."""
+    log = _queue_trace()
+    assert [e.state.count for e in log.events if e.action == "LeavePause"] == [1, 1, 0]  # C counted by B's leave
+    result = validate(log.trace(), TLA_DIR, tmp_path / "ok")
+    assert result.accepted, describe_rejection(log.trace(), result)
+    forged = _queue_trace(forge=True)
+    result = validate(forged.trace(), TLA_DIR, tmp_path / "forged")
+    at = next(n for n, e in enumerate(forged.events) if e.action == "QueuePause")
+    assert not result.accepted and result.matched == at, describe_rejection(forged.trace(), result)
 
 
 def _drain_trace(forge: str = "") -> _Log:

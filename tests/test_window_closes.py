@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from cbpause import PauseProtocol
-from cbpause.testing import HANG_S, JOIN_TIMEOUT, FakeLoop, run_thread
+from cbpause.testing import HANG_S, JOIN_TIMEOUT, FakeLoop, run_thread, wait_for_queued
 
 pytestmark = pytest.mark.layer("loop")
 
@@ -137,7 +137,85 @@ def test_request_pause_waits_for_a_closing_window_with_a_timeout():
     assert loop.stop() and loop.violations == []
 
 
+def test_a_holder_queued_at_a_closing_window_waits_from_its_close_and_enters_within_one_step():
+    """Issue 40, point 3: a pause that arrives at a closing window is queued (P-QUEUE-PAUSE), and the close itself
+    makes it waiting, counted, before anyone who asks later: its entry no longer rests on winning the lock after
+    the close (weak fairness suffices; TLC checks QueuedEntersProp with it).  It enters the next window within one
+    forward step of the close (R-BOUNDED-ENTRY: the rest of the window, which has no step, plus one)."""
+    loop = started()
+    status = loop.status
+    thread, box, b_leave = closing_window(loop)
+    entered_at: dict = {}
+
+    def c():
+        status.acquire_pause(loop.wake, timeout=WAIT)
+        entered_at["steps"] = loop.steps
+        status.release_pause()
+
+    c_thread, c_box = run_thread(c, "holder-c")
+    assert wait_for_queued(status, WAIT), "C was not queued at the closing window"
+    m = status.metrics()
+    assert (m.holders_queued, m.holders_waiting, m.holders_inside, status.state.count) == (1, 0, 1, 1)
+    steps_at_close = loop.steps  # the loop is parked in the window: this does not change until B leaves
+    b_leave.set()
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive() and "error" not in box, box
+    assert status.metrics().holders_queued == 0  # the close took C out of the queue, waiting or inside already
+    c_thread.join(JOIN_TIMEOUT)
+    assert not c_thread.is_alive() and "error" not in c_box, c_box
+    assert 0 <= entered_at["steps"] - steps_at_close <= 1
+    assert status.state.count == 0 and not status.state.closing
+    assert loop.stop() and loop.violations == []
+
+
 # ------------------------------------------------------------------------------------------------ the real loop
+
+
+def test_on_the_real_loop_a_holder_queued_at_a_closing_window_enters_within_one_forward_step(cpu_model):
+    """Issue 40, point 3, on transformers' loop with requests generating: the queued holder enters the window after
+    the closing one within one forward step of the close, counted by a forward hook."""
+    from cbpause.integrations import transformers as cbt
+    from cbpause.testing import batching_config, greedy_config, probed
+
+    from .conftest import MAX_NEW, results, submit
+
+    manager = cbt.init_continuous_batching(cpu_model, greedy_config(MAX_NEW), batching_config())
+    with probed(manager, cpu_model):
+        probe, status = manager.probe, manager.background_thread_status
+        manager.start()
+        ids = submit(manager, 2)
+        assert probe.wait_steps(2, WAIT), "the loop did not step"
+        first_in, first_leave, second_in, second_leave = (threading.Event() for _ in range(4))
+        entered_at: dict = {}
+
+        def hold(inside: threading.Event, leave: threading.Event) -> None:
+            with manager.pause(timeout=WAIT):
+                inside.set()
+                leave.wait(WAIT)
+
+        def queued() -> None:
+            with manager.pause(timeout=WAIT):
+                entered_at["forwards"] = probe.forwards
+
+        a = run_thread(lambda: hold(first_in, first_leave), "holder-a")
+        assert first_in.wait(WAIT)
+        b = run_thread(lambda: hold(second_in, second_leave), "holder-b")
+        assert second_in.wait(WAIT)  # entered the open window directly
+        first_leave.set()
+        a[0].join(JOIN_TIMEOUT)
+        assert status.state.closing
+        c = run_thread(queued, "holder-c")
+        assert wait_for_queued(status, WAIT), "C was not queued at the closing window"
+        at_close = probe.forwards  # parked: no step until B leaves
+        second_leave.set()
+        for thread, box in (b, c):
+            thread.join(JOIN_TIMEOUT)
+            assert not thread.is_alive() and "error" not in box, box
+        assert 0 <= entered_at["forwards"] - at_close <= 1
+        assert all(len(o.generated_tokens) == MAX_NEW for o in results(manager, ids))
+        manager.stop(block=True, timeout=WAIT)
+
+
 
 
 def _chain(manager, stop: threading.Event, entries: list[int], me: int, hold_s: float) -> None:

@@ -26,6 +26,8 @@ ASSUME MaxRestarts \in Nat
 MCInterrupt(h) == "interrupt" \in Faults /\ Interrupt(h)
 MCPauseTimeout(h) == "timeout" \in Faults /\ PauseTimeout(h)
 MCHolderDies(h) == "death" \in Faults /\ HolderDies(h)
+\* A queued holder's interrupt or timeout.
+MCLeaveQueue(h) == ("interrupt" \in Faults \/ "timeout" \in Faults) /\ LeaveQueue(h)
 MCRequestStop(r, s) == "stop" \in Faults /\ RequestStop(r, s)
 MCRecordFatalError(r) == "error" \in Faults /\ RecordFatalError(r)
 MCFailLoop(r) == "error" \in Faults /\ FailLoop(r)
@@ -33,7 +35,7 @@ MCCrash(r) == "crash" \in Faults /\ (\A q \in Ranks : phase[q] # "dead") /\ Cras
 MCRestart == restarts < MaxRestarts /\ Restart
 
 MCEnvironmentNext ==
-    \/ \E h \in Holders : MCInterrupt(h) \/ MCPauseTimeout(h) \/ MCHolderDies(h)
+    \/ \E h \in Holders : MCInterrupt(h) \/ MCPauseTimeout(h) \/ MCLeaveQueue(h) \/ MCHolderDies(h)
     \/ \E r \in Ranks : \E s \in {FLUSH_AND_STOP, HARD_STOP} : MCRequestStop(r, s)
     \/ \E r \in Ranks : MCRecordFatalError(r) \/ MCFailLoop(r) \/ MCCrash(r)
     \/ MCRestart
@@ -127,6 +129,14 @@ NeverAllRanksInsideWitness ==
 \* A window does close to newcomers: a holder left it while another remained
 \* (R-WINDOW-CLOSES).
 NeverClosingWitness == \A r \in Ranks : ~closing[r]
+
+\* A holder does ask at a closing window, and is queued (QueuePause).
+NeverQueuedWitness == \A h \in Holders : hs[h] # "queued"
+
+\* A queued holder does get in: it waits once the window closed, and enters
+\* the next one.
+QueuedEntersStep == \E h \in Holders : hs[h] = "queued" /\ hs'[h] = "waiting"
+NeverQueuedEntersWitness == [][~QueuedEntersStep]_vars
 
 \* A stronger mode is granted with a weaker holder in the same window: the
 \* keep holder came to the window the stronger one got (it did not keep it).

@@ -2,8 +2,11 @@
 (***************************************************************************)
 (* Bounded pause entry (R-BOUNDED-ENTRY), checked over a ghost counter.    *)
 (* entrySteps[h][q] counts the forward steps rank q starts while holder h  *)
-(* waits: from its RequestPause to its EnterPause, or to the PauseFails,   *)
-(* Interrupt or PauseTimeout that ends its wait.  The ghost only watches:  *)
+(* waits: from its RequestPause (or QueuePause: a holder queued at a       *)
+(* closing window waits there too) to its EnterPause, or to the            *)
+(* PauseFails, Interrupt, PauseTimeout or LeaveQueue that ends its wait:   *)
+(* the bound is "the rest of the window plus one forward step", and the    *)
+(* rest of a window has no step.  The ghost only watches:                  *)
 (* EntryNext is MCSpec's next-state relation with the counter's update     *)
 (* conjoined, so the behaviours are MCSpec's.  Safety only: no fairness.   *)
 (*                                                                         *)
@@ -41,14 +44,14 @@ EntryInit ==
 EntryGhost ==
     entrySteps' =
         [h \in Holders |->
-            IF hs'[h] # "waiting" THEN NoEntrySteps
+            IF hs'[h] \notin {"queued", "waiting"} THEN NoEntrySteps
             ELSE [q \in Ranks |->
                     IF phase[q] = "body" /\ phase'[q] = "step"
                     THEN IF entrySteps[h][q] < 5 THEN entrySteps[h][q] + 1 ELSE 5
                     ELSE entrySteps[h][q]]]
 
 DrainGhost ==
-    sawDrain' = [h \in Holders |-> hs'[h] = "waiting" /\ (sawDrain[h] \/ \E q \in Ranks : draining'[q])]
+    sawDrain' = [h \in Holders |-> hs'[h] \in {"queued", "waiting"} /\ (sawDrain[h] \/ \E q \in Ranks : draining'[q])]
 
 EntryNext == (SystemNext \/ MCEnvironmentNext) /\ EntryGhost /\ DrainGhost
 

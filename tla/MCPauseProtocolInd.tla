@@ -123,7 +123,7 @@ IndInit ==
     /\ hs \in [Holders -> HolderStates]
     /\ hmode \in [Holders -> {0} \cup Modes]
     /\ \A h \in Holders : (hmode[h] = 0) <=> (hs[h] = "idle")
-    /\ count = [r \in Ranks |-> Cardinality({h \in HoldersOf(r) : hs[h] # "idle"})]
+    /\ count = [r \in Ranks |-> Cardinality({h \in HoldersOf(r) : Counted(h)})]
     /\ paused \in [Ranks -> BOOLEAN]
     /\ closing \in [Ranks -> BOOLEAN]
     /\ WindowInv

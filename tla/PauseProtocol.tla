@@ -60,7 +60,10 @@ Phases == {"read", "reduce", "decided", "window", "peer", "barrier",
            "body", "step", "stopped", "dead"}
 \* "dead": the holder's thread ended while it waited or was inside, without
 \* leaving; its count stays until the protocol notices (ReleaseDeadHolder).
-HolderStates == {"idle", "waiting", "inside", "dead"}
+\* "queued": it asked while its rank's window was closing, and waits, not
+\* counted, for that window to close: the Drop that closes it makes every
+\* queued holder of the rank waiting (QueuePause, R-WINDOW-CLOSES).
+HolderStates == {"idle", "queued", "waiting", "inside", "dead"}
 \* "drained": taken from the driver's queue at Observe and in hand until the
 \* broadcast admits it to every rank's scheduler: the exit path, which fails
 \* the queue and the scheduler, cannot see it (D5, issue 24).  In the
@@ -89,7 +92,7 @@ VARIABLES
     \* The holders, and what they share with the loop of their rank.
     hs,           \* [Holders -> HolderStates]
     hmode,        \* [Holders -> 0..ABORT]: the mode a holder asked (0 while idle)
-    count,        \* [Ranks -> Int]: holders of the rank waiting or inside
+    count,        \* [Ranks -> Int]: holders of the rank waiting or inside (or dead there)
     paused,       \* [Ranks -> BOOLEAN]: the pause window is open to holders
     closing,      \* [Ranks -> BOOLEAN]: the open window admits no newcomer: a holder
                   \* has left it or given up on it (R-WINDOW-CLOSES); it closes
@@ -139,6 +142,9 @@ TypeOK ==
     /\ restarts \in Nat
 
 HoldersOf(r) == {h \in Holders : RankOf[h] = r}
+\* Holder h is one its rank's count has: waiting, inside, or dead there.
+Counted(h) == hs[h] \notin {"idle", "queued"}
+Queued(r) == {h \in HoldersOf(r) : hs[h] = "queued"}
 LivePhase(ph) == ph \notin {"stopped", "dead"}
 Live(r) == LivePhase(phase[r])
 AnyInside == \E h \in Holders : hs[h] = "inside" /\ phase[RankOf[h]] # "dead"
@@ -170,7 +176,7 @@ PayloadPending == InHand /\ phase[Driver] \notin {"read", "reduce"}
 \* The holders of rank r that wait, are inside or died there, and whose mode
 \* the group's decision covers: those the window is for.  A holder that asked
 \* for a stronger mode than the decision waits for the next window.
-Pending(r) == {h \in HoldersOf(r) : hs[h] # "idle" /\ hmode[h] <= tpPause}
+Pending(r) == {h \in HoldersOf(r) : Counted(h) /\ hmode[h] <= tpPause}
 
 \* The pause request rank r sends: the strongest mode of its holders.
 Asked(r) == Max({hmode[h] : h \in HoldersOf(r)} \cup {0})
@@ -201,14 +207,16 @@ FailRemaining(r) ==
 \* open is closing from then on: it admits no newcomer (R-WINDOW-CLOSES),
 \* whether the holder left it, gave up waiting (a holder that asks and gives up
 \* again and again could otherwise hold it open as well as one inside), or died.
-\* A closed window is not closing.
+\* A closed window is not closing, and the holders queued at it (QueuePause)
+\* wait from then on, counted, first: before any holder that asks later.
 Drop(h) ==
     LET r == RankOf[h]
         open == Pending(r) \ {h} # {} /\ paused[r]
+        admitted == IF open THEN {} ELSE Queued(r)
     IN
-    /\ hs' = [hs EXCEPT ![h] = "idle"]
+    /\ hs' = [x \in Holders |-> IF x = h THEN "idle" ELSE IF x \in admitted THEN "waiting" ELSE hs[x]]
     /\ hmode' = [hmode EXCEPT ![h] = 0]
-    /\ count' = [count EXCEPT ![r] = count[r] - 1]
+    /\ count' = [count EXCEPT ![r] = count[r] - 1 + Cardinality(admitted)]
     /\ paused' = [paused EXCEPT ![r] = open]
     /\ closing' = [closing EXCEPT ![r] = open]
     /\ UNCHANGED <<loopVars, groupVars, requestVars, restarts>>
@@ -481,13 +489,34 @@ AskPause(h, m) ==
     /\ UNCHANGED <<loopVars, groupVars, paused, closing, requestVars, restarts>>
 
 \* P-REQUEST-PAUSE: ask for a pause, in one of the Modes.  A holder that
-\* arrives while its rank's window is closing waits for it to close before it
-\* asks (R-WINDOW-CLOSES): it is not counted, and cannot keep the window open.
+\* arrives while its rank's window is closing queues instead (QueuePause).
 RequestPause(h) ==
     LET r == RankOf[h] IN
     /\ CanRequestPause(phase[r], localStatus[r], fatal[r])
     /\ ~closing[r]                               \* guard:window-closes
     /\ \E m \in Modes : AskPause(h, m)
+
+\* What P-QUEUE-PAUSE does once allowed: holder h is queued, in mode m.
+Queue(h, m) ==
+    /\ hs[h] = "idle"
+    /\ m \in Modes
+    /\ hs' = [hs EXCEPT ![h] = "queued"]
+    /\ hmode' = [hmode EXCEPT ![h] = m]
+    /\ UNCHANGED <<loopVars, groupVars, count, paused, closing, requestVars, restarts>>
+
+\* P-QUEUE-PAUSE: a holder that asks while its rank's window is closing is
+\* queued (R-WINDOW-CLOSES): not counted, it cannot keep the window open;
+\* the Drop that closes the window makes it waiting, before any holder that
+\* asks after the close.  First come, first served: its entry needs no
+\* fairness of its own (weak fairness of the holders' wake-up, HolderWakes,
+\* then takes it in), where asking again after the close would need strong
+\* fairness (issue 40, point 3).
+QueuePause(h) ==
+    LET r == RankOf[h] IN
+    /\ CanRequestPause(phase[r], localStatus[r], fatal[r])
+    /\ closing[r]
+    /\ \E m \in Modes : Queue(h, m)
+
 
 \* P-ENTER-PAUSE: the window of the holder's rank is open, in a mode at least
 \* as strong as the holder's (a holder arriving on an already paused loop
@@ -528,6 +557,16 @@ PauseTimeout(h) ==
     /\ hs[h] = "waiting"
     /\ phase[RankOf[h]] # "dead"
     /\ Drop(h)
+
+\* P-LEAVE-QUEUE: a queued holder is interrupted or its timeout runs out: it
+\* leaves the queue, never counted.  (Its thread cannot die there unseen: it
+\* waits inside its own call, which withdraws it on the way out.)
+LeaveQueue(h) ==
+    /\ hs[h] = "queued"
+    /\ phase[RankOf[h]] # "dead"
+    /\ hs' = [hs EXCEPT ![h] = "idle"]
+    /\ hmode' = [hmode EXCEPT ![h] = 0]
+    /\ UNCHANGED <<loopVars, groupVars, count, paused, closing, requestVars, restarts>>
 
 \* Holder h's thread may die now: it waits or is inside, on a rank that lives.
 HolderMayDie(h) ==
@@ -654,7 +693,7 @@ HolderWakes(h) == EnterPause(h) \/ PauseFails(h)
 SystemNextWithoutRecovery ==
     \/ \E r \in Ranks : LoopAction(r)
     \/ AllReduce \/ Barrier \/ Broadcast
-    \/ \E h \in Holders : RequestPause(h) \/ HolderWakes(h) \/ LeavePause(h)
+    \/ \E h \in Holders : RequestPause(h) \/ QueuePause(h) \/ HolderWakes(h) \/ LeavePause(h)
     \/ \E i \in Requests : Submit(i) \/ Deliver(i)
     \/ Terminated
 
@@ -665,7 +704,7 @@ SystemNext ==
 \* What the environment does to them.  The model wrappers (MC*.tla) bound
 \* each of these with a budget of their own.
 EnvironmentNext ==
-    \/ \E h \in Holders : Interrupt(h) \/ PauseTimeout(h) \/ HolderDies(h)
+    \/ \E h \in Holders : Interrupt(h) \/ PauseTimeout(h) \/ LeaveQueue(h) \/ HolderDies(h)
     \/ \E r \in Ranks : \E s \in {FLUSH_AND_STOP, HARD_STOP} : RequestStop(r, s)
     \/ \E r \in Ranks : RecordFatalError(r) \/ FailLoop(r) \/ Crash(r)
     \/ Restart
@@ -720,9 +759,10 @@ SameWindowInv ==
 CountsInv ==
     \A r \in Ranks :
         /\ count[r] >= 0
-        /\ count[r] = Cardinality({h \in HoldersOf(r) : hs[h] # "idle"})
+        /\ count[r] = Cardinality({h \in HoldersOf(r) : Counted(h)})
         /\ paused[r] => Pending(r) # {}
         /\ closing[r] => paused[r]
+        /\ Queued(r) # {} => closing[r]
 
 \* R-NOTHING-LOST-ONCE: at most one terminal output per request, a request
 \* counted as done or delivered has exactly one, and a driver whose loop has
@@ -783,6 +823,16 @@ ModePauseReturnsProp ==
     HoldersLeave =>
     \A h \in Holders :
         (hs[h] = "waiting") ~> (hs[h] # "waiting" \/ phase[RankOf[h]] = "dead")
+
+\* R-WINDOW-CLOSES, first come: a holder that asks while its rank's window is
+\* closing (QueuePause) gets in or raises, when each holder leaves
+\* (HoldersLeave): the window closes, the Drop that closes it makes the
+\* holder waiting, and it takes the next window.  Under weak fairness only:
+\* the queued holder needs none of its own (issue 40, point 3).
+QueuedEntersProp ==
+    HoldersLeave =>
+    \A h \in Holders :
+        (hs[h] = "queued") ~> (hs[h] \notin {"queued", "waiting"} \/ phase[RankOf[h]] = "dead")
 
 \* R-RESUME: once no live holder of the rank waits or is inside (the others
 \* left, or their threads died), a parked loop resumes or stops, unless a

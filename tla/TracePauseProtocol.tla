@@ -175,6 +175,13 @@ TraceRequestPause(h, m) ==
     /\ ~closing[r]
     /\ AskPause(h, m)
 
+\* QueuePause in the mode m the record gives, with the spec's guards.
+TraceQueuePause(h, m) ==
+    LET r == RankOf[h] IN
+    /\ CanRequestPause(Seen(r).phase, Seen(r).localStatus, fatal[r])
+    /\ closing[r]
+    /\ Queue(h, m)
+
 \* Submit of request q, accepted (ok = 1) or refused, with the spec's guard
 \* (CanSubmit) on what the driver showed.
 TraceSubmit(q, ok) ==
@@ -242,6 +249,8 @@ Step(e) ==
          [] e.a = "Idle"              -> TraceIdle(r)
          [] e.a = "ExitLoop"          -> TraceExitLoop(r)
          [] e.a = "RequestPause"      -> TraceRequestPause(h, e.arg)
+         [] e.a = "QueuePause"        -> TraceQueuePause(h, e.arg)
+         [] e.a = "LeaveQueue"        -> LeaveQueue(h)
          [] e.a = "EnterPause"        -> EnterPause(h)
          [] e.a = "LeavePause"        -> LeavePause(h)
          [] e.a = "PauseFails"        -> PauseFails(h)

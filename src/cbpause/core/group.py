@@ -15,7 +15,7 @@ TLA+, in TLC's output and in traces, so that TLC prints a per-rank variable as a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from . import transitions as t
@@ -33,7 +33,7 @@ from .transitions import (
 
 # A dead holder (TLA+ "dead") is kept as "dead:waiting" or "dead:inside": the rank counts it where it was, and
 # its release (ReleaseDeadHolder) takes it from there; tla_holder_state() gives TLA+'s value.
-HOLDER_STATES = ("idle", "waiting", "inside", "dead:waiting", "dead:inside")
+HOLDER_STATES = ("idle", "queued", "waiting", "inside", "dead:waiting", "dead:inside")
 REQUEST_STATES = ("new", "queued", "drained", "waiting", "active", "done", "delivered", "rejected")
 HELD = ("queued", "drained", "waiting", "active")  # TLA+ ``Held``: the driver's queue, its hand and its scheduler
 FAULTS = frozenset({"interrupt", "timeout", "error", "crash", "stop", "death"})
@@ -51,6 +51,8 @@ def tla_number(index: int) -> int:
 # wakes nobody on a step of a live holder's thread, and the docs' sequence diagrams draw each from its actor.
 HOLDER_ACTIONS: dict[str, tuple[str, str]] = {
     "RequestPause": ("holder", "waiting"),
+    "QueuePause": ("holder", "queued"),
+    "LeaveQueue": ("environment", "idle"),
     "EnterPause": ("holder", "inside"),
     "LeavePause": ("holder", "idle"),
     "PauseFails": ("holder", "idle"),
@@ -136,6 +138,23 @@ def _set_holder(g: GroupState, h: int, state: str, mode: int | None = None) -> G
     if mode is None:
         mode = 0 if state == "idle" else g.hmode[h]
     return replace(g, hs=g.hs[:h] + (state,) + g.hs[h + 1 :], hmode=g.hmode[:h] + (mode,) + g.hmode[h + 1 :])
+
+
+def queued_modes(g: GroupState, r: int) -> tuple[int, ...]:
+    """The modes of the holders queued at rank ``r``'s closing window (TLA+ ``Queued(r)``), in holder order."""
+    return tuple(g.hmode[x] for x, state in enumerate(g.hs) if state == "queued" and g.rank_of[x] == r)
+
+
+def _drop(g: GroupState, h: int, fn: Callable[..., RankState], *args: object) -> GroupState:
+    """TLA+ ``Drop(h)`` through ``fn`` (a drop of :mod:`~cbpause.core.transitions`): holder ``h`` is idle, and
+    once the window has closed the holders queued at it are waiting."""
+    r = g.rank_of[h]
+    after = fn(g.ranks[r], *args, queued_modes(g, r))
+    g = _set_holder(_set_rank(g, r, after), h, "idle")
+    if not after.paused:
+        g = replace(g, hs=tuple("waiting" if state == "queued" and g.rank_of[x] == r else state
+                                for x, state in enumerate(g.hs)))  # fmt: skip
+    return g
 
 
 def _set_request(g: GroupState, i: int, state: str) -> GroupState:
@@ -250,21 +269,23 @@ def _loop_steps(g: GroupState, r: int, s: RankState) -> Iterator[tuple[str, Grou
 def _holder_steps(
     g: GroupState, h: int, state: str, s: RankState, modes: frozenset[int]
 ) -> Iterator[tuple[str, GroupState]]:
-    """The system's steps of holder ``h`` (TLA+'s ``RequestPause``, ``HolderWakes``, ``LeavePause``)."""
+    """The system's steps of holder ``h`` (TLA+'s ``RequestPause``, ``QueuePause``, ``HolderWakes``, ``LeavePause``)."""
     r, mode = g.rank_of[h], g.hmode[h]
     tag = f"({tla_number(h)})"
-    if state == "idle" and t.can_request_pause(s) and not s.closing:
+    if state == "idle" and t.can_request_pause(s):
         for m in sorted(modes):
-            yield "RequestPause" + tag, _set_holder(_set_rank(g, r, t.request_pause(s, m)), h, "waiting", m)
+            if s.closing:  # R-WINDOW-CLOSES: queued, not counted, until the window closes
+                yield "QueuePause" + tag, _set_holder(_set_rank(g, r, t.queue_pause(s, m)), h, "queued", m)
+            else:
+                yield "RequestPause" + tag, _set_holder(_set_rank(g, r, t.request_pause(s, m)), h, "waiting", m)
     if state == "waiting" and t.can_enter_window(s, mode):
         yield "EnterPause" + tag, _set_holder(_set_rank(g, r, t.enter_pause(s)), h, "inside")
     if state == "inside":
-        yield "LeavePause" + tag, _set_holder(_set_rank(g, r, t.leave_pause(s, mode)), h, "idle")
+        yield "LeavePause" + tag, _drop(g, h, t.leave_pause, mode)
     if state == "waiting" and t.can_pause_fails(s):
-        yield "PauseFails" + tag, _set_holder(_set_rank(g, r, t.pause_fails(s, mode)), h, "idle")
+        yield "PauseFails" + tag, _drop(g, h, t.pause_fails, mode)
     if state.startswith("dead:") and t.dead_holder_releasable(s):
-        released = t.release_dead_holder(s, state == "dead:inside", mode)
-        yield "ReleaseDeadHolder" + tag, _set_holder(_set_rank(g, r, released), h, "idle")
+        yield "ReleaseDeadHolder" + tag, _drop(g, h, t.release_dead_holder, state == "dead:inside", mode)
 
 
 def _system_steps(g: GroupState, modes: frozenset[int]) -> Iterator[tuple[str, GroupState]]:
@@ -307,9 +328,11 @@ def _environment_steps(g: GroupState, bounds: Bounds | None) -> Iterator[tuple[s
             tag = f"({tla_number(h)})"
             mode = g.hmode[h]
             if allowed("interrupt"):
-                yield "Interrupt" + tag, _set_holder(_set_rank(g, r, t.interrupt(s, mode)), h, "idle")
+                yield "Interrupt" + tag, _drop(g, h, t.interrupt, mode)
             if allowed("timeout"):
-                yield "PauseTimeout" + tag, _set_holder(_set_rank(g, r, t.pause_timeout(s, mode)), h, "idle")
+                yield "PauseTimeout" + tag, _drop(g, h, t.pause_timeout, mode)
+        if state == "queued" and s.phase != "dead" and (allowed("interrupt") or allowed("timeout")):
+            yield f"LeaveQueue({tla_number(h)})", _set_holder(_set_rank(g, r, t.leave_queue(s)), h, "idle")
         if state in ("waiting", "inside") and s.phase != "dead" and allowed("death"):
             yield f"HolderDies({tla_number(h)})", holder_dies(g, h)
     none_dead = all(s.phase != "dead" for s in g.ranks)
@@ -391,11 +414,13 @@ def counts_inv(g: GroupState) -> bool:
     """R-COUNTS (``CountsInv``)."""
     for r, s in enumerate(g.ranks):
         mine = [x for h, x in enumerate(g.hs) if g.rank_of[h] == r]
-        if s.count < 0 or s.count != sum(x != "idle" for x in mine):
+        if s.count < 0 or s.count != sum(x not in ("idle", "queued") for x in mine):
             return False
         if s.paused and t.pending(s) <= 0:
             return False
-        if list(s.modes) != [sum(1 for h, x in enumerate(g.hs) if g.rank_of[h] == r and x != "idle"
+        if "queued" in mine and not s.closing:  # queued only at a closing window
+            return False
+        if list(s.modes) != [sum(1 for h, x in enumerate(g.hs) if g.rank_of[h] == r and x not in ("idle", "queued")
                                  and g.hmode[h] == m) for m in MODES]:  # fmt: skip
             return False
     return True

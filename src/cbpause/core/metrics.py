@@ -28,3 +28,6 @@ class PauseMetrics:
     """How many holders entered the window now open (0 while none is)."""
     window_closing: bool = False
     """The open window admits no newcomer: a holder has left it or given up on it (R-WINDOW-CLOSES)."""
+    holders_queued: int = 0
+    """Holders that asked while the window was closing and wait for it to close (P-QUEUE-PAUSE), counted in
+    neither ``holders_waiting`` nor ``holders_inside`` until then."""

@@ -106,6 +106,7 @@ class RankProtocol(LoopSteps):
                 open_window_s=None if opened is None else self._clock() - opened,
                 open_window_entries=0 if opened is None else self._window_entries,
                 window_closing=s.closing,
+                holders_queued=len(self._queued),
             )
 
     # ------------------------------------------------------------------------------------------- stopping
@@ -155,8 +156,9 @@ class RankProtocol(LoopSteps):
         """P-REQUEST-PAUSE (``RequestPause``): ask for a pause in ``mode``; the hold is ``"waiting"``.
 
         Follow with :meth:`enter_pause` (which waits), or withdraw with :meth:`interrupt`.  Does not wait, except
-        while the rank's window is closing (a holder has left it): a newcomer waits for that window to close, at
-        most ``timeout`` seconds (``TimeoutError``, nothing changed), and asks for the next one (R-WINDOW-CLOSES).
+        while the rank's window is closing (a holder has left it): a newcomer is queued (P-QUEUE-PAUSE) until that
+        window closes, at most ``timeout`` seconds (``TimeoutError``, nothing changed), and the close makes it
+        waiting for the next one, before anyone who asks later (R-WINDOW-CLOSES, first come).
         Raises ``RuntimeError`` and changes nothing from the loop's own thread (D4), or when the loop is not
         running, is stopping (a flush or hard stop was asked) or has failed (chaining the fatal error);
         ``ValueError`` for an unknown ``mode``.  The hold enters only a window whose mode is at least its own
@@ -166,15 +168,13 @@ class RankProtocol(LoopSteps):
         timeout = check_timeout(timeout)
         self._refuse_loop_thread()
         with self._lock:
-            self._wait_while_closing(timeout)
             hold = self._new_hold(None, number)
             try:
-                self._apply(t.request_pause, number, hold=hold)
+                self._ask(hold, timeout)
                 if wake_up_loop is not None:
                     wake_up_loop.set()
             except BaseException:
-                if hold.state == "waiting":  # nobody would ever get this hold to withdraw it
-                    self._apply(t.interrupt, hold.mode, hold=hold)
+                self._withdraw(hold)  # nobody would ever get this hold to withdraw it
                 raise
             return hold
 
@@ -193,10 +193,10 @@ class RankProtocol(LoopSteps):
         do; an exception from this call means no pause is held: an interrupt anywhere in between withdraws exactly
         the request that went in, and one that lands just after the entry leaves again.  A window already open in a
         mode that covers ``mode`` is entered at once, without setting ``wake_up_loop`` (the loop is parked in it),
-        unless a holder has left it already (R-WINDOW-CLOSES: the call waits for the next window, the wait counting
-        against ``timeout``).  ``into``, a list, gets the hold appended the moment it is requested, for a caller that
-        must find it even when an asynchronous exception lands after this returns and before the caller stored the
-        result."""
+        unless a holder has left it already (R-WINDOW-CLOSES: the call is queued for the next window, P-QUEUE-PAUSE,
+        the wait counting against ``timeout``).  ``into``, a list, gets the hold appended the moment it is requested
+        (waiting), for a caller that must find it even when an asynchronous exception lands after this returns and
+        before the caller stored the result."""
         number = check_mode(mode)
         timeout = check_timeout(timeout)
         self._refuse_loop_thread()
@@ -207,11 +207,10 @@ class RankProtocol(LoopSteps):
                            into: tuple[list, ...], holder: Hashable) -> PauseHold:  # fmt: skip
         """:meth:`request_and_enter_pause` (the caller holds the lock); each list of ``into`` gets the hold."""
         self._refuse_self_wait(mode)
-        timeout = self._wait_while_closing(timeout)
         hold = self._new_hold(holder, mode)
         hold.one_call = True
         try:
-            self._apply(t.request_pause, mode, hold=hold)
+            timeout = self._ask(hold, timeout)
             for sink in into:
                 sink.append(hold)
             if t.can_enter_window(self._state, mode):
@@ -249,29 +248,38 @@ class RankProtocol(LoopSteps):
         with self._lock:
             return [h for h in self._holds if h.thread is thread and h.one_call and h.state != "idle"]
 
-    def _wait_while_closing(self, timeout: float | None) -> float | None:
-        """R-WINDOW-CLOSES (the caller holds the lock): while the rank's window is closing, a newcomer waits for it
-        to close before it asks (RequestPause's guard ``~closing``), so that holders who take turns cannot keep one
-        window open for ever.  Returns what is left of ``timeout``; raises ``TimeoutError``, with nothing changed,
-        when it runs out first.
+    def _ask(self, hold: PauseHold, timeout: float | None) -> float | None:
+        """P-REQUEST-PAUSE for a new ``hold`` (the caller holds the lock), or, while the rank's window is closing,
+        P-QUEUE-PAUSE and the wait for the close, whose Drop makes the hold waiting (R-WINDOW-CLOSES): holders who
+        take turns cannot keep one window open for ever, and a newcomer gets the next window before anyone who asks
+        after the close (first come: no fairness of the condition's wake-ups needed).  Returns what is left of
+        ``timeout``; when it runs out first (P-LEAVE-QUEUE), raises ``TimeoutError`` with nothing changed, and so
+        does any exception during the wait, which propagates.
 
         A thread with a hold inside the window is no newcomer: its pause nests in the one it holds and asks at once
         (else it would wait for itself); the spec's holders hold one pause at a time, so that is outside the model.
         """
-        if not self._state.closing or not t.can_request_pause(self._state):
-            return timeout  # a refused request raises at once (in _new_hold), closing or not
         me = threading.current_thread()
-        if any(h.state == "inside" and h.thread is me for h in self._holds):
+        if not self._state.closing or any(h.state == "inside" and h.thread is me for h in self._holds):
+            self._apply(t.request_pause, hold.mode, hold=hold)
             return timeout
+        self._apply(t.queue_pause, hold.mode, hold=hold)
         deadline = None if timeout is None else self._clock() + timeout
         on_main = me is threading.main_thread()
-        while self._state.closing and t.can_request_pause(self._state):
-            remaining = None if deadline is None else deadline - self._clock()
-            if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"the generation loop did not pause within {timeout} s (its window was closing)")
-            if on_main:
-                remaining = MAIN_THREAD_WAKE_S if remaining is None else min(remaining, MAIN_THREAD_WAKE_S)
-            self._condition.wait(remaining)
+        try:
+            while hold.state == "queued":
+                remaining = None if deadline is None else deadline - self._clock()
+                if remaining is not None and remaining <= 0:
+                    self._apply(t.leave_queue, hold=hold)
+                    raise TimeoutError(f"the generation loop did not pause within {timeout} s (its window was "
+                                       "closing)")  # fmt: skip
+                if on_main:
+                    remaining = MAIN_THREAD_WAKE_S if remaining is None else min(remaining, MAIN_THREAD_WAKE_S)
+                self._condition.wait(remaining)
+        except BaseException:
+            if hold.state == "queued":
+                self._apply(t.leave_queue, hold=hold)
+            raise
         return None if deadline is None else max(0.0, deadline - self._clock())
 
     def _new_hold(self, holder: Hashable, mode: int) -> PauseHold:
@@ -322,6 +330,8 @@ class RankProtocol(LoopSteps):
             self._apply(t.interrupt, hold.mode, hold=hold)
         elif hold.state == "inside":
             self._apply(t.leave_pause, hold.mode, hold=hold)
+        elif hold.state == "queued":
+            self._apply(t.leave_queue, hold=hold)
 
     def _wait_for_window(self, hold: PauseHold, timeout: float | None) -> None:
         """The wait of a waiting ``hold`` (the caller holds the lock): EnterPause, PauseFails or PauseTimeout.

@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 from . import transitions as t
@@ -39,12 +40,16 @@ logger = logging.getLogger("cbpause")
 
 # The holder's state after each holder transition (TLA+ hs[h]), by function name: from group.HOLDER_ACTIONS.
 _HOLD_AFTER = {python_name(action): after for action, (_, after) in HOLDER_ACTIONS.items()}
+# The transitions that are TLA+'s Drop(h): the one that closes the window makes the holders queued at it waiting
+# (they take the modes of the queued holders, in queue order, as their last argument).
+_DROPS = frozenset({"leave_pause", "pause_fails", "interrupt", "pause_timeout", "release_dead_holder"})
 
 
 class PauseHold:
     """One holder's pause on one rank, from :meth:`RankProtocol.request_pause` to its end.
 
-    ``state`` is the holder's TLA+ state ``hs[h]``: ``"waiting"``, ``"inside"``, then ``"idle"`` once it
+    ``state`` is the holder's TLA+ state ``hs[h]``: ``"waiting"`` (``"queued"`` first, when it asked at a closing
+    window: P-QUEUE-PAUSE), ``"inside"``, then ``"idle"`` once it
     left, failed, timed out, was interrupted, or was released because ``thread`` died (P-RELEASE-DEAD-HOLDER).
     ``mode`` is the pause mode it asked for (TLA+ ``hmode[h]``: ``transitions.KEEP`` ... ``ABORT``).
     A hold belongs to the protocol object that issued it; any thread may end it (:meth:`RankProtocol.leave_pause`),
@@ -102,6 +107,7 @@ class RankCore:
         self._serial = itertools.count()
         self._loop_thread: int | None = None
         self._holds: dict[PauseHold, None] = {}  # the holds waiting or inside, in request order
+        self._queued: dict[PauseHold, None] = {}  # the holds queued at the closing window, in arrival order
         # metrics
         self._pauses_taken = 0
         self._windows_opened = 0
@@ -134,15 +140,27 @@ class RankCore:
         stores), so an exception landing in the caller sees them agree.
         """
         before = self._state
+        queued = self._queued
+        if queued and fn.__name__ in _DROPS:
+            args = (*args, tuple(h.mode for h in queued))
         after = _transition(fn, before, args)
         if hold is None:
             self._state = after
+        elif queued and not after.paused and fn.__name__ in _DROPS:
+            # The drop closed the window: the holds queued at it wait from now on (counted by `after`).  One line of C
+            # calls, so that no line event separates the rank's state from the holds' states and the registries.
+            admitted, waiting, holds = list(queued), repeat("waiting"), self._holds
+            self._state, hold.state, _ = after, "idle", (*map(setattr, admitted, repeat("state"), waiting), holds.update(dict.fromkeys(admitted)), queued.clear())  # noqa: E501
+            holds.pop(hold, None)
         else:
             # One statement, so that no line event (where settrace, or a test standing in for a signal, could
             # raise) separates the rank's state from the holder's.
             self._state, hold.state = after, _HOLD_AFTER[fn.__name__]
             if hold.state == "idle":
                 self._holds.pop(hold, None)
+                queued.pop(hold, None)
+            elif hold.state == "queued":
+                queued[hold] = None
             else:
                 self._holds[hold] = None
         if self._trace is not None:
@@ -220,7 +238,8 @@ def _wakes(fn: Callable[..., RankState], before: RankState, after: RankState) ->
     Those a step can enable (holders wait for an open window that covers their mode, or a stopped or failed loop;
     the loop waits for its last holder to leave, or, parked for a peer, for a request) are woken by a step that
     opens or closes the window, moves the stop status, fails, enters a phase a waiter waits for (``peer``,
-    ``barrier``, ``stopped``, ``dead``), releases a dead holder, or asks for a pause of a loop parked for a peer.
+    ``barrier``, ``stopped``, ``dead``), releases a dead holder, queues one (for whoever waits to see it queued:
+    :func:`cbpause.testing.wait_for_queued`), or asks for a pause of a loop parked for a peer.
     A holder's own RequestPause and EnterPause, and a LeavePause that leaves the window open (the loop waits for
     it to close; a holder deferred to a stronger mode, for the next window), wake nobody: waking every waiting
     holder on each of them made a pause O(holders) wake-ups.
@@ -236,6 +255,7 @@ def _wakes(fn: Callable[..., RankState], before: RankState, after: RankState) ->
         or after.local_status != before.local_status
         or after.fatal != before.fatal
         or fn is t.release_dead_holder
+        or fn is t.queue_pause
         or (after.phase != before.phase and after.phase in _WAKING_PHASES)
         or (fn is t.request_pause and before.phase == "peer")
         or (before.waiting > 0 and fn not in _HOLDER_STEPS)

@@ -39,7 +39,7 @@ class TraceEvent:
     action: str  # the TLA+ action, e.g. "OpenWindow"
     rank: int  # the rank's index (0-based)
     holder: int | None  # the holder's index (0-based) for holder actions, else None
-    argument: int  # the stop status of RequestStop, the mode of RequestPause, Submit's acceptance (1, 0), else 0
+    argument: int  # RequestStop's stop status, RequestPause's and QueuePause's mode, Submit's acceptance (1, 0), else 0
     state: RankState  # the rank's state after the step
     holder_state: str = ""  # the holder's state after a holder action ("waiting", "inside", "idle")
     time_ns: int = 0  # time.monotonic_ns() under the protocol's lock: orders the records of several processes
@@ -83,6 +83,6 @@ class TraceRecorder:
                     index = self._holders[key] = len(self.holder_rank) - 1
             # The argument a record carries: the stop status of RequestStop, the mode of RequestPause, whether Submit
             # accepted.
-            argument = int(args[0]) if action in ("RequestStop", "RequestPause", "Submit") and args else 0
+            argument = int(args[0]) if action in ("RequestStop", "RequestPause", "QueuePause", "Submit") and args else 0
             event = TraceEvent(action, rank, index, argument, after, holder_state, time.monotonic_ns(), request)
             self.events.append(event)

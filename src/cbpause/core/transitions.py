@@ -78,15 +78,21 @@ def _plus(s: RankState, mode: int, n: int, **changes: object) -> RankState:
     return s._replace(n_abort=s.n_abort + n, **changes)
 
 
-def _drop(after: RankState, s: RankState) -> RankState:
+def _drop(after: RankState, s: RankState, queued: tuple[int, ...]) -> RankState:
     """TLA+ ``Drop(h)``: ``after`` (``s`` less one holder) with the window still open while a holder it is for
-    remains, and then closing: it admits no newcomer (R-WINDOW-CLOSES).  A closed window is not closing."""
+    remains, and then closing: it admits no newcomer (R-WINDOW-CLOSES).  A closed window is not closing, and the
+    holders queued at it (``queued``: their modes, P-QUEUE-PAUSE) wait from then on, counted, before any holder
+    that asks later."""
     still_open = s.paused and pending(after) > 0
-    return after._replace(paused=still_open, closing=still_open)
+    after = after._replace(paused=still_open, closing=still_open)
+    if not still_open:
+        for mode in queued:
+            after = _plus(after, mode, 1, count=after.count + 1, waiting=after.waiting + 1)
+    return after
 
 
-def _drop_waiting(s: RankState, mode: int) -> RankState:
-    return _drop(_plus(s, mode, -1, waiting=s.waiting - 1, count=s.count - 1), s)
+def _drop_waiting(s: RankState, mode: int, queued: tuple[int, ...]) -> RankState:
+    return _drop(_plus(s, mode, -1, waiting=s.waiting - 1, count=s.count - 1), s, queued)
 
 
 # ----------------------------------------------------------------------------------------------------- the loop
@@ -321,6 +327,30 @@ def request_pause(s: RankState, mode: int = KEEP) -> RankState:
     return _plus(s, mode, 1, count=s.count + 1, waiting=s.waiting + 1)
 
 
+def queue_pause(s: RankState, mode: int = KEEP) -> RankState:
+    """P-QUEUE-PAUSE (``QueuePause``), in ``mode``, on a window that is closing: the holder is queued, not counted
+    (it cannot keep the window open); the drop that closes the window makes it waiting (``queued`` of
+    :func:`leave_pause` and the other drops), before any holder that asks later (R-WINDOW-CLOSES, first come).  The
+    rank's state does not change.
+
+    pre: rank_invariant(s)
+    pre: can_request_pause(s) and s.closing and KEEP <= mode <= ABORT
+    post: __return__ == s
+    """
+    return s
+
+
+def leave_queue(s: RankState) -> RankState:
+    """P-LEAVE-QUEUE (``LeaveQueue``): a queued holder is interrupted or its timeout runs out; it was never
+    counted, and the rank's state does not change.
+
+    pre: rank_invariant(s)
+    pre: s.closing
+    post: __return__ == s
+    """
+    return s
+
+
 def enter_pause(s: RankState) -> RankState:
     """P-ENTER-PAUSE (``EnterPause``): the window is open, and a holder whose mode it covers waits (the caller
     picks which: one whose mode is at most ``tp_pause``).  Keeps SameWindowInv and ModeInv.
@@ -333,54 +363,76 @@ def enter_pause(s: RankState) -> RankState:
     return s._replace(waiting=s.waiting - 1, inside=s.inside + 1)
 
 
-def leave_pause(s: RankState, mode: int = KEEP) -> RankState:
+def leave_pause(s: RankState, mode: int = KEEP, queued: tuple[int, ...] = ()) -> RankState:
     """P-LEAVE-PAUSE (``LeavePause``) of a holder of ``mode``: the last one out of those the window is for closes
-    it; while others remain it is closing (R-WINDOW-CLOSES).  Keeps CountsInv.
+    it, and the holders queued at it (their modes ``queued``) wait from then on; while others remain it is closing
+    (R-WINDOW-CLOSES).  Keeps CountsInv.
 
     pre: rank_invariant(s)
     pre: can_leave(s, mode)
-    post: __return__.count == s.count - 1
-    post: __return__.paused == (s.paused and pending(__return__) > 0)
+    pre: _queueable(s, queued)
+    post: __return__.count == s.count - 1 + _admitted(__return__, queued)
+    post: __return__.paused == (s.paused and pending(_drop_only(s, mode)) > 0)
     post: __return__.closing == __return__.paused
     post: rank_invariant(__return__)
     """
-    return _drop(_plus(s, mode, -1, inside=s.inside - 1, count=s.count - 1), s)
+    return _drop(_plus(s, mode, -1, inside=s.inside - 1, count=s.count - 1), s, queued)
 
 
-def pause_fails(s: RankState, mode: int = KEEP) -> RankState:
+def _drop_only(s: RankState, mode: int) -> RankState:
+    """What :func:`leave_pause` leaves before the window's fate (for its contract)."""
+    return _plus(s, mode, -1, inside=s.inside - 1, count=s.count - 1)
+
+
+def _queueable(s: RankState, queued: tuple[int, ...]) -> bool:
+    """Holders are queued only at a closing window, each in a mode (for the drops' contracts)."""
+    return (not queued or s.closing) and all(KEEP <= m <= ABORT for m in queued)
+
+
+def _admitted(after: RankState, queued: tuple[int, ...]) -> int:
+    """How many queued holders a drop made waiting: all of them once the window closed (for the contracts)."""
+    return 0 if after.paused else len(queued)
+
+
+def pause_fails(s: RankState, mode: int = KEEP, queued: tuple[int, ...] = ()) -> RankState:
     """P-PAUSE-FAILS (``PauseFails``): the loop is gone; the waiting holder (of ``mode``) raises.
 
     pre: rank_invariant(s)
     pre: can_drop_waiting(s, mode) and can_pause_fails(s)
+    pre: _queueable(s, queued)
     post: __return__.count == s.count - 1
     post: rank_invariant(__return__)
     """
-    return _drop_waiting(s, mode)
+    return _drop_waiting(s, mode, queued)
 
 
-def interrupt(s: RankState, mode: int = KEEP) -> RankState:
+def interrupt(s: RankState, mode: int = KEEP, queued: tuple[int, ...] = ()) -> RankState:
     """P-INTERRUPT (``Interrupt``): a waiting holder (of ``mode``) is interrupted and withdraws.
 
     pre: rank_invariant(s)
     pre: can_drop_waiting(s, mode)
-    post: __return__.count == s.count - 1 and __return__.waiting == s.waiting - 1
+    pre: _queueable(s, queued)
+    post: __return__.count == s.count - 1 + _admitted(__return__, queued)
+    post: __return__.waiting == s.waiting - 1 + _admitted(__return__, queued)
     post: rank_invariant(__return__)
     """
-    return _drop_waiting(s, mode)
+    return _drop_waiting(s, mode, queued)
 
 
-def pause_timeout(s: RankState, mode: int = KEEP) -> RankState:
+def pause_timeout(s: RankState, mode: int = KEEP, queued: tuple[int, ...] = ()) -> RankState:
     """P-PAUSE-TIMEOUT (``PauseTimeout``): a waiting holder's (of ``mode``) timeout ran out; it withdraws.
 
     pre: rank_invariant(s)
     pre: can_drop_waiting(s, mode)
-    post: __return__.count == s.count - 1 and __return__.waiting == s.waiting - 1
+    pre: _queueable(s, queued)
+    post: __return__.count == s.count - 1 + _admitted(__return__, queued)
+    post: __return__.waiting == s.waiting - 1 + _admitted(__return__, queued)
     post: rank_invariant(__return__)
     """
-    return _drop_waiting(s, mode)
+    return _drop_waiting(s, mode, queued)
 
 
-def release_dead_holder(s: RankState, inside: bool, mode: int = KEEP) -> RankState:
+def release_dead_holder(s: RankState, inside: bool, mode: int = KEEP, queued: tuple[int, ...] = ()) -> RankState:
     """P-RELEASE-DEAD-HOLDER (``ReleaseDeadHolder``): the thread of a holder (of ``mode``) that was waiting
     (``inside`` false) or inside died without leaving (P-HOLDER-DIES, which changes nothing here: the rank does not
     know yet); the loop parked in its window or stepping its batch in a drain (no holder is inside then), or
@@ -390,12 +442,13 @@ def release_dead_holder(s: RankState, inside: bool, mode: int = KEEP) -> RankSta
     pre: rank_invariant(s)
     pre: dead_holder_releasable(s)
     pre: can_leave(s, mode) if inside else can_drop_waiting(s, mode)
-    post: __return__.count == s.count - 1
-    post: __return__.paused == (s.paused and pending(__return__) > 0)
+    pre: _queueable(s, queued)
+    post: __return__.count == s.count - 1 + _admitted(__return__, queued)
+    post: __return__.paused <= s.paused
     post: __return__.closing == __return__.paused
     post: rank_invariant(__return__)
     """
-    return leave_pause(s, mode) if inside else _drop_waiting(s, mode)
+    return leave_pause(s, mode, queued) if inside else _drop_waiting(s, mode, queued)
 
 
 # ------------------------------------------------------------------------------------------ stoppers, faults

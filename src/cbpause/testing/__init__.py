@@ -8,7 +8,8 @@ Standard library only, importable without torch:
   only catches a hang;
 * :class:`FakeLoop` (transformers' loop reduced to its calls into the status object) and :class:`Group` (a TP
   group in one process, on the explicit loop API), :func:`end_leftover_loops`;
-* :class:`StepGate`, :func:`wait_for_phase`: hold the loop at one of its steps, or fail it there;
+* :class:`StepGate`, :func:`wait_for_phase`, :func:`wait_for_queued`: hold the loop at one of its steps, or fail it
+  there; wait for a phase, or for a holder queued at a closing window;
 * :class:`Traffic` and its :class:`Ledger`: requests flowing through a manager, each output counted;
 * :class:`Watchdog`: fails a long run (the soak) when an operation or the requests make no progress within a bound;
 * :func:`percentile`, :func:`free_port`.
@@ -25,7 +26,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .gates import StepGate, wait_for_phase
+from .gates import StepGate, wait_for_phase, wait_for_queued
 from .loops import FakeLoop, Group, end_leftover_loops
 from .signals import Interrupter, call_interrupted
 from .stats import percentile
@@ -44,6 +45,7 @@ _LAZY = {
 __all__ = [
     "HANG_S", "JOIN_TIMEOUT", "FakeLoop", "Group", "Interrupter", "StepGate", "call_interrupted", "end_leftover_loops",
     "Ledger", "Traffic", "Watchdog", "enter_and_leave", "free_port", "percentile", "run_thread", "wait_for_phase",
+    "wait_for_queued",
     *_LAZY,
 ]  # fmt: skip
 

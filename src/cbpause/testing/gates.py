@@ -63,6 +63,13 @@ class StepGate:
         self._release.set()
 
 
+def wait_for_queued(protocol: Any, timeout: float, n: int = 1) -> bool:
+    """Wait until ``n`` holders are queued at ``protocol``'s closing window (P-QUEUE-PAUSE); False after
+    ``timeout`` seconds."""
+    with protocol._lock:
+        return protocol._condition.wait_for(lambda: len(protocol._queued) >= n, timeout)
+
+
 def wait_for_phase(protocol: Any, phases: str | tuple[str, ...], timeout: float) -> bool:
     """Wait until ``protocol``'s rank is in one of ``phases``; False after ``timeout`` seconds.
 

@@ -19,7 +19,16 @@ from collections.abc import Callable
 from typing import Any
 
 from ...core import transitions as t
-from ...testing import HANG_S, StepGate, Traffic, call_interrupted, enter_and_leave, run_thread, wait_for_phase
+from ...testing import (
+    HANG_S,
+    StepGate,
+    Traffic,
+    call_interrupted,
+    enter_and_leave,
+    run_thread,
+    wait_for_phase,
+    wait_for_queued,
+)
 
 __all__ = ["EPISODES", "Killed", "RealRank", "quiet_logs"]
 
@@ -194,13 +203,21 @@ def holders(rank: RealRank, phase: str | None) -> None:
 
 def chain(rank: RealRank, phase: str | None) -> None:
     """Holders that take turns (R-WINDOW-CLOSES): A is inside, B enters the open window directly, A leaves (the
-    window is now closing), C asks and waits: it enters the next window, once B has left and the loop stepped."""
+    window is now closing), C asks and is queued (QueuePause), D asks with no time to wait and leaves the queue
+    (LeaveQueue, its TimeoutError); B leaves, which closes the window and makes C waiting: C enters the next one."""
     first = rank.pause_in_thread()
     first.wait_inside()
     second = rank.pause_in_thread()
     second.wait_inside()
     first.release()
-    third = rank.pause_in_thread()  # asks while the window is closing (or, if it is slow to ask, after it closed)
+    third = rank.pause_in_thread()
+    if not wait_for_queued(rank.status, rank.bound):
+        raise TimeoutError(f"the third holder was not queued at the closing window within {rank.bound} s")
+    try:
+        rank.status.request_and_enter_pause(mode="keep", timeout=0)
+        raise AssertionError("a pause with no time to wait entered a closing window")
+    except TimeoutError:
+        pass  # queued, and out of the queue at once: nothing held
     second.release()
     third.release()
 
