@@ -46,7 +46,7 @@ def no_hold_left(manager) -> None:
     state = status.state
     assert (state.count, state.waiting, state.inside) == (0, 0, 0), state
     assert not [h for h in status._holds if h.state != "idle"], status._holds  # none waiting or inside
-    assert not status._queued, status._queued  # none queued at a closing window
+    assert status._queued_now() == 0, status._queued  # none queued at a closing window
 
 
 def serves(manager, n: int = 2) -> None:
@@ -169,7 +169,8 @@ def test_a_hold_left_by_another_thread_is_left_once(manager):
 # ------------------------------------------------------------------------------------------ point 2
 
 # The code an interrupt may land in: pause() and its context manager, and the protocol's holder calls.
-TRACED_FILES = {cbt.__file__, cbpause.core.protocol.__file__, cbpause.core.dropin.__file__, contextlib.__file__}
+TRACED_FILES = {cbt.__file__, cbpause.core.protocol.__file__, cbpause.core.dropin.__file__, cbpause.core.rank.__file__,
+                contextlib.__file__}
 
 
 @functools.cache
@@ -309,9 +310,9 @@ def test_an_interrupt_at_any_line_of_a_queued_pause_leaks_no_hold(manager):
             (b, b_box), b_leave = _closing_window(manager)
             done = threading.Event()
 
-            def closer() -> None:
+            def closer(done: threading.Event = done, b_leave: threading.Event = b_leave) -> None:
                 with status._lock:
-                    status._condition.wait_for(lambda: bool(status._queued) or done.is_set(), WAIT)
+                    status._condition.wait_for(lambda: status._queued_now() > 0 or done.is_set(), WAIT)
                 b_leave.set()
 
             closing = run_thread(closer, "closer")

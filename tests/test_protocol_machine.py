@@ -326,7 +326,8 @@ class ProtocolComparison(RuleBasedStateMachine):
             self.settle(h, "LeaveQueue")
             return
         self.holds.pop(h, None)
-        queued = len(p._queued)
+        with p._lock:
+            queued = p._queued_now()
         self.queued[h] = run_thread(lambda: p.request_pause(mode=mode), name=f"queued-{h}")
         assert wait_for_queued(p, HANG_S, queued + 1), "the holder was not queued"
 

@@ -168,6 +168,162 @@ def test_a_holder_queued_at_a_closing_window_waits_from_its_close_and_enters_wit
     assert loop.stop() and loop.violations == []
 
 
+def _consistent(status) -> None:
+    """The rank's count is its registered holds waiting or inside (after the catch-up a reader makes), and no hold
+    is both queued and counted."""
+    with status._lock:
+        queued = status._queued_now()
+        s = status.state
+        holds = [h for h in status._holds if h.state in ("waiting", "inside")]
+        assert (s.count, s.waiting + s.inside) == (len(holds), len(holds)), (s, holds)
+        assert queued == 0 or s.closing, (queued, s)
+
+
+def test_an_exception_after_any_call_of_the_close_that_admits_a_queued_holder_loses_nothing():
+    """Hostile review of issue 40: CPython delivers an asynchronous exception (Ctrl-C, SetAsyncExc) after any call,
+    and one that landed inside the close's conversion of the queued holds left a hold waiting uncounted, which then
+    entered the closing window (count -1).  Here a profile hook raises after the k-th C call that rank.py makes
+    while the last holder leaves, for every k: whatever it cut, the counts agree, the queued holder gets in once,
+    and everything ends clean."""
+    import sys
+
+    from cbpause.core import rank
+
+    files = {rank.__file__}
+    k = 0
+    while True:
+        k += 1
+        loop = started()
+        status = loop.status
+        b_in, b_go, b_done = threading.Event(), threading.Event(), {}
+        calls = [0]
+
+        def profile(frame, event, arg, k=k, calls=calls):
+            if event == "c_return" and frame.f_code.co_filename in files:
+                calls[0] += 1
+                if calls[0] == k:
+                    sys.setprofile(None)
+                    raise KeyboardInterrupt(f"after call {k}")
+
+        def b(b_in=b_in, b_go=b_go, b_done=b_done, profile=profile):
+            status.acquire_pause(loop.wake, timeout=WAIT)
+            b_in.set()
+            b_go.wait(WAIT)
+            sys.setprofile(profile)
+            try:
+                status.release_pause()
+            except KeyboardInterrupt:
+                b_done["cut"] = True
+            finally:
+                sys.setprofile(None)
+            if status.held_by():  # the cut came before the leave: leave again
+                status.release_pause()
+
+        status.acquire_pause(loop.wake, timeout=WAIT)
+        b_thread, b_box = run_thread(b, "holder-b")
+        assert b_in.wait(WAIT)
+        status.release_pause()  # the window is closing
+        c_thread, c_box = run_thread(lambda: enter_and_leave_once(status, loop), "holder-c")
+        assert wait_for_queued(status, WAIT)
+        b_go.set()
+        for thread, box in ((b_thread, b_box), (c_thread, c_box)):
+            thread.join(JOIN_TIMEOUT)
+            assert not thread.is_alive() and "error" not in box, (k, box)
+        _consistent(status)
+        assert status.state.count == 0 and not status.state.paused and status.metrics().holders_queued == 0, k
+        assert loop.stop() and loop.violations == [], k
+        if not b_done:
+            break  # the release made fewer calls than k: every cut point was tried
+    assert k > 3  # the conversion is cut before the store, after it, and inside the catch-up
+
+
+def enter_and_leave_once(status, loop) -> None:
+    status.acquire_pause(loop.wake, timeout=WAIT)
+    status.release_pause()
+
+
+def test_a_stop_asked_while_a_holder_is_queued_refuses_it_at_once():
+    """Hostile review of issue 40: a holder queued at a closing window ignored a stop until the window closed (then
+    entered a window opened after the stop, or got a waiting hold of a stopping loop).  As before the queue, a stop
+    takes it out of the queue and its call raises RuntimeError, nothing held."""
+    for stop in ("flush", "hard"):
+        for api in ("acquire_pause", "request_pause"):
+            loop = started()
+            status = loop.status
+            thread, box, b_leave = closing_window(loop)
+            call = (lambda: status.acquire_pause(loop.wake, timeout=WAIT)) if api == "acquire_pause" else (
+                lambda: status.request_pause(loop.wake, timeout=WAIT))  # fmt: skip
+            c_thread, c_box = run_thread(call, "holder-c")
+            assert wait_for_queued(status, WAIT)
+            status.request_stop(status.FLUSH_AND_STOP if stop == "flush" else status.HARD_STOP)
+            c_thread.join(JOIN_TIMEOUT)
+            assert not c_thread.is_alive() and isinstance(c_box.get("error"), RuntimeError), (stop, api, c_box)
+            assert "stopping" in str(c_box["error"]) and status.metrics().holders_queued == 0
+            assert status.state.count == 1  # B alone
+            b_leave.set()
+            thread.join(JOIN_TIMEOUT)
+            assert not thread.is_alive() and "error" not in box, box
+            assert status.state.count == 0
+            loop.stop()
+
+
+def test_a_queued_hold_withdrawn_by_another_thread_before_its_own_wakes_is_never_entered():
+    """Hostile review of issue 40: the close made a one-call hold waiting; before its thread took the lock back,
+    another thread withdrew it (``held_by``, ``interrupt``); its thread then entered the idle hold (count -1, the loop
+    failed).  Now its call raises RuntimeError, and the counts stay right.  A trace hook holds the thread between
+    its wake-up and its taking the lock back, as the OS scheduler may."""
+    import sys
+
+    from cbpause.core import condition
+
+    loop = started()
+    status = loop.status
+    thread, box, b_leave = closing_window(loop)
+    wait_code = condition.SafeCondition.wait.__code__
+    lines = open(condition.__file__).read().splitlines()
+    first = wait_code.co_firstlineno
+    gate_line = [n for n in range(first, first + 40) if "if not lock._is_owned():" in lines[n - 1]][1]
+    armed, at_gate, go = threading.Event(), threading.Event(), threading.Event()
+
+    def tracer(frame, event, arg):
+        if frame.f_code is not wait_code:
+            return None
+
+        def local(frame, event, arg):
+            if event == "line" and frame.f_lineno == gate_line and armed.is_set():
+                armed.clear()
+                at_gate.set()
+                go.wait(WAIT)
+            return local
+
+        return local
+
+    def c():
+        sys.settrace(tracer)
+        try:
+            return status.acquire_pause(loop.wake, timeout=WAIT)
+        finally:
+            sys.settrace(None)
+
+    c_thread, c_box = run_thread(c, "holder-c")
+    assert wait_for_queued(status, WAIT)
+    armed.set()
+    b_leave.set()  # B leaves: the window closes, C's hold is waiting
+    assert at_gate.wait(WAIT), "C never woke"
+    (hold,) = status.held_by(c_thread)
+    status.interrupt(hold)
+    d = status.request_pause(loop.wake)  # the next window opens for D
+    status.enter_pause(d, timeout=WAIT)
+    go.set()
+    c_thread.join(JOIN_TIMEOUT)
+    assert not c_thread.is_alive() and isinstance(c_box.get("error"), RuntimeError), c_box
+    assert "withdrawn" in str(c_box["error"])
+    assert (status.state.count, status.state.inside) == (1, 1)  # D alone
+    status.leave_pause(d)
+    thread.join(JOIN_TIMEOUT)
+    assert status.state.count == 0 and loop.stop() and loop.violations == []
+
+
 # ------------------------------------------------------------------------------------------------ the real loop
 
 

@@ -106,7 +106,7 @@ class RankProtocol(LoopSteps):
                 open_window_s=None if opened is None else self._clock() - opened,
                 open_window_entries=0 if opened is None else self._window_entries,
                 window_closing=s.closing,
-                holders_queued=len(self._queued),
+                holders_queued=self._queued_now(),
             )
 
     # ------------------------------------------------------------------------------------------- stopping
@@ -213,6 +213,8 @@ class RankProtocol(LoopSteps):
             timeout = self._ask(hold, timeout)
             for sink in into:
                 sink.append(hold)
+            if hold.state == "inside":  # queued, then entered by another thread (enter_pause) before this one woke
+                return hold
             if t.can_enter_window(self._state, mode):
                 # The fast path: a window that covers the hold is open, so it enters now, with no wait and no wake-up
                 # (the loop is parked in the window, not in its idle wait).
@@ -254,7 +256,10 @@ class RankProtocol(LoopSteps):
         take turns cannot keep one window open for ever, and a newcomer gets the next window before anyone who asks
         after the close (first come: no fairness of the condition's wake-ups needed).  Returns what is left of
         ``timeout``; when it runs out first (P-LEAVE-QUEUE), raises ``TimeoutError`` with nothing changed, and so
-        does any exception during the wait, which propagates.
+        does any exception during the wait, which propagates; a stop asked meanwhile, or the loop failing, takes the
+        hold out of the queue too (``RuntimeError``, as a request refused at once), unless the close came first.
+        ``RuntimeError`` also when another thread withdrew the hold between the close and this thread's wake-up
+        (``held_by``, then ``interrupt``); a hold another thread entered meanwhile is returned inside.
 
         A thread with a hold inside the window is no newcomer: its pause nests in the one it holds and asks at once
         (else it would wait for itself); the spec's holders hold one pause at a time, so that is outside the model.
@@ -267,7 +272,14 @@ class RankProtocol(LoopSteps):
         deadline = None if timeout is None else self._clock() + timeout
         on_main = me is threading.main_thread()
         try:
-            while hold.state == "queued":
+            while True:
+                if self._unsettled:
+                    self._settle()
+                if hold.state != "queued":
+                    break
+                if not t.can_request_pause(self._state):  # a stop asked, or the loop failed, before the close
+                    self._apply(t.leave_queue, hold=hold)
+                    raise RuntimeError(_refusal(self._state)) from self.fatal_error
                 remaining = None if deadline is None else deadline - self._clock()
                 if remaining is not None and remaining <= 0:
                     self._apply(t.leave_queue, hold=hold)
@@ -277,9 +289,14 @@ class RankProtocol(LoopSteps):
                     remaining = MAIN_THREAD_WAKE_S if remaining is None else min(remaining, MAIN_THREAD_WAKE_S)
                 self._condition.wait(remaining)
         except BaseException:
+            if self._unsettled:
+                self._settle()
             if hold.state == "queued":
                 self._apply(t.leave_queue, hold=hold)
             raise
+        if hold.state == "idle":
+            raise RuntimeError("this pause was withdrawn by another thread (interrupt) before it could enter: "
+                               "nothing is held")  # fmt: skip
         return None if deadline is None else max(0.0, deadline - self._clock())
 
     def _new_hold(self, holder: Hashable, mode: int) -> PauseHold:
@@ -325,7 +342,10 @@ class RankProtocol(LoopSteps):
     def _withdraw(self, hold: PauseHold) -> None:
         """An exception is leaving :meth:`enter_pause` or :meth:`acquire_pause` (the caller holds the lock): the
         caller of those will not leave a pause it does not know it entered, so withdraw the request (P-INTERRUPT)
-        or, if an asynchronous exception landed just after the entry, leave (P-LEAVE-PAUSE)."""
+        or, if an asynchronous exception landed just after the entry, leave (P-LEAVE-PAUSE); a queued hold leaves the
+        queue (P-LEAVE-QUEUE)."""
+        if self._unsettled:
+            self._settle()
         if hold.state == "waiting":
             self._apply(t.interrupt, hold.mode, hold=hold)
         elif hold.state == "inside":

@@ -22,7 +22,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
-from itertools import repeat
 from typing import TYPE_CHECKING
 
 from . import transitions as t
@@ -41,7 +40,7 @@ logger = logging.getLogger("cbpause")
 # The holder's state after each holder transition (TLA+ hs[h]), by function name: from group.HOLDER_ACTIONS.
 _HOLD_AFTER = {python_name(action): after for action, (_, after) in HOLDER_ACTIONS.items()}
 # The transitions that are TLA+'s Drop(h): the one that closes the window makes the holders queued at it waiting
-# (they take the modes of the queued holders, in queue order, as their last argument).
+# (they take the modes of the queued holds, in queue order, as their last argument; RankCore._settle).
 _DROPS = frozenset({"leave_pause", "pause_fails", "interrupt", "pause_timeout", "release_dead_holder"})
 
 
@@ -58,13 +57,14 @@ class PauseHold:
     caller is the thread that ends it (R-NO-SELF-WAIT).
     """
 
-    __slots__ = ("_protocol", "holder", "mode", "one_call", "requested_at", "state", "thread")
+    __slots__ = ("_protocol", "holder", "mode", "one_call", "queued_at", "requested_at", "state", "thread")
 
     def __init__(self, protocol: RankCore, holder: Hashable, requested_at: float, mode: int = t.KEEP):
         self._protocol = protocol
         self.holder = holder  # who holds it, for traces: a thread of the drop-in API, or this hold
         self.mode = mode
         self.one_call = False
+        self.queued_at = 0  # the rank's count of closes when it was queued (P-QUEUE-PAUSE): see RankCore._settle
         self.requested_at = requested_at
         self.state = "idle"
         self.thread = threading.current_thread()
@@ -107,7 +107,12 @@ class RankCore:
         self._serial = itertools.count()
         self._loop_thread: int | None = None
         self._holds: dict[PauseHold, None] = {}  # the holds waiting or inside, in request order
-        self._queued: dict[PauseHold, None] = {}  # the holds queued at the closing window, in arrival order
+        # The holds queued at the closing window, in arrival order (it may keep holds no longer queued for a while:
+        # readers look at each hold's state), the windows closed with holds queued (a hold queued before the last
+        # such close is admitted: waiting), and whether the holds it admitted are still to be caught up (_settle).
+        self._queued: dict[PauseHold, None] = {}
+        self._closes = 0
+        self._unsettled = False
         # metrics
         self._pauses_taken = 0
         self._windows_opened = 0
@@ -139,28 +144,31 @@ class RankCore:
         With ``hold``, the holder's state changes in the same breath as the rank's (no call between the two
         stores), so an exception landing in the caller sees them agree.
         """
+        if self._unsettled:
+            self._settle()
         before = self._state
-        queued = self._queued
-        if queued and fn.__name__ in _DROPS:
+        queued = self._queued and fn.__name__ in _DROPS and [h for h in self._queued if h.state == "queued"]
+        if queued:
             args = (*args, tuple(h.mode for h in queued))
         after = _transition(fn, before, args)
         if hold is None:
             self._state = after
-        elif queued and not after.paused and fn.__name__ in _DROPS:
-            # The drop closed the window: the holds queued at it wait from now on (counted by `after`).  One line of C
-            # calls, so that no line event separates the rank's state from the holds' states and the registries.
-            admitted, waiting, holds = list(queued), repeat("waiting"), self._holds
-            self._state, hold.state, _ = after, "idle", (*map(setattr, admitted, repeat("state"), waiting), holds.update(dict.fromkeys(admitted)), queued.clear())  # noqa: E501
-            holds.pop(hold, None)
         else:
+            state = _HOLD_AFTER[fn.__name__]
+            if state == "queued":
+                hold.queued_at = self._closes  # (the hold is not queued yet: nothing reads this before the store)
             # One statement, so that no line event (where settrace, or a test standing in for a signal, could
-            # raise) separates the rank's state from the holder's.
-            self._state, hold.state = after, _HOLD_AFTER[fn.__name__]
-            if hold.state == "idle":
+            # raise) separates the rank's state from the holder's, nor a call (where CPython delivers an
+            # asynchronous exception) from the epoch that admits the queued holds.
+            if queued and not after.paused:  # the drop closed the window: the holds queued at it wait, counted
+                self._state, hold.state, self._closes, self._unsettled = after, state, self._closes + 1, True
+            else:
+                self._state, hold.state = after, state
+            if state == "idle":
                 self._holds.pop(hold, None)
-                queued.pop(hold, None)
-            elif hold.state == "queued":
-                queued[hold] = None
+                self._queued.pop(hold, None)
+            elif state == "queued":
+                self._queued[hold] = None
             else:
                 self._holds[hold] = None
         if self._trace is not None:
@@ -171,7 +179,31 @@ class RankCore:
             self._window_metrics(after.paused)
         elif _wakes(fn, before, after):
             self._condition.notify_all()
+        if self._unsettled:
+            self._settle()
         return after
+
+    def _settle(self) -> None:
+        """The holds a close admitted (queued before it: ``queued_at`` below ``_closes``) become waiting, and the
+        queue forgets the holds that are no longer queued (the caller holds the lock).  ``_apply`` counted them in
+        the rank's state and advanced ``_closes`` in one statement; this catches the holds and the registries up.
+        Every step is idempotent, so that an exception landing in between leaves the next call to finish it:
+        ``_apply`` and every reader of a queued hold (``_ask``, ``_withdraw``, the metrics) call it first while
+        ``_unsettled``."""
+        closes = self._closes
+        for hold in list(self._queued):
+            if hold.state == "queued" and hold.queued_at < closes:
+                self._holds[hold] = None  # registered first: a hold is never waiting outside the registry
+                hold.state = "waiting"
+            if hold.state != "queued":
+                self._queued.pop(hold, None)
+        self._unsettled = False
+
+    def _queued_now(self) -> int:
+        """How many holds are queued at the closing window (the caller holds the lock)."""
+        if self._unsettled:
+            self._settle()
+        return sum(1 for hold in self._queued if hold.state == "queued")
 
     def _window_metrics(self, opened: bool) -> None:
         now = self._clock()

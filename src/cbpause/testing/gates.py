@@ -67,7 +67,7 @@ def wait_for_queued(protocol: Any, timeout: float, n: int = 1) -> bool:
     """Wait until ``n`` holders are queued at ``protocol``'s closing window (P-QUEUE-PAUSE); False after
     ``timeout`` seconds."""
     with protocol._lock:
-        return protocol._condition.wait_for(lambda: len(protocol._queued) >= n, timeout)
+        return protocol._condition.wait_for(lambda: protocol._queued_now() >= n, timeout)
 
 
 def wait_for_phase(protocol: Any, phases: str | tuple[str, ...], timeout: float) -> bool:
