@@ -336,7 +336,16 @@ class ProtocolComparison(RuleBasedStateMachine):
 
     def collect_admitted(self) -> None:
         """The holders the model made waiting out of the queue (the Drop that closed their window): their threads
-        return their holds, as explicit holders."""
+        return their holds, as explicit holders.  Those of a rank that a stop asked since (RequestStop) leave the
+        queue, their call raising, as the model's LeaveQueue."""
+        for h in list(self.queued):
+            r = self.g.rank_of[h]
+            if r in self.dead or self.g.hs[h] != "queued" or transitions.can_request_pause(self.g.ranks[r]):
+                continue
+            thread, box = self.queued.pop(h)
+            thread.join(HANG_S)
+            assert not thread.is_alive() and isinstance(box.get("error"), RuntimeError), (h, box)
+            self.settle(h, "LeaveQueue")
         for h in [h for h in self.queued if self.g.hs[h] != "queued"]:
             thread, box = self.queued.pop(h)
             thread.join(HANG_S)
@@ -397,6 +406,13 @@ class ProtocolComparison(RuleBasedStateMachine):
         assert released == 1 + len(others)
 
     # ------------------------------------------------------------------------------------ what must hold
+
+    def teardown(self):
+        """A holder still queued (its rank crashed, or the run ended first) leaves through a stop of its rank."""
+        for h, (thread, _) in list(self.queued.items()):
+            self.ranks[self.g.rank_of[h]].request_stop(transitions.HARD_STOP, 0)
+            thread.join(HANG_S)
+            assert not thread.is_alive(), h
 
     @invariant()
     def same_state(self):

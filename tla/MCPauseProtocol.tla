@@ -26,8 +26,9 @@ ASSUME MaxRestarts \in Nat
 MCInterrupt(h) == "interrupt" \in Faults /\ Interrupt(h)
 MCPauseTimeout(h) == "timeout" \in Faults /\ PauseTimeout(h)
 MCHolderDies(h) == "death" \in Faults /\ HolderDies(h)
-\* A queued holder's interrupt or timeout.
-MCLeaveQueue(h) == ("interrupt" \in Faults \/ "timeout" \in Faults) /\ LeaveQueue(h)
+\* A queued holder's interrupt or timeout, or a stop or a failure that takes
+\* it out of the queue (the code's queued holder leaves on either).
+MCLeaveQueue(h) == Faults \cap {"interrupt", "timeout", "stop", "error"} # {} /\ LeaveQueue(h)
 MCRequestStop(r, s) == "stop" \in Faults /\ RequestStop(r, s)
 MCRecordFatalError(r) == "error" \in Faults /\ RecordFatalError(r)
 MCFailLoop(r) == "error" \in Faults /\ FailLoop(r)

@@ -331,7 +331,7 @@ def _environment_steps(g: GroupState, bounds: Bounds | None) -> Iterator[tuple[s
                 yield "Interrupt" + tag, _drop(g, h, t.interrupt, mode)
             if allowed("timeout"):
                 yield "PauseTimeout" + tag, _drop(g, h, t.pause_timeout, mode)
-        if state == "queued" and s.phase != "dead" and (allowed("interrupt") or allowed("timeout")):
+        if state == "queued" and s.phase != "dead" and any(map(allowed, ("interrupt", "timeout", "stop", "error"))):
             yield f"LeaveQueue({tla_number(h)})", _set_holder(_set_rank(g, r, t.leave_queue(s)), h, "idle")
         if state in ("waiting", "inside") and s.phase != "dead" and allowed("death"):
             yield f"HolderDies({tla_number(h)})", holder_dies(g, h)

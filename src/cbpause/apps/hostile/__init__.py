@@ -28,7 +28,8 @@ PROBES: dict[str, Callable[[], None]] = {
     name: getattr(kind, name)
     for kind, names in (
         (holders, [
-            'sigint_in_the_lock', 'stronger_mode_behind_a_keep_chain', 'same_thread_escalation',
+            'sigint_in_the_lock', 'sigint_while_queued_at_a_closing_window', 'stronger_mode_behind_a_keep_chain',
+            'same_thread_escalation',
             'dead_holder_in_a_drain', 'dead_holder_inside', 'dead_holders_in_every_mode', 'numeric_timeouts',
             'pause_after_every_step', 'deferred_all_reduce_under_explicit_steps',
             'dropin_status_before_mark_as_stopped',

@@ -50,6 +50,68 @@ def sigint_in_the_lock() -> None:
     _serves(manager)
 
 
+def _check(condition: bool, what: str) -> None:
+    if not condition:
+        raise Wrong(what)
+
+
+def sigint_while_queued_at_a_closing_window() -> None:
+    """1b (issue 40): SIGINTs at random moments on a main-thread pause that arrives at a closing window (queued,
+    P-QUEUE-PAUSE), while the window closes and after: nothing is left held or queued, the loop serves."""
+    from cbpause.testing import wait_for_queued
+
+    manager = _manager()
+    status = manager.background_thread_status
+    armed = [False]
+
+    def on_sigint(signum, frame):
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    rng = random.Random(40)
+    for _ in range(60):
+        a_in, a_go, b_in, b_go = (threading.Event() for _ in range(4))
+
+        def hold(inside: threading.Event, go: threading.Event) -> None:
+            with manager.pause(timeout=WAIT):
+                inside.set()
+                go.wait(WAIT)
+
+        a = _thread(lambda a_in=a_in, a_go=a_go: hold(a_in, a_go), "hostile-a")
+        _check(a_in.wait(WAIT), "A never entered")
+        b = _thread(lambda b_in=b_in, b_go=b_go: hold(b_in, b_go), "hostile-b")
+        _check(b_in.wait(WAIT), "B never entered")
+        a_go.set()
+        a[0].join(WAIT)
+
+        def closer(b_go=b_go, delay=rng.uniform(0, 0.004)) -> None:
+            wait_for_queued(status, WAIT)
+            time.sleep(delay)  # a workload's jitter, not a synchronisation: where the close lands varies
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            b_go.set()
+
+        c = _thread(closer, "hostile-closer")
+        try:
+            armed[0] = True
+            with manager.pause(timeout=WAIT):
+                pass
+        except KeyboardInterrupt:
+            pass
+        finally:
+            armed[0] = False
+            b_go.set()
+        for thread, box in (b, c):
+            thread.join(WAIT)
+            _check(not thread.is_alive() and "error" not in box, f"a holder did not end cleanly: {box}")
+        with status._lock:
+            queued = status._queued_now()
+        _check(queued == 0, f"{queued} holds left queued")
+        _nothing_held(manager)
+    _serves(manager)
+
+
 def stronger_mode_behind_a_keep_chain() -> None:
     """2: two keep holders hand the window to each other; a drain pause still enters."""
     manager = _manager()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from ...testing import call_interrupted, enter_and_leave
+from ...testing import call_interrupted, enter_and_leave, run_thread, wait_for_queued
 
 if TYPE_CHECKING:
     from .run import Soak
@@ -40,6 +40,46 @@ def chain(soak: Soak) -> None:
     elif soak.manager.background_thread_status.metrics().windows_opened - before < per_thread:
         soak.tally.wrong("a chain of pauses held one window open (R-WINDOW-CLOSES)")
     soak.tally.add("chains")
+    _queued_at_a_closing_window(soak)
+
+
+def _queued_at_a_closing_window(soak: Soak) -> None:
+    """A is inside, B enters the open window, A leaves (closing), C asks and is queued (P-QUEUE-PAUSE), B leaves:
+    the close makes C waiting, and C enters the next window (issue 40, point 3)."""
+    status, bound = soak.manager.background_thread_status, soak.args.bound
+    events = [threading.Event() for _ in range(4)]  # A inside, A may leave, B inside, B may leave
+
+    def hold(inside: threading.Event, leave: threading.Event) -> str:
+        with soak.manager.pause(timeout=bound):
+            inside.set()
+            leave.wait(bound)
+        return "entered"
+
+    a = run_thread(lambda: hold(events[0], events[1]), "soak-queue-a")
+    b = c = None
+    try:
+        if not events[0].wait(bound):
+            return
+        b = run_thread(lambda: hold(events[2], events[3]), "soak-queue-b")
+        if not events[2].wait(bound):
+            return
+        events[1].set()
+        a[0].join(bound)
+        c = run_thread(lambda: soak.pause_once(mode="keep"), "soak-queue-c")
+        if not wait_for_queued(status, bound):
+            soak.tally.wrong("a pause at a closing window was not queued")
+            return
+        soak.tally.add("queued")
+    finally:
+        for event in events[1::2]:
+            event.set()
+        for started in (a, b, c):
+            if started is not None:
+                started[0].join(bound)
+                if started[0].is_alive():
+                    soak.tally.wrong("a holder at a closing window did not end")
+                elif started[1].get("result") != "entered":
+                    soak.tally.wrong(f"a holder at a closing window ended with {started[1]}")
 
 
 def interrupt(soak: Soak) -> None:

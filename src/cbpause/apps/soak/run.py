@@ -242,7 +242,8 @@ class Soak:
             "restarts": c["restarts"], "unexpected": list(tally.unexpected), "deaths": c["deaths"],
             "collected": c["collected"], "handovers": c["handovers"], "stops_with_timeout": c["stops_with_timeout"],
             "resume_after_death_s": round(self.resume_after_death, 3), "collective_faults": c["collective_faults"],
-            "versions": c["versions_set"], "chains": c["chains"], "stale": self.manager.versions.stale,
+            "versions": c["versions_set"], "chains": c["chains"], "queued": c["queued"],
+            "stale": self.manager.versions.stale,
             "stale_ended": sum(str(e).startswith(self.stale_error) for e in self.traffic.ledger.errors),
             "modes": "/".join(str(c[f"pauses_{m}"]) for m in self.MODE_CHOICES[1:]),
         }  # fmt: skip
@@ -278,7 +279,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def summary_line(r: dict) -> str:
-    keys = ("seconds pauses modes versions stale stale_ended chains interrupts timeouts stops errors_injected "
+    keys = ("seconds pauses modes versions stale stale_ended chains queued interrupts timeouts stops errors_injected "
             "collective_faults misuse deaths collected handovers stops_with_timeout resume_after_death_s requests lost "
             "duplicated hangs").split()  # fmt: skip
     keys += ("traced", "rejected") if "traced" in r else ()
