@@ -209,6 +209,7 @@ class RankProtocol(LoopSteps):
         self._refuse_self_wait(mode)
         hold = self._new_hold(holder, mode)
         hold.one_call = True
+        asked = timeout
         try:
             timeout = self._ask(hold, timeout)
             for sink in into:
@@ -222,7 +223,7 @@ class RankProtocol(LoopSteps):
                 return hold
             if wake_up_loop is not None:
                 wake_up_loop.set()
-            self._wait_for_window(hold, timeout)
+            self._wait_for_window(hold, timeout, asked)
         except BaseException:
             self._withdraw(hold)  # P-INTERRUPT (D1), or P-LEAVE-PAUSE just after the entry
             raise
@@ -353,8 +354,9 @@ class RankProtocol(LoopSteps):
         elif hold.state == "queued":
             self._apply(t.leave_queue, hold=hold)
 
-    def _wait_for_window(self, hold: PauseHold, timeout: float | None) -> None:
+    def _wait_for_window(self, hold: PauseHold, timeout: float | None, asked: float | None = None) -> None:
         """The wait of a waiting ``hold`` (the caller holds the lock): EnterPause, PauseFails or PauseTimeout.
+        ``asked``: the caller's whole timeout, for the message, when part of it went on a queue (``_ask``).
 
         On the main thread the wait wakes every ``MAIN_THREAD_WAKE_S`` seconds, so that a SIGINT CPython left
         pending still interrupts it.
@@ -377,7 +379,8 @@ class RankProtocol(LoopSteps):
             remaining = None if deadline is None else deadline - self._clock()
             if remaining is not None and remaining <= 0:
                 self._apply(t.pause_timeout, hold.mode, hold=hold)
-                raise TimeoutError(f"the generation loop did not pause within {timeout} s")
+                whole = timeout if asked is None else asked
+                raise TimeoutError(f"the generation loop did not pause within {whole} s")
             if on_main:
                 remaining = MAIN_THREAD_WAKE_S if remaining is None else min(remaining, MAIN_THREAD_WAKE_S)
             self._condition.wait(remaining)

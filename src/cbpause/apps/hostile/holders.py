@@ -86,7 +86,9 @@ def sigint_while_queued_at_a_closing_window() -> None:
         a_go.set()
         a[0].join(WAIT)
 
-        def closer(b_go=b_go, delay=rng.uniform(0, 0.004)) -> None:
+        jitter = rng.uniform(0, 0.004)
+
+        def closer(b_go: threading.Event = b_go, delay: float = jitter) -> None:
             wait_for_queued(status, WAIT)
             time.sleep(delay)  # a workload's jitter, not a synchronisation: where the close lands varies
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
