@@ -185,56 +185,59 @@ def test_an_exception_after_any_call_of_the_close_that_admits_a_queued_holder_lo
     entered the closing window (count -1).  Here a profile hook raises after the k-th C call that rank.py makes
     while the last holder leaves, for every k: whatever it cut, the counts agree, the queued holder gets in once,
     and everything ends clean."""
+    k = 1
+    while _close_cut_after_call(k):
+        k += 1
+    assert k > 3  # the conversion is cut before the store, after it, and inside the catch-up
+
+
+def _close_cut_after_call(k: int) -> bool:
+    """One run of the test above, cut at the ``k``-th call; whether the cut fired (else every point was tried)."""
     import sys
 
     from cbpause.core import rank
 
-    files = {rank.__file__}
-    k = 0
-    while True:
-        k += 1
-        loop = started()
-        status = loop.status
-        b_in, b_go, b_done = threading.Event(), threading.Event(), {}
-        calls = [0]
+    loop = started()
+    status = loop.status
+    b_in, b_go, cut = threading.Event(), threading.Event(), threading.Event()
+    calls = [0]
 
-        def profile(frame, event, arg, k=k, calls=calls):
-            if event == "c_return" and frame.f_code.co_filename in files:
-                calls[0] += 1
-                if calls[0] == k:
-                    sys.setprofile(None)
-                    raise KeyboardInterrupt(f"after call {k}")
-
-        def b(b_in=b_in, b_go=b_go, b_done=b_done, profile=profile):
-            status.acquire_pause(loop.wake, timeout=WAIT)
-            b_in.set()
-            b_go.wait(WAIT)
-            sys.setprofile(profile)
-            try:
-                status.release_pause()
-            except KeyboardInterrupt:
-                b_done["cut"] = True
-            finally:
+    def profile(frame, event, arg):
+        if event == "c_return" and frame.f_code.co_filename == rank.__file__:
+            calls[0] += 1
+            if calls[0] == k:
                 sys.setprofile(None)
-            if status.held_by():  # the cut came before the leave: leave again
-                status.release_pause()
+                cut.set()
+                raise KeyboardInterrupt(f"after call {k}")
 
+    def b():
         status.acquire_pause(loop.wake, timeout=WAIT)
-        b_thread, b_box = run_thread(b, "holder-b")
-        assert b_in.wait(WAIT)
-        status.release_pause()  # the window is closing
-        c_thread, c_box = run_thread(lambda: enter_and_leave_once(status, loop), "holder-c")
-        assert wait_for_queued(status, WAIT)
-        b_go.set()
-        for thread, box in ((b_thread, b_box), (c_thread, c_box)):
-            thread.join(JOIN_TIMEOUT)
-            assert not thread.is_alive() and "error" not in box, (k, box)
-        _consistent(status)
-        assert status.state.count == 0 and not status.state.paused and status.metrics().holders_queued == 0, k
-        assert loop.stop() and loop.violations == [], k
-        if not b_done:
-            break  # the release made fewer calls than k: every cut point was tried
-    assert k > 3  # the conversion is cut before the store, after it, and inside the catch-up
+        b_in.set()
+        b_go.wait(WAIT)
+        sys.setprofile(profile)
+        try:
+            status.release_pause()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.setprofile(None)
+        if status.held_by():  # the cut came before the leave: leave again
+            status.release_pause()
+
+    status.acquire_pause(loop.wake, timeout=WAIT)
+    b_thread, b_box = run_thread(b, "holder-b")
+    assert b_in.wait(WAIT)
+    status.release_pause()  # the window is closing
+    c_thread, c_box = run_thread(lambda: enter_and_leave_once(status, loop), "holder-c")
+    assert wait_for_queued(status, WAIT)
+    b_go.set()
+    for thread, box in ((b_thread, b_box), (c_thread, c_box)):
+        thread.join(JOIN_TIMEOUT)
+        assert not thread.is_alive() and "error" not in box, (k, box)
+    _consistent(status)
+    assert status.state.count == 0 and not status.state.paused and status.metrics().holders_queued == 0, k
+    assert loop.stop() and loop.violations == [], k
+    return cut.is_set()
 
 
 def enter_and_leave_once(status, loop) -> None:
@@ -242,29 +245,28 @@ def enter_and_leave_once(status, loop) -> None:
     status.release_pause()
 
 
-def test_a_stop_asked_while_a_holder_is_queued_refuses_it_at_once():
+@pytest.mark.parametrize("api", ["acquire_pause", "request_pause"])
+@pytest.mark.parametrize("stop", ["flush", "hard"])
+def test_a_stop_asked_while_a_holder_is_queued_refuses_it_at_once(stop, api):
     """Hostile review of issue 40: a holder queued at a closing window ignored a stop until the window closed (then
     entered a window opened after the stop, or got a waiting hold of a stopping loop).  As before the queue, a stop
     takes it out of the queue and its call raises RuntimeError, nothing held."""
-    for stop in ("flush", "hard"):
-        for api in ("acquire_pause", "request_pause"):
-            loop = started()
-            status = loop.status
-            thread, box, b_leave = closing_window(loop)
-            call = (lambda: status.acquire_pause(loop.wake, timeout=WAIT)) if api == "acquire_pause" else (
-                lambda: status.request_pause(loop.wake, timeout=WAIT))  # fmt: skip
-            c_thread, c_box = run_thread(call, "holder-c")
-            assert wait_for_queued(status, WAIT)
-            status.request_stop(status.FLUSH_AND_STOP if stop == "flush" else status.HARD_STOP)
-            c_thread.join(JOIN_TIMEOUT)
-            assert not c_thread.is_alive() and isinstance(c_box.get("error"), RuntimeError), (stop, api, c_box)
-            assert "stopping" in str(c_box["error"]) and status.metrics().holders_queued == 0
-            assert status.state.count == 1  # B alone
-            b_leave.set()
-            thread.join(JOIN_TIMEOUT)
-            assert not thread.is_alive() and "error" not in box, box
-            assert status.state.count == 0
-            loop.stop()
+    loop = started()
+    status = loop.status
+    thread, box, b_leave = closing_window(loop)
+    call = getattr(status, api)
+    c_thread, c_box = run_thread(lambda: call(loop.wake, timeout=WAIT), "holder-c")
+    assert wait_for_queued(status, WAIT)
+    status.request_stop(status.FLUSH_AND_STOP if stop == "flush" else status.HARD_STOP)
+    c_thread.join(JOIN_TIMEOUT)
+    assert not c_thread.is_alive() and isinstance(c_box.get("error"), RuntimeError), c_box
+    assert "stopping" in str(c_box["error"]) and status.metrics().holders_queued == 0
+    assert status.state.count == 1  # B alone
+    b_leave.set()
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive() and "error" not in box, box
+    assert status.state.count == 0
+    loop.stop()
 
 
 def test_a_queued_hold_withdrawn_by_another_thread_before_its_own_wakes_is_never_entered():
