@@ -517,7 +517,6 @@ QueuePause(h) ==
     /\ closing[r]
     /\ \E m \in Modes : Queue(h, m)
 
-
 \* P-ENTER-PAUSE: the window of the holder's rank is open, in a mode at least
 \* as strong as the holder's (a holder arriving on an already paused loop
 \* enters directly; one that asked for more waits for the next window, so
@@ -558,9 +557,10 @@ PauseTimeout(h) ==
     /\ phase[RankOf[h]] # "dead"
     /\ Drop(h)
 
-\* P-LEAVE-QUEUE: a queued holder is interrupted or its timeout runs out: it
-\* leaves the queue, never counted.  (Its thread cannot die there unseen: it
-\* waits inside its own call, which withdraws it on the way out.)
+\* P-LEAVE-QUEUE: a queued holder is interrupted, its timeout runs out, or a
+\* stop or a failure refuses it: it leaves the queue, never counted.  (Its
+\* thread cannot die there unseen: it waits inside its own call, which
+\* withdraws it on the way out.)
 LeaveQueue(h) ==
     /\ hs[h] = "queued"
     /\ phase[RankOf[h]] # "dead"
