@@ -237,20 +237,23 @@ def young_heap():
 def test_an_interrupt_at_any_line_of_a_pause_leaks_no_hold(manager):
     """Point 2: each line event in turn.  A context manager the interrupt left un-exited is released when it is
     collected (here at once: gc.collect()); every other interrupt point releases before it propagates."""
-    points = 0
+    assert interrupt_every_line(manager) > 40  # the trace did reach the protocol's lines (about 100 on CPython 3.11)
+    serves(manager)
+
+
+def interrupt_every_line(manager, around=contextlib.nullcontext) -> int:
+    """:func:`pause_interrupted_at` for n = 1, 2, ... until the pause runs clean, each within ``around()`` (a context
+    manager: the setting the pause meets); nothing may be left held after each.  Returns how many points fired."""
     with young_heap():
         for n in range(1, 2000):
-            fired, propagated = pause_interrupted_at(manager, n)
+            with around():
+                fired, propagated = pause_interrupted_at(manager, n)
             gc.collect()
             if not fired:
-                break
-            points += 1
+                return n - 1
             assert propagated, f"the KeyboardInterrupt at line event {n} did not propagate"
             no_hold_left(manager)
-        else:
-            pytest.fail("the traced pause never ended")
-    assert points > 40  # the trace did reach the protocol's lines (about 100 of them on CPython 3.11)
-    serves(manager)
+    pytest.fail("the traced pause never ended")
 
 
 def test_an_interrupt_at_any_line_of_a_pause_on_another_thread_leaks_no_hold(manager):
@@ -304,34 +307,29 @@ def test_an_interrupt_at_any_line_of_a_queued_pause_leaks_no_hold(manager):
     interrupt while queued (P-LEAVE-QUEUE), at the close that makes it waiting, or after, leaves nothing held or
     queued.  A closer thread lets the window close once the pause is queued (or has ended)."""
     status = manager.background_thread_status
-    points = 0
-    with young_heap():
-        for n in range(1, 2000):
-            (b, b_box), b_leave = _closing_window(manager)
-            done = threading.Event()
 
-            def closer(done: threading.Event = done, b_leave: threading.Event = b_leave) -> None:
-                with status._lock:
-                    status._condition.wait_for(lambda: status._queued_now() > 0 or done.is_set(), WAIT)
-                b_leave.set()
+    @contextlib.contextmanager
+    def closing_window_with_a_closer():
+        (b, b_box), b_leave = _closing_window(manager)
+        done = threading.Event()
 
-            closing = run_thread(closer, "closer")
-            fired, propagated = pause_interrupted_at(manager, n)
+        def closer() -> None:
+            with status._lock:
+                status._condition.wait_for(lambda: status._queued_now() > 0 or done.is_set(), WAIT)
+            b_leave.set()
+
+        closing = run_thread(closer, "closer")
+        try:
+            yield
+        finally:
             done.set()
             with status._lock:
                 status._condition.notify_all()
             for thread, box in (closing, (b, b_box)):
                 thread.join(JOIN_TIMEOUT)
                 assert not thread.is_alive() and "error" not in box, box
-            gc.collect()
-            if not fired:
-                break
-            points += 1
-            assert propagated, f"the KeyboardInterrupt at line event {n} did not propagate"
-            no_hold_left(manager)
-        else:
-            pytest.fail("the traced pause never ended")
-    assert points > 40
+
+    assert interrupt_every_line(manager, closing_window_with_a_closer) > 40
     assert status.metrics().holders_queued == 0
     serves(manager)
 
