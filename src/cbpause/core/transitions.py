@@ -341,8 +341,8 @@ def queue_pause(s: RankState, mode: int = KEEP) -> RankState:
 
 
 def leave_queue(s: RankState) -> RankState:
-    """P-LEAVE-QUEUE (``LeaveQueue``): a queued holder is interrupted or its timeout runs out; it was never
-    counted, and the rank's state does not change.
+    """P-LEAVE-QUEUE (``LeaveQueue``): a queued holder is interrupted, its timeout runs out, or a stop or a failure
+    refuses it before the close; it was never counted, and the rank's state does not change.
 
     pre: rank_invariant(s)
     pre: s.closing
