@@ -256,9 +256,10 @@ class RankProtocol(LoopSteps):
         P-QUEUE-PAUSE and the wait for the close, whose Drop makes the hold waiting (R-WINDOW-CLOSES): holders who
         take turns cannot keep one window open for ever, and a newcomer gets the next window before anyone who asks
         after the close (first come: no fairness of the condition's wake-ups needed).  Returns what is left of
-        ``timeout``; when it runs out first (P-LEAVE-QUEUE), raises ``TimeoutError`` with nothing changed, and so
-        does any exception during the wait, which propagates; a stop asked meanwhile, or the loop failing, takes the
-        hold out of the queue too (``RuntimeError``, as a request refused at once), unless the close came first.
+        ``timeout``; when it runs out first, raises ``TimeoutError``, and so does any exception during the wait,
+        which propagates; a stop asked meanwhile, or the loop failing, raises ``RuntimeError`` (as a request refused
+        at once), unless the close came first.  The caller withdraws the hold then (``_withdraw``: P-LEAVE-QUEUE), so
+        that nothing has changed.
         ``RuntimeError`` also when another thread withdrew the hold between the close and this thread's wake-up
         (``held_by``, then ``interrupt``); a hold another thread entered meanwhile is returned inside.
 
@@ -270,31 +271,22 @@ class RankProtocol(LoopSteps):
             self._apply(t.request_pause, hold.mode, hold=hold)
             return timeout
         self._apply(t.queue_pause, hold.mode, hold=hold)
+        # Every way out of the wait but the close raises, and the callers' _withdraw takes the hold out of the queue.
         deadline = None if timeout is None else self._clock() + timeout
         on_main = me is threading.main_thread()
-        try:
-            while True:
-                if self._unsettled:
-                    self._settle()
-                if hold.state != "queued":
-                    break
-                if not t.can_request_pause(self._state):  # a stop asked, or the loop failed, before the close
-                    self._apply(t.leave_queue, hold=hold)
-                    raise RuntimeError(_refusal(self._state)) from self.fatal_error
-                remaining = None if deadline is None else deadline - self._clock()
-                if remaining is not None and remaining <= 0:
-                    self._apply(t.leave_queue, hold=hold)
-                    raise TimeoutError(f"the generation loop did not pause within {timeout} s (its window was "
-                                       "closing)")  # fmt: skip
-                if on_main:
-                    remaining = MAIN_THREAD_WAKE_S if remaining is None else min(remaining, MAIN_THREAD_WAKE_S)
-                self._condition.wait(remaining)
-        except BaseException:
+        while True:
             if self._unsettled:
                 self._settle()
-            if hold.state == "queued":
-                self._apply(t.leave_queue, hold=hold)
-            raise
+            if hold.state != "queued":
+                break
+            if not t.can_request_pause(self._state):  # a stop asked, or the loop failed, before the close
+                raise RuntimeError(_refusal(self._state)) from self.fatal_error
+            remaining = None if deadline is None else deadline - self._clock()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"the generation loop did not pause within {timeout} s (its window was closing)")
+            if on_main:
+                remaining = MAIN_THREAD_WAKE_S if remaining is None else min(remaining, MAIN_THREAD_WAKE_S)
+            self._condition.wait(remaining)
         if hold.state == "idle":
             raise RuntimeError("this pause was withdrawn by another thread (interrupt) before it could enter: "
                                "nothing is held")  # fmt: skip

@@ -107,8 +107,7 @@ def sigint_while_queued_at_a_closing_window() -> None:
         for thread, box in (b, c):
             thread.join(WAIT)
             _check(not thread.is_alive() and "error" not in box, f"a holder did not end cleanly: {box}")
-        with status._lock:
-            queued = status._queued_now()
+        queued = status.metrics().holders_queued
         _check(queued == 0, f"{queued} holds left queued")
         _nothing_held(manager)
     _serves(manager)
