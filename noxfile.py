@@ -16,8 +16,11 @@ space once.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +28,54 @@ import nox
 
 nox.options.sessions = ["tlc", "core", "ci", "lint"]
 nox.options.reuse_venv = "yes"
+# Environments are made and filled by uv where it is installed (the README's commands install it beside nox): a run
+# of `.ci/run` fills six, two with torch, and pip took 60 s for each of those (2 min 30 s of CI's 9 minutes, more on
+# a loaded machine) where uv takes 5 s and then links from its cache.  Without uv, virtualenv and pip, as before.
+nox.options.default_venv_backend = "uv|virtualenv"
+
+# pip's configuration (its files and PIP_* variables) says where packages come from; uv reads none of it.  Given to
+# uv as its own variables, an install through uv takes what pip would: here, the CPU torch wheel on the machine's
+# disk and the machine's constraints (uv alone would resolve torch==2.13.0 on PyPI: a CUDA build, several GB).  A
+# variable the user set is kept.  Each name: (uv's variable, how uv separates a list).
+PIP_TO_UV = {
+    "index-url": ("UV_INDEX_URL", " "), "extra-index-url": ("UV_EXTRA_INDEX_URL", " "),
+    "find-links": ("UV_FIND_LINKS", ","), "constraint": ("UV_CONSTRAINT", " "), "cert": ("SSL_CERT_FILE", " "),
+}  # fmt: skip
+
+
+def uv_settings_from_pip(pip_config: str) -> dict[str, str]:
+    """uv's variables for ``pip config list``'s output ``pip_config`` (per name, the variable's value over the files',
+    ``install.`` over ``global.``), with pip's choice among indexes (the best version on any of them) and no download
+    of a Python interpreter (only the registries are reachable)."""
+    values: dict[str, tuple[int, str]] = {}
+    for line in pip_config.splitlines():
+        key, _, value = line.partition("=")
+        scope, _, name = key.rpartition(".")
+        rank = {":env:": 3, "install": 2, "global": 1}.get(scope, 0)
+        if name in PIP_TO_UV and rank and rank >= values.get(name, (0, ""))[0]:
+            values[name] = (rank, " ".join(shlex.split(value)))
+    settings = {"UV_INDEX_STRATEGY": "unsafe-best-match", "UV_PYTHON_DOWNLOADS": "never"}
+    for name, (_, value) in values.items():
+        variable, separator = PIP_TO_UV[name]
+        settings[variable] = separator.join(value.split())
+    return settings
+
+
+@functools.cache
+def uv_environment() -> dict[str, str]:
+    """The variables an install runs with: pip's settings for uv (:func:`uv_settings_from_pip`), those the user set
+    kept."""
+    try:
+        listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                                timeout=60, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):  # no pip beside nox: nothing configured for it either
+        listed = ""
+    return {k: v for k, v in uv_settings_from_pip(listed).items() if k not in os.environ}
+
+
+def install(session: nox.Session, *packages: str) -> None:
+    """Every install of every session (through uv where nox found it, otherwise pip, which reads its own settings)."""
+    session.install(*packages, env=uv_environment())
 
 PYTHON = "3.11"
 ROOT = Path(__file__).resolve().parent
@@ -33,12 +84,14 @@ TLC_CACHE = {"CBPAUSE_TLC_CACHE": str(ROOT / ".cache" / "tlc")}
 # What a session installs.  "light": no torch (the core's tests, and the tools that read only the core and tla/);
 # "full": the integration with everything it serves (transformers and the CPU torch 2.13.0 its pin admits, TRL,
 # the HTTP server, the plots).
+# tests/test_wheel.py builds the wheel with pip, without build isolation: a venv made by uv has neither.
+WHEEL_TOOLS = ("pip", "setuptools>=68")
 ENVIRONMENTS = {
     "tlc": ["-e", ".[tlc]"],
     "light": ["-e", ".[dev]"],
     # transformers 5.23.0: the release whose results the docs' figures come from; the other releases run in their own
     # sessions (transformers-5.24, transformers-5.25; CI runs the newest).
-    "full": ["-e", ".[dev,transformers,trl,serve,bench]", "transformers==5.23.0"],
+    "full": ["-e", ".[dev,transformers,trl,serve,bench]", "transformers==5.23.0", *WHEEL_TOOLS],
     "docs": ["-e", ".[docs]"],
     "docs_check": ["-e", ".[docs,docs-check]", "pytest", "pytest-timeout"],
     "lint": ["ruff"],
@@ -140,7 +193,7 @@ COMMANDS = {
 
 
 def _install(session: nox.Session, name: str) -> None:
-    session.install(*ENVIRONMENTS[SESSION_ENV[name]])
+    install(session, *ENVIRONMENTS[SESSION_ENV[name]])
 
 
 def _run(session: nox.Session, commands: list[tuple[list[str], dict[str, str]]]) -> None:
@@ -244,7 +297,7 @@ def left_to_the_newest_release() -> list[str]:
 def _release_session(minor: str, version: str) -> None:
     def session_fn(session: nox.Session) -> None:
         extras = "dev,transformers,trl" + (",serve" if minor in SERVED else "")
-        session.install("-e", f".[{extras}]", f"transformers=={version}")
+        install(session, "-e", f".[{extras}]", f"transformers=={version}")
         session.run("python", "-c", "import transformers; print('transformers', transformers.__version__)")
         # In CI (.ci/run sets CI), the newest release's session runs CI's selection of these tests (--ci: not those
         # marked `extended`); run by hand, every one.

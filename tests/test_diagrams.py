@@ -200,7 +200,7 @@ def test_an_include_renders_the_file_with_its_links_for_the_page(hooks):
     """An included part keeps its indentation (an admonition's body) and its links are the page's."""
     md = "!!! note\n\n    <!-- include: README.md#setup -->\n"
     out = hooks.on_page_markdown(md, _Page, None, None)
-    assert "    python3 -m pip install nox && python3 -m nox -s tlc core ci lint docs" in out
+    assert "    python3 -m pip install nox uv && python3 -m nox -s tlc core ci lint docs" in out
     assert "<!-- include" not in out
     readme = hooks.on_page_markdown("<!-- include: README.md#reading -->", _Page, None, None)
     assert "[`spec/PROTOCOL.md`](../protocol.md)" in readme  # README's link, from a page in sub/

@@ -136,7 +136,7 @@ def test_ci_runs_the_readme_s_test_command():
     """The README gives two commands: the main job, then the tests; `.ci/run` runs the second, word for word (one home
     for what CI runs: the README)."""
     readme = (ROOT / "README.md").read_text()
-    commands = re.findall(r"```sh\n(python3 -m pip install nox && python3 -m nox [^\n]+)\n```", readme)
+    commands = re.findall(r"```sh\n(python3 -m pip install nox uv && python3 -m nox [^\n]+)\n```", readme)
     assert len(commands) >= 2 and commands[0].endswith("nox -s tlc")
     ci = (ROOT / ".ci" / "run").read_text()
     assert commands[1] in ci.splitlines(), f".ci/run does not run the README's test command {commands[1]!r}"

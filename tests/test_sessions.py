@@ -151,7 +151,7 @@ def test_what_ci_leaves_out_of_its_ci_session_the_same_run_makes_elsewhere():
     import re
 
     readme = (ROOT / "README.md").read_text()
-    command = re.findall(r"```sh\n(python3 -m pip install nox && python3 -m nox [^\n]+)\n```", readme)[1]
+    command = re.findall(r"```sh\n(python3 -m pip install nox uv && python3 -m nox [^\n]+)\n```", readme)[1]
     sessions = command.split(" -s ", 1)[1].split()
     assert "ci" in sessions and f"transformers-{noxfile.NEWEST}" in sessions, sessions
     left = noxfile.left_to_the_newest_release()
@@ -162,3 +162,27 @@ def test_what_ci_leaves_out_of_its_ci_session_the_same_run_makes_elsewhere():
     assert left[-2:] == ["--deselect", "tests/test_sessions.py::test_the_session_runs_briefly[traces_real]"]
     assert noxfile.RELEASE_CAMPAIGN("") == noxfile.COMMANDS["traces_real"]["brief"]("")
     assert "traces_real" in noxfile.COMMANDS  # the id deselected is one of test_the_session_runs_briefly's
+
+
+def test_uv_takes_what_pip_would_take():
+    """An install through uv reads pip's configuration (``noxfile.uv_settings_from_pip``): without it, uv would take
+    torch from PyPI (a CUDA build, several GB) instead of the CPU wheel on the machine's disk."""
+    listed = "\n".join([
+        ":env:.find-links='/opt/wheels'",
+        "global.find-links='/elsewhere'",
+        "global.constraint='/etc/xdg/pip/constraints.txt'",
+        "global.extra-index-url='file:///a/simple file:///b/simple'",
+        "install.index-url='https://mirror.example/simple'",
+        "global.index-url='https://ignored.example/simple'",
+        "global.cert='/etc/ssl/certs/ca-certificates.crt'",
+        ":env:.default-timeout='180'",
+    ])  # fmt: skip
+    settings = noxfile.uv_settings_from_pip(listed)
+    assert settings == {
+        "UV_INDEX_STRATEGY": "unsafe-best-match", "UV_PYTHON_DOWNLOADS": "never",
+        "UV_FIND_LINKS": "/opt/wheels", "UV_CONSTRAINT": "/etc/xdg/pip/constraints.txt",
+        "UV_EXTRA_INDEX_URL": "file:///a/simple file:///b/simple", "UV_INDEX_URL": "https://mirror.example/simple",
+        "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt",
+    }  # fmt: skip
+    assert noxfile.uv_settings_from_pip("global.find-links='/x /y'")["UV_FIND_LINKS"] == "/x,/y"
+    assert noxfile.uv_settings_from_pip("") == {"UV_INDEX_STRATEGY": "unsafe-best-match", "UV_PYTHON_DOWNLOADS": "never"}
