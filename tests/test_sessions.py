@@ -185,4 +185,4 @@ def test_uv_takes_what_pip_would_take():
         "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt",
     }  # fmt: skip
     assert noxfile.uv_settings_from_pip("global.find-links='/x /y'")["UV_FIND_LINKS"] == "/x,/y"
-    assert noxfile.uv_settings_from_pip("") == {"UV_INDEX_STRATEGY": "unsafe-best-match", "UV_PYTHON_DOWNLOADS": "never"}
+    assert set(noxfile.uv_settings_from_pip("")) == {"UV_INDEX_STRATEGY", "UV_PYTHON_DOWNLOADS"}
