@@ -98,7 +98,7 @@ CHECKS = {
     "crosshair": _true,  # exit 0: no counterexample to any contract of leave_pause
     "fuzz": _contains("1 passed"),
     "traces": _fields("traces:", rejected="0"),
-    "traces_real": _fields("traces:", rejected="0"),
+    "traces_real": _fields("traces:", rejected="0", labels="1"),
     "bench": bench_report,
     "gpu": gpu_report,
     "hostile": hostile_table,

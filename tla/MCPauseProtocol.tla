@@ -77,6 +77,10 @@ ThreeRanksOneHolderEach == [h \in {1, 2, 3} |-> h]
 OneRankThreeHolders == [h \in {1, 2, 3} |-> 1]
 \* Two ranks, one holder on rank 1 and two on rank 2.
 TwoRanksOneAndTwoHolders == [h \in {1, 2, 3} |-> IF h = 1 THEN 1 ELSE 2]
+\* Three ranks, holders 1+1+2 (the audit's liveness model, issue 40, point 5).
+ThreeRanksOneOneTwoHolders == [h \in {1, 2, 3, 4} |-> IF h = 4 THEN 3 ELSE h]
+\* Two ranks, two holders each (liveness: no symmetry, so numbers, not MCPauseProtocol2x2's model values).
+TwoRanksTwoHoldersEachNumbered == [h \in {1, 2, 3, 4} |-> IF h <= 2 THEN 1 ELSE 2]
 
 -----------------------------------------------------------------------------
 (* Witnesses: properties that must FAIL, to show the models are not       *)

@@ -79,6 +79,14 @@ class RankProtocol(LoopSteps):
             with self._lock:
                 self._record_request(action, request_id, 0)
 
+    def record_labels(self, action: str, **fields: object) -> None:
+        """Write one of RequestVersions' steps that the loop took (``Launch``, ``Land``, ``OpenWindow``, ...:
+        ``cbpause.core.recorder.LABEL_RECORDS``) into the trace, in order with this rank's transitions.  Nothing
+        without a recorder."""
+        if self._trace is not None:
+            with self._lock:
+                self._trace.record_labels(self.trace_rank, action, fields)
+
     def _record_request(self, action: str, request_id: str, ok: int) -> None:
         if self._trace is not None:
             s = self._state

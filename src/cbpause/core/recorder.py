@@ -21,7 +21,7 @@ from collections.abc import Hashable
 from .group import HOLDER_ACTIONS
 from .transitions import RankState
 
-__all__ = ["REQUEST_RECORDS", "TraceEvent", "TraceRecorder", "action_of"]
+__all__ = ["LABEL_RECORDS", "REQUEST_RECORDS", "LabelEvent", "TraceEvent", "TraceRecorder", "action_of"]
 
 
 # The records of a request's steps (PauseProtocol.submit, .record_request): "Submit" carries the acceptance as its
@@ -46,6 +46,21 @@ class TraceEvent:
     request: str = ""  # the request's id, for a request's record (REQUEST_RECORDS)
 
 
+# The records of RequestVersions' steps that the integration writes (``PauseProtocol.record_labels``; the Submit
+# records come from ``events``): a forward step launched with its requests, its tokens read back with their labels,
+# a window opened in a mode (or a drain that steps first), a weight version set inside it, the window closed with
+# the requests the staleness bound restarted or ended, a terminal output with its labels.
+LABEL_RECORDS = frozenset({"Launch", "Land", "OpenWindow", "DrainFirst", "Update", "CloseWindow", "Output"})
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelEvent:
+    action: str  # one of LABEL_RECORDS
+    rank: int
+    time_ns: int  # as TraceEvent's, from the same clock under the same lock
+    fields: dict  # the record's values: request ids, modes, weight versions (as the holders set them)
+
+
 class TraceRecorder:
     """Collects the transitions of one or more ``PauseProtocol`` objects (ranks) in one order.
 
@@ -61,6 +76,10 @@ class TraceRecorder:
         self.n_ranks = 0
         self._holders: dict[tuple[int, Hashable], int] = {}
         self.holder_rank: list[int] = []  # holder index -> its rank's index
+        # What the loop did to the requests' tokens (RequestVersions' steps: LABEL_RECORDS), in order with ``events``
+        # by ``time_ns``: :mod:`cbpause.tlc.label_traces` replays them with the Submit records against
+        # tla/RequestVersions.tla.
+        self.labels: list[LabelEvent] = []
 
     def attach(self) -> int:
         """A new rank: its index."""
@@ -86,3 +105,10 @@ class TraceRecorder:
             argument = int(args[0]) if action in ("RequestStop", "RequestPause", "QueuePause", "Submit") and args else 0
             event = TraceEvent(action, rank, index, argument, after, holder_state, time.monotonic_ns(), request)
             self.events.append(event)
+
+    def record_labels(self, rank: int, action: str, fields: dict) -> None:
+        """One of RequestVersions' steps (``LABEL_RECORDS``) on rank ``rank``'s loop."""
+        if action not in LABEL_RECORDS:
+            raise ValueError(f"not a label record: {action!r}")
+        with self._lock:
+            self.labels.append(LabelEvent(action, rank, time.monotonic_ns(), fields))

@@ -255,6 +255,8 @@ class TrackingRouter(_api.OutputRouter):
         # The requests whose first forward step the driver's trace recorded (FirstStep, modes.record_first_steps)
         # and that are not delivered yet: in flight as TracePauseProtocol sees them.
         self.traced_in_flight: set[str] = set()
+        # While a traced step's tokens are read back, its terminal outputs' trace records, held for after its Land.
+        self.held_outputs: list | None = None
 
     def _delivered(self, request_id: str) -> None:
         # Recorded before the id is free again: a caller reusing it at once has its Submit recorded after this
@@ -267,6 +269,14 @@ class TrackingRouter(_api.OutputRouter):
     def _label(self, output: Any) -> bool:
         finished = output.is_finished()
         output.weight_versions, output.kv_versions = self.versions.spans(output.request_id, finished)
+        if finished and self.status is not None and self.status.tracing:  # RequestVersions' Deliver, with the labels
+            fields = {"id": output.request_id, "failed": output.status == _api.RequestStatus.FAILED,
+                      "tokens": len(output.generated_tokens), "weights": list(output.weight_versions),
+                      "kv": list(output.kv_versions)}  # fmt: skip
+            if self.held_outputs is not None:
+                self.held_outputs.append(fields)
+            else:
+                self.status.record_labels("Output", **fields)
         return finished
 
     def deliver(self, output: Any) -> None:

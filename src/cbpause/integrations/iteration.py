@@ -91,12 +91,30 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
     def _generation_step(self, model: Any) -> None:
         """Upstream's forward step, its version noted (R-VERSIONS: async batching reads it back after a window)."""
         self.output_router.versions.launch()
+        status = self.background_thread_status
+        if status.tracing:  # RequestVersions' Launch, with the requests the step computes
+            status.record_labels("Launch", ids=_batch_ids(self))
         super()._generation_step(model)
 
     def update_batch(self) -> None:
-        """Upstream's read-back of a step's tokens, labelled with that step's version."""
-        self.output_router.versions.read_back()
-        super().update_batch()
+        """Upstream's read-back of a step's tokens, labelled with that step's version.  Traced: RequestVersions' Land,
+        with the labels of each new token, then the terminal outputs the read-back produced (held until then: in the
+        spec a request is done by its last token's Land)."""
+        router = self.output_router
+        router.versions.read_back()
+        status = self.background_thread_status
+        if not status.tracing:
+            super().update_batch()
+            return
+        router.versions.landing, router.held_outputs = [], []
+        try:
+            super().update_batch()
+        finally:
+            landed, router.versions.landing = router.versions.landing, None
+            held, router.held_outputs = router.held_outputs, None
+            status.record_labels("Land", labels=landed)
+            for fields in held:
+                status.record_labels("Output", **fields)
 
     def _admit(self, state: Any) -> None:
         """Give one request of the broadcast to the scheduler.  One it cannot take (logits-processor arguments it
@@ -127,6 +145,8 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             raise
         busy = tp_pause == t.DRAIN and modes.busy(self)
         status.all_reduce(tp_status, int(tp_pause), busy)  # P-ALL-REDUCE (raises unless tp_status is the agreed one)
+        if tp_pause and tp_status < status.HARD_STOP and status.tracing:  # RequestVersions' OpenWindow(m), before its
+            status.record_labels("DrainFirst" if busy else "OpenWindow", mode=int(tp_pause))  # Effect (at_decision)
         # What a mode does at the decision (a keep pause does nothing there: the hot path and a keep pause skip it).
         if tp_pause > t.KEEP:
             modes.at_decision(self, status, taken)
@@ -165,11 +185,22 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             if changed:
                 weights.forget_shared_prefixes(self)  # D6: no new request reads KV from before the pause
             versions = self.output_router.versions
+            if status.tracing:  # RequestVersions' CloseWindow, before the staleness bound ends any request
+                status.record_labels("CloseWindow")
             if versions.max_staleness is not None and weights.set_new_version(versions, before):
                 modes.restart_stale(self)  # R-STALENESS
         else:
             status.no_pause()  # P-NO-PAUSE
         return payload_size, False
+
+
+def _batch_ids(processor: Any) -> list[str]:
+    """The ids of the caller's requests in the batch the processor is about to step (a trace's Launch)."""
+    io = processor.inputs_and_outputs
+    if not hasattr(io, "requests_in_batch"):  # async batching: the pair being launched
+        io = io.io_pairs[io.current_pair].host_io
+    live = processor.output_router.live
+    return [f.state.request_id for f in io.requests_in_batch if f.state.request_id in live]
 
 
 def _collective_failed(status: PauseProtocol, error: BaseException) -> None:

@@ -87,6 +87,8 @@ class WeightVersions:
         self.reading: Hashable = None  # the version of the step being read back
         # request id -> [weight spans, tokens seen, kv spans, its state object, the version its KV started with]
         self._records: dict[str, list] = {}
+        # While a traced step is read back: (request id, weight label, kv label) of each new token (a trace's Land)
+        self.landing: list | None = None
 
     def set(self, version: Hashable) -> None:
         """``TypeError``, with nothing changed, for a version that is unhashable or whose equality is not a total,
@@ -119,6 +121,8 @@ class WeightVersions:
             _extend(record[0], record[1], version)
             _extend(record[2], record[1], record[4])
             record[1] = n
+            if self.landing is not None:
+                self.landing.append((state.request_id, version, record[4]))
 
     def behind(self, state: Any, holds_kv: bool) -> int:
         """How many versions the oldest label of ``state``'s tokens, or of the KV it holds, is behind ``current``
@@ -217,7 +221,10 @@ class VersionedManager:
         s = self.background_thread_status.state
         if not (s.paused and s.inside):
             raise RuntimeError("set_weight_version() outside a pause: call it inside `with manager.pause():`")
+        before = self.versions.current
         self.versions.set(version)
+        if not _equal(before, version):  # RequestVersions' Update (a trace's record; nothing without a recorder)
+            self.background_thread_status.record_labels("Update", version=version)
 
 
 @dataclass(frozen=True)

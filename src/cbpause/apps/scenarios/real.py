@@ -104,6 +104,7 @@ class Campaign:
         self.tla_dir, self.workdir = tla_dir, workdir
         self.coverage = Coverage()
         self.validated = self.rejected = self.steps = self.tp2 = self.real = 0
+        self.labels = 0  # label logs accepted against RequestVersions (a rejected one is a problem)
         self.problems: list[str] = []
 
     def check(self, trace: Any, info: dict, name: str, n_ranks: int) -> None:
@@ -134,9 +135,30 @@ class Campaign:
         self.real += 1
         self.check(trace, info, name, 1)
 
+    def label_scenario(self, model: Any, probe: Any) -> None:
+        """The labels scenario (:mod:`cbpause.apps.scenarios.labels`): its label log validated against
+        RequestVersions."""
+        from ...tlc.label_traces import label_log
+        from ...tlc.label_traces import validate as validate_labels
+        from .labels import TOKENS, run_labelled
+
+        try:
+            recorder, versions = run_labelled(model, probe)
+        except Exception as error:  # noqa: BLE001 - reported as the campaign's problem
+            self.problems.append(f"labels: {type(error).__name__}: {error}")
+            return
+        result = validate_labels(label_log(recorder), self.tla_dir, TOKENS, self.workdir / "labels",
+                                 max_staleness=versions.max_staleness, on_stale=versions.on_stale,
+                                 max_restarts=versions.max_stale_restarts)  # fmt: skip
+        if result.accepted:
+            self.labels += 1
+        else:
+            self.problems.append(f"REJECTED labels: {result.violated or 'no step of RequestVersions matches'} "
+                                 f"(about record {result.matched} of {result.steps})")  # fmt: skip
+
     def line(self) -> str:
         return (f"traces: real={self.real} tp2={self.tp2} validated={self.validated} rejected={self.rejected} "
-                f"steps={self.steps}")  # fmt: skip
+                f"steps={self.steps} labels={self.labels}")  # fmt: skip
 
 
 def checkout() -> str:
@@ -228,6 +250,7 @@ def covering(tla_dir: Path, workdir: Path, seed: int) -> Campaign:
     probe = _probed(model)
     for n, plan in enumerate(COVERING_SINGLE):
         campaign.single_scenario(model, probe, plan, rng.randrange(2**31), f"single {n}")
+    campaign.label_scenario(model, probe)
     return campaign
 
 
@@ -259,7 +282,7 @@ def _verdict(campaign: Campaign, *, target: float, every_trace_validated: bool =
     _, unseen = campaign.coverage.actions()
     covered = not unseen and campaign.coverage.fraction() >= target
     validated = not every_trace_validated or campaign.validated == campaign.real
-    code = 1 if campaign.rejected or campaign.problems or not covered or not validated else 0
+    code = 1 if campaign.rejected or campaign.problems or not covered or not validated or not campaign.labels else 0
     if any("HANG" in problem for problem in campaign.problems):
         os._exit(code)  # a loop thread still parked would hold the interpreter's exit
     return code
@@ -288,6 +311,7 @@ def main(args: argparse.Namespace) -> int:
             campaign.single_scenario(model, probe, plan, rng.randrange(2**31), f"single {n}")
             if (n + 1) % 10 == 0:
                 print(f"  {campaign.line()} ({time.monotonic() - began:.0f} s)", flush=True)
+        campaign.label_scenario(model, probe)
     closing = _report(campaign, began)
     if args.record is not None:
         record(args.record, f"--real --seed {master} --count {args.count}", started, campaign, closing)

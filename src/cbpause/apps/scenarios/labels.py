@@ -1,0 +1,70 @@
+"""The real loop's labels traced for ``tla/RequestVersions.tla`` (issue 40, point 2): one scenario that takes every
+step the spec names (windows of every mode, updates inside them, requests admitted, in flight, restarted by the
+staleness bound and ended by an abort, delivered), its log (:func:`cbpause.tlc.label_traces.label_log`) validated
+by TLC.  ``tests/test_label_traces.py`` runs it and forges its log; the real-loop campaign runs it once
+(``python -m cbpause.apps.scenarios --real``).
+
+Every request asks for :data:`TOKENS` new tokens with no end-of-sequence stop, and its prompt fits one step (the
+spec's requests generate ``Tokens`` each and are prefilled in one step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...core.recorder import TraceRecorder
+from ...testing import HANG_S, batching_config, greedy_config
+
+__all__ = ["TOKENS", "MAX_STALENESS", "run_labelled"]
+
+TOKENS = 6
+MAX_STALENESS = 1  # a keep update leaves a request one version behind (kept); a second one restarts it
+
+
+def run_labelled(model: Any, probe: Any, bound: float = HANG_S) -> tuple[TraceRecorder, Any]:
+    """The scenario on ``model`` (``probe`` attached): its recorder and its manager's ``versions`` (the staleness
+    bound's constants).  Raises if the loop loses or fails a request the scenario did not abort."""
+    from ...integrations.transformers import init_continuous_batching
+
+    recorder = TraceRecorder()
+    manager = init_continuous_batching(model, greedy_config(TOKENS), batching_config(), trace=recorder,
+                                       max_staleness=MAX_STALENESS)  # fmt: skip
+    manager.start()
+    ids: list[str] = []
+    aborted: list[str] = []
+
+    def submit(n: int, into: list[str]) -> None:
+        for k in range(n):
+            into.append(manager.add_request([3 + k, 5, 7, 9], max_new_tokens=TOKENS))
+
+    def steps(n: int) -> None:
+        if not probe.wait_steps(n, bound):
+            raise TimeoutError(f"no {n} forward steps within {bound} s")
+
+    try:
+        with manager.pause(timeout=bound):
+            manager.set_weight_version(0)  # an integer from the start: the staleness bound counts integers only
+        submit(3, ids)
+        steps(2)
+        with manager.pause(timeout=bound):  # keep: the requests go on with KV of version 0 (labels differ)
+            manager.set_weight_version(1)
+        steps(1)
+        with manager.pause(timeout=bound, mode="retract"):  # two versions behind: restarted by the bound
+            manager.set_weight_version(2)
+            submit(2, ids)  # queued during the window, admitted after it
+        steps(1)
+        with manager.pause(timeout=bound, mode="drain"):  # the batch is stepped to its end first, admitting nothing
+            submit(2, aborted)
+        steps(1)
+        with manager.pause(timeout=bound, mode="abort"):  # what is queued or in flight ends, failed
+            manager.set_weight_version(3)
+        submit(1, ids)
+        missing = set(ids)
+        while missing:  # every output, in the order they come (get_result(id) returns None for another's)
+            output = manager.get_result(timeout=bound)
+            if output is None:
+                raise TimeoutError(f"no output for {sorted(missing)} within {bound} s")
+            missing.discard(output.request_id)
+    finally:
+        manager.stop(block=True, timeout=bound)
+    return recorder, manager.versions

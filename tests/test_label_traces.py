@@ -1,0 +1,145 @@
+"""The real loop's labels are a behaviour of ``tla/RequestVersions.tla`` (issue 40, point 2), and a log altered in one
+place is not.
+
+One scenario on a tiny random Llama (:func:`cbpause.apps.scenarios.labels.run_labelled`: windows in every mode,
+updates inside them, a staleness bound that restarts requests, an abort) is traced, and TLC replays its label log
+(``tla/TraceRequestVersions.tla``); then forged copies of that log, each one lie about what the loop did, are
+rejected.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from cbpause.apps.scenarios.episodes import quiet_logs  # noqa: E402
+from cbpause.apps.scenarios.labels import MAX_STALENESS, TOKENS, run_labelled  # noqa: E402
+from cbpause.testing import ForwardProbe, tiny_llama  # noqa: E402
+from cbpause.tlc.label_traces import label_log, validate  # noqa: E402
+
+from .conftest import TLA_DIR  # noqa: E402
+
+pytestmark = pytest.mark.layer("verify")
+
+
+@pytest.fixture(scope="module")
+def traced() -> tuple[list[dict], dict]:
+    quiet_logs()
+    model = tiny_llama("cpu", 7)
+    probe = ForwardProbe()
+    probe.attach(model)
+    recorder, versions = run_labelled(model, probe)
+    constants = {"max_staleness": versions.max_staleness, "on_stale": versions.on_stale,
+                 "max_restarts": versions.max_stale_restarts}  # fmt: skip
+    return label_log(recorder), constants
+
+
+def check(log: list[dict], constants: dict, tmp_path) -> object:
+    return validate(log, TLA_DIR, TOKENS, tmp_path, **constants)
+
+
+def test_the_real_loop_s_labels_are_accepted_and_take_every_step(traced, tmp_path, tlc_ready):
+    log, constants = traced
+    result = check(log, constants, tmp_path)
+    assert result.accepted, result.output[-3000:]
+    assert constants["max_staleness"] == MAX_STALENESS
+    actions = {r["a"] for r in log}
+    assert actions == {"Submit", "Launch", "Land", "OpenWindow", "DrainFirst", "Update", "CloseWindow", "Output"}
+    assert {r["arg"] for r in log if r["a"] == "OpenWindow"} == {1, 2, 3, 4}
+    # A keep update: tokens computed with new weights over KV of old ones (the two labels differ)...
+    assert any(w != kv for r in log if r["a"] == "Land" for _, w, kv in r["labs"])
+    # ... the bound restarted the requests that fell two versions behind (their labels start again: one version)...
+    finished = [r for r in log if r["a"] == "Output" and not r["arg"]]
+    assert finished and all(len(r["w"]) == TOKENS for r in finished)
+    assert any(len(set(r["w"])) == 1 and r["w"][0] >= 3 for r in finished[:3])
+    # ... and the abort ended requests, failed.
+    assert any(r["a"] == "Output" and r["arg"] for r in log)
+
+
+def _index(log: list[dict], predicate, after: int = 0) -> int:
+    return next(k for k, r in enumerate(log) if k >= after and predicate(r))
+
+
+def _forge_read_back_label(log: list[dict]) -> list[dict]:
+    """A token labelled with a version other than its step's (as upstream's async batching would, read back after
+    a window): the first Land after the first update claims the next version."""
+    update = _index(log, lambda r: r["a"] == "Update")
+    land = _index(log, lambda r: r["a"] == "Land" and r["labs"], update)
+    q, w, kv = log[land]["labs"][0]
+    log[land]["labs"][0] = (q, w + 1, kv)
+    return log
+
+
+def _forge_fresh_kv(log: list[dict]) -> list[dict]:
+    """A token that claims KV of the new weights after a keep window kept the old KV (D6's lie)."""
+    land = _index(log, lambda r: r["a"] == "Land" and any(w != kv for _, w, kv in r["labs"]))
+    log[land]["labs"] = [(q, w, w) for q, w, _ in log[land]["labs"]]
+    return log
+
+
+def _forge_step_in_window(log: list[dict]) -> list[dict]:
+    """A forward step inside a window: the first Launch and Land after an OpenWindow moved before its CloseWindow."""
+    opened = _index(log, lambda r: r["a"] == "OpenWindow")
+    closed = _index(log, lambda r: r["a"] == "CloseWindow", opened)
+    launch = _index(log, lambda r: r["a"] == "Launch", closed)
+    step = log[launch : launch + 2]
+    del log[launch : launch + 2]
+    log[closed:closed] = step
+    return log
+
+
+def _forge_admission_in_drain(log: list[dict]) -> list[dict]:
+    """A drain that admits a new request: a request submitted later is in a step of the drain."""
+    drain = _index(log, lambda r: r["a"] == "DrainFirst")
+    launch = _index(log, lambda r: r["a"] == "Launch", drain)
+    later = max(r["q"] for r in log[:launch] if r["a"] == "Submit")
+    assert later not in log[launch]["set"]
+    log[launch]["set"] = sorted([*log[launch]["set"], later])
+    return log
+
+
+def _forge_output_labels(log: list[dict]) -> list[dict]:
+    """An output whose labels are not its tokens' (one label changed)."""
+    out = _index(log, lambda r: r["a"] == "Output" and r["w"])
+    log[out]["w"] = [log[out]["w"][0] + 1, *log[out]["w"][1:]]
+    return log
+
+
+def _forge_abort_not_failed(log: list[dict]) -> list[dict]:
+    """A request the abort ended, delivered as if it had succeeded."""
+    out = _index(log, lambda r: r["a"] == "Output" and r["arg"])
+    log[out]["arg"] = 0
+    return log
+
+
+def _forge_no_restart(log: list[dict]) -> list[dict]:
+    """A request the staleness bound had to restart goes on with its old labels: its tokens after the retract window
+    claim to extend the sequence the spec restarted (the Output of a restarted request with one old label)."""
+    out = _index(log, lambda r: r["a"] == "Output" and not r["arg"] and r["w"][0] >= 3)
+    log[out]["w"] = [0, *log[out]["w"][1:]]
+    log[out]["kv"] = [0, *log[out]["kv"][1:]]
+    return log
+
+
+FORGERIES = {
+    "a token labelled at read-back": _forge_read_back_label,
+    "fresh KV claimed after a keep update": _forge_fresh_kv,
+    "a forward step inside a window": _forge_step_in_window,
+    "a drain that admits a new request": _forge_admission_in_drain,
+    "an output's labels not its tokens'": _forge_output_labels,
+    "an aborted request delivered as a success": _forge_abort_not_failed,
+    "a stale request not restarted": _forge_no_restart,
+}
+
+
+@pytest.mark.parametrize("lie", list(FORGERIES))
+def test_a_forged_label_log_is_rejected(traced, lie, tmp_path, tlc_ready):
+    log, constants = traced
+    forged = FORGERIES[lie](copy.deepcopy(log))
+    assert forged != log
+    result = check(forged, constants, tmp_path)
+    assert not result.accepted, f"TLC accepted the log with {lie}"
