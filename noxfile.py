@@ -45,8 +45,8 @@ PIP_TO_UV = {
 
 def uv_settings_from_pip(pip_config: str) -> dict[str, str]:
     """uv's variables for ``pip config list``'s output ``pip_config`` (per name, the variable's value over the files',
-    ``install.`` over ``global.``), with pip's choice among indexes (the best version on any of them) and no download
-    of a Python interpreter (only the registries are reachable)."""
+    ``install.`` over ``global.``), with pip's choice among indexes (the best version on any of them), pip's bytecode
+    compiled at install, and no download of a Python interpreter (only the registries are reachable)."""
     values: dict[str, tuple[int, str]] = {}
     for line in pip_config.splitlines():
         key, _, value = line.partition("=")
@@ -54,7 +54,10 @@ def uv_settings_from_pip(pip_config: str) -> dict[str, str]:
         rank = {":env:": 3, "install": 2, "global": 1}.get(scope, 0)
         if name in PIP_TO_UV and rank and rank >= values.get(name, (0, ""))[0]:
             values[name] = (rank, " ".join(shlex.split(value)))
-    settings = {"UV_INDEX_STRATEGY": "unsafe-best-match", "UV_PYTHON_DOWNLOADS": "never"}
+    # pip compiles what it installs to bytecode; uv does not unless asked, and where PYTHONDONTWRITEBYTECODE is set
+    # (as on CI's machine) every process then compiled transformers and torch again at import: CI's tests ran 90 s
+    # longer.
+    settings = {"UV_INDEX_STRATEGY": "unsafe-best-match", "UV_PYTHON_DOWNLOADS": "never", "UV_COMPILE_BYTECODE": "1"}
     for name, (_, value) in values.items():
         variable, separator = PIP_TO_UV[name]
         settings[variable] = separator.join(value.split())
