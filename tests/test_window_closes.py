@@ -114,6 +114,39 @@ def test_a_thread_inside_a_closing_window_pauses_again_at_once():
     assert loop.stop() and loop.violations == []
 
 
+def test_a_thread_whose_own_request_keeps_a_closing_window_open_is_refused_a_second_pause_at_once():
+    """Hostile review of issue 40: a thread that requested a pause (two-call API, not entered) keeps the closing window
+    open; its second pause, queued behind that window with no timeout, waited for itself for ever.  It is refused at
+    once, nothing changed, and the first request still enters and leaves."""
+    loop = started()
+    status = loop.status
+    a_in, a_leave = threading.Event(), threading.Event()
+
+    def a():
+        status.acquire_pause(loop.wake, timeout=WAIT)
+        a_in.set()
+        a_leave.wait(WAIT)
+        status.release_pause()
+
+    thread, box = run_thread(a, "holder-a")
+    assert a_in.wait(WAIT)
+    first = status.request_pause(loop.wake)  # this thread: requested on the open window, not entered
+    a_leave.set()
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive() and "error" not in box
+    s = status.state
+    assert s.paused and s.closing and s.waiting == 1, s  # kept open by this thread's own request
+    with pytest.raises(RuntimeError, match="wait for itself"):
+        status.acquire_pause(loop.wake)  # no timeout: before the fix, a hang
+    with pytest.raises(RuntimeError, match="wait for itself"):
+        status.request_pause(loop.wake)
+    assert status.state == s and status.metrics().holders_queued == 0
+    status.enter_pause(first, timeout=WAIT)
+    status.leave_pause(first)
+    assert status.state.count == 0 and not status.state.closing
+    assert loop.stop() and loop.violations == []
+
+
 def test_a_holder_that_gives_up_on_an_open_window_closes_it_to_newcomers():
     """An interrupt or timeout of a waiting holder is a drop too: a holder that asks and gives up again and again
     would otherwise hold the window open as well as one inside (TLC found it, issue 25)."""

@@ -273,11 +273,21 @@ class RankProtocol(LoopSteps):
 
         A thread with a hold inside the window is no newcomer: its pause nests in the one it holds and asks at once
         (else it would wait for itself); the spec's holders hold one pause at a time, so that is outside the model.
+        A thread whose own hold waits (requested, not entered: the two-call API) keeps the closing window open until
+        that hold enters and leaves, or is withdrawn: queued behind it, this thread would wait for itself, so
+        ``RuntimeError`` at once, nothing changed (a hostile review of issue 40).
         """
         me = threading.current_thread()
-        if not self._state.closing or any(h.state == "inside" and h.thread is me for h in self._holds):
+        mine = [h.state for h in self._holds if h.thread is me]
+        if not self._state.closing or "inside" in mine:
             self._apply(t.request_pause, hold.mode, hold=hold)
             return timeout
+        if "waiting" in mine:
+            raise RuntimeError(
+                "this thread requested a pause it has not entered, and that request keeps the closing window open: "
+                "a second pause from this thread would wait for itself; enter it (enter_pause) or withdraw it "
+                "(interrupt) first"
+            )
         self._apply(t.queue_pause, hold.mode, hold=hold)
         # Every way out of the wait but the close raises, and the callers' _withdraw takes the hold out of the queue.
         deadline = None if timeout is None else self._clock() + timeout
