@@ -16,10 +16,10 @@ space once.
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
 import random
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -40,45 +40,71 @@ nox.options.default_venv_backend = "uv|virtualenv"
 PIP_TO_UV = {
     "index-url": ("UV_INDEX_URL", " "), "extra-index-url": ("UV_EXTRA_INDEX_URL", " "),
     "find-links": ("UV_FIND_LINKS", ","), "constraint": ("UV_CONSTRAINT", " "), "cert": ("SSL_CERT_FILE", " "),
+    "trusted-host": ("UV_INSECURE_HOST", " "), "no-index": ("", ""),
 }  # fmt: skip
+# pip's other settings (pre, only-binary, no-binary, no-compile, ...) are not translated: this project's installs
+# need none of them.
 
 
-def uv_settings_from_pip(pip_config: str) -> dict[str, str]:
-    """uv's variables for ``pip config list``'s output ``pip_config`` (per name, the variable's value over the files',
-    ``install.`` over ``global.``), with pip's choice among indexes (the best version on any of them), pip's bytecode
-    compiled at install, and no download of a Python interpreter (only the registries are reachable)."""
+def _pip_values(pip_config: str) -> dict[str, str]:
+    """Per name of PIP_TO_UV, the value pip uses (its variable's over its files', ``install.`` over ``global.``).
+    ``pip config list`` prints each value as a Python literal (a list on several lines of pip.conf keeps its
+    newlines, escaped): read back as one, and its items split on whitespace, as pip splits them."""
     values: dict[str, tuple[int, str]] = {}
     for line in pip_config.splitlines():
         key, _, value = line.partition("=")
         scope, _, name = key.rpartition(".")
         rank = {":env:": 3, "install": 2, "global": 1}.get(scope, 0)
         if name in PIP_TO_UV and rank and rank >= values.get(name, (0, ""))[0]:
-            values[name] = (rank, " ".join(shlex.split(value)))
+            try:
+                text = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                text = value.strip("'\"")
+            values[name] = (rank, " ".join(str(text).split()))
+    return {name: value for name, (_, value) in values.items()}
+
+
+def uv_settings_from_pip(pip_config: str) -> dict[str, str]:
+    """uv's variables for ``pip config list``'s output ``pip_config`` (:func:`_pip_values`), with pip's choice among
+    indexes (the best version on any of them), pip's bytecode compiled at install, and no download of a Python
+    interpreter (only the registries are reachable).  ``no-index`` is a flag of the install instead
+    (:func:`install`)."""
     # pip compiles what it installs to bytecode; uv does not unless asked, and where PYTHONDONTWRITEBYTECODE is set
     # (as on CI's machine) every process then compiled transformers and torch again at import: CI's tests ran 90 s
     # longer.
     settings = {"UV_INDEX_STRATEGY": "unsafe-best-match", "UV_PYTHON_DOWNLOADS": "never", "UV_COMPILE_BYTECODE": "1"}
-    for name, (_, value) in values.items():
+    for name, value in _pip_values(pip_config).items():
         variable, separator = PIP_TO_UV[name]
-        settings[variable] = separator.join(value.split())
+        if variable:
+            settings[variable] = separator.join(value.split())
     return settings
 
 
+def pip_flags(pip_config: str) -> list[str]:
+    """The install's flags for pip's settings that uv takes only as flags: ``--no-index`` (an offline wheelhouse)."""
+    no_index = _pip_values(pip_config).get("no-index", "").lower()
+    return ["--no-index"] if no_index in ("1", "true", "yes", "on") else []
+
+
 @functools.cache
+def _pip_config() -> str:
+    try:
+        return subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                              timeout=60, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):  # no pip beside nox (nox from pipx or uv tool): its variables only
+        return "\n".join(f":env:.{k[4:].lower().replace('_', '-')}={v!r}" for k, v in os.environ.items()
+                         if k.startswith("PIP_"))  # fmt: skip
+
+
 def uv_environment() -> dict[str, str]:
     """The variables an install runs with: pip's settings for uv (:func:`uv_settings_from_pip`), those the user set
     kept."""
-    try:
-        listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
-                                timeout=60, check=True).stdout  # fmt: skip
-    except (OSError, subprocess.SubprocessError):  # no pip beside nox: nothing configured for it either
-        listed = ""
-    return {k: v for k, v in uv_settings_from_pip(listed).items() if k not in os.environ}
+    return {k: v for k, v in uv_settings_from_pip(_pip_config()).items() if k not in os.environ}
 
 
 def install(session: nox.Session, *packages: str) -> None:
     """Every install of every session (through uv where nox found it, otherwise pip, which reads its own settings)."""
-    session.install(*packages, env=uv_environment())
+    session.install(*pip_flags(_pip_config()), *packages, env=uv_environment())
 
 PYTHON = "3.11"
 ROOT = Path(__file__).resolve().parent

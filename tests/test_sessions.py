@@ -186,3 +186,18 @@ def test_uv_takes_what_pip_would_take():
     }  # fmt: skip
     assert noxfile.uv_settings_from_pip("global.find-links='/x /y'")["UV_FIND_LINKS"] == "/x,/y"
     assert set(noxfile.uv_settings_from_pip("")) == {"UV_INDEX_STRATEGY", "UV_PYTHON_DOWNLOADS", "UV_COMPILE_BYTECODE"}
+
+
+def test_uv_reads_pip_s_values_as_pip_prints_them():
+    """A hostile review: pip.conf's several indexes on several lines (``pip config list`` prints the newlines
+    escaped) were passed to uv as one bogus URL, which uv dropped for PyPI; a value with both quotes crashed every
+    install; ``no-index`` and ``trusted-host`` were dropped."""
+    several = noxfile.uv_settings_from_pip("global.extra-index-url='\\nfile:///a/simple\\nfile:///b/simple'")
+    assert several["UV_EXTRA_INDEX_URL"] == "file:///a/simple file:///b/simple"
+    both = noxfile.uv_settings_from_pip("global.find-links='it\\'s \"x\"'")
+    assert both["UV_FIND_LINKS"] == "it's,\"x\""
+    assert noxfile.uv_settings_from_pip("global.trusted-host='a.example b.example'")["UV_INSECURE_HOST"] == (
+        "a.example b.example"
+    )
+    assert noxfile.pip_flags("global.no-index='true'") == ["--no-index"]
+    assert noxfile.pip_flags("global.no-index='false'") == [] and noxfile.pip_flags("") == []

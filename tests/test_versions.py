@@ -51,6 +51,36 @@ def test_set_weight_version_only_inside_a_pause_and_only_hashable(plain_manager)
     assert out.weight_versions == [(0, ("step", 1))]
 
 
+def test_a_version_whose_check_outlasts_the_pause_is_refused_not_set_after_the_window(plain_manager):
+    """A hostile review: set_weight_version checked that a pause was held, then ran the version's own ``__hash__``
+    and set it; from a thread beside the holder, the set landed after the holder had left and the window had closed,
+    while the loop stepped.  The set is now made with the window held open (``PauseProtocol.while_held``), or
+    refused."""
+    import threading
+
+    from cbpause.testing import run_thread
+
+    hashing, go_on = threading.Event(), threading.Event()
+
+    class GatedVersion(int):
+        def __hash__(self) -> int:
+            hashing.set()
+            go_on.wait(WAIT)
+            return int.__hash__(self)
+
+    manager = plain_manager
+    manager.start()
+    with manager.pause():
+        manager.set_weight_version(1)
+        thread, box = run_thread(lambda: manager.set_weight_version(GatedVersion(2)), "setter")
+        assert hashing.wait(WAIT), "the setter never reached the version's check"
+    go_on.set()  # the window has closed: the setter's check ends now
+    thread.join(WAIT)
+    assert not thread.is_alive()
+    assert isinstance(box.get("error"), RuntimeError) and "pause ended" in str(box["error"]), box
+    assert manager.weight_version == 1
+
+
 @pytest.mark.parametrize("mode", ["keep", "retract"])
 def test_spans_start_exactly_at_the_first_token_of_each_version(plain_manager, mode):
     """Two updates while three requests run: every output's spans cover its tokens, each starting at the token

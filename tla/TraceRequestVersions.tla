@@ -66,4 +66,9 @@ TraceNext == (vi <= Len(Log) /\ Recorded /\ vi' = vi + 1) \/ SilentAdmit
 
 TraceMatched == vi = Len(Log) + 1
 NeverMatched == ~TraceMatched
+
+\* At the end of the log every request was delivered (a run traced to its end collects every output): a log that
+\* drops a request's Output, or stops with a request in flight, is rejected (a hostile review: TLC accepted such
+\* logs once it reached their last record).  Checked before NeverMatched, which the same state breaks.
+DeliveredAtEnd == TraceMatched => \A j \in Requests : st[j] = "delivered"
 =============================================================================

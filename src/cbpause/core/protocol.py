@@ -19,7 +19,8 @@ drop-in API of transformers 5.23's ``BackgroundThreadStatus`` on top, and the st
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from typing import TypeVar
 
 from . import transitions as t
 from .arguments import check_mode, check_timeout
@@ -27,6 +28,8 @@ from .loop import HOLDER_CHECK_S, LoopSteps
 from .metrics import PauseMetrics
 from .rank import PauseHold
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankState
+
+T = TypeVar("T")
 
 __all__ = ["HOLDER_CHECK_S", "PauseHold", "PauseMetrics", "RankProtocol"]
 
@@ -258,6 +261,17 @@ class RankProtocol(LoopSteps):
         thread = threading.current_thread() if thread is None else thread
         with self._lock:
             return [h for h in self._holds if h.thread is thread and h.one_call and h.state != "idle"]
+
+    def while_held(self, fn: Callable[[], T]) -> T:
+        """``fn()`` under this rank's lock, if a holder is inside its window: the window cannot close (its last holder
+        cannot leave) until ``fn`` returns.  ``RuntimeError``, ``fn`` not called, otherwise.  ``fn`` must be short and
+        must not call this object (the integration sets the weight version this way: a check of the window and then
+        the set, apart, let a version land after the window closed)."""
+        with self._lock:
+            s = self._state
+            if not (s.paused and s.inside):
+                raise RuntimeError("no holder is inside this rank's pause window")
+            return fn()
 
     def _ask(self, hold: PauseHold, timeout: float | None) -> float | None:
         """P-REQUEST-PAUSE for a new ``hold`` (the caller holds the lock), or, while the rank's window is closing,

@@ -93,13 +93,24 @@ class WeightVersions:
     def set(self, version: Hashable) -> None:
         """``TypeError``, with nothing changed, for a version that is unhashable or whose equality is not a total,
         plain-bool one (a tensor, whose ``!=`` the loop could not evaluate; NaN, which differs from itself)."""
+        self.check(version)
+        self.assign(version)
+
+    @staticmethod
+    def check(version: Hashable) -> None:
+        """What :meth:`set` refuses (the holder's own code runs here: ``__hash__``, ``__eq__``)."""
         hash(version)
         same = _equal(version, version)
         if same is not True:
             raise TypeError(f"a weight version must equal itself with a plain bool (an int, a str, a tuple of "
                             f"them...): {version!r} does not")  # fmt: skip
-        if not _equal(version, self.current):
-            self.current, self.changed = version, True
+
+    def assign(self, version: Hashable) -> bool:
+        """:meth:`set` for a checked ``version``; whether it changed the version in force."""
+        if _equal(version, self.current):
+            return False
+        self.current, self.changed = version, True
+        return True
 
     def launch(self) -> None:
         """A forward step starts, with the weights of ``current``."""
@@ -218,13 +229,17 @@ class VersionedManager:
         equality is not a plain bool, total on it (a tensor, NaN); nothing changes on either.  Under tensor parallelism
         every rank sets the same version (one whose ``repr`` is the same in every process): ranks that differ take the
         driver's at the window's barrier, with an error logged on each (:func:`agree_versions`)."""
-        s = self.background_thread_status.state
-        if not (s.paused and s.inside):
+        status = self.background_thread_status
+        if not (status.state.paused and status.state.inside):  # (before the holder's code runs in check)
             raise RuntimeError("set_weight_version() outside a pause: call it inside `with manager.pause():`")
-        before = self.versions.current
-        self.versions.set(version)
-        if not _equal(before, version):  # RequestVersions' Update (a trace's record; nothing without a recorder)
-            self.background_thread_status.record_labels("Update", version=version)
+        self.versions.check(version)
+        try:  # the set with the window held open: a hostile review set a version after the window had closed
+            changed = status.while_held(lambda: self.versions.assign(version))
+        except RuntimeError:
+            raise RuntimeError("set_weight_version() outside a pause: call it inside `with manager.pause():` (the "
+                               "pause ended while the version was being checked)") from None  # fmt: skip
+        if changed:  # RequestVersions' Update (a trace's record; nothing without a recorder)
+            status.record_labels("Update", version=version)
 
 
 @dataclass(frozen=True)

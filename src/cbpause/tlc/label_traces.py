@@ -10,10 +10,16 @@ driver's Submit records and writes the log as a TLA+ module; ``tla/TraceRequestV
 
 Requests are numbered from 1 in the order of their Submit, as in :func:`cbpause.tlc.traces.request_numbers`.  Weight
 versions are numbered in the order the holders set them: the version in force when the trace starts is 0, and each
-Update the next number (the spec's ``wv``); a label the trace never saw set is 0.  The run's constants (how many
-tokens each request generates, the staleness bound) are the caller's: every request of a traced run must ask for
-the same number of new tokens, with no end-of-sequence stop (``cbpause.testing.greedy_config``), and prompts short
-enough to be prefilled in one step.
+Update the next number (the spec's ``wv``); the first label seen before any Update is taken for the version in force
+at the start, and any other label the trace never saw set is numbered 98, no version (TLC rejects it).  A token's
+number is the one its Land gave it, so a version set again later (weights rolled back) does not renumber it.
+
+What a traced run must be (docs/verification.md, section 9, lists what the spec does not model): every request asks
+for the same number of new tokens (the spec's ``Tokens``, the caller's ``tokens``), with no end-of-sequence stop
+(``cbpause.testing.greedy_config``), a prompt prefilled in one step, and its output collected; no cancellation, no
+hard stop, no request refused at admission or taken out of the batch under cache pressure, no async batching; with a
+staleness bound, integer versions one apart, the first set before any request (the loop counts the distance of the
+integers, the spec the updates).
 """
 
 from __future__ import annotations
@@ -34,17 +40,30 @@ __all__ = ["LabelTraceResult", "label_log", "validate", "write_trace"]
 NONE = 99  # RequestVersions' NONE: no staleness bound
 MODES = {"keep": 1, "retract": 2, "drain": 3, "abort": 4}
 INVARIANTS = ("TypeOK", "NothingLostInv", "LabelInv", "KvLabelInv", "StalenessInv", "NoStalePrefixInv",
-              "ModeEffectInv", "RetractInv")  # fmt: skip
+              "ModeEffectInv", "RetractInv", "DeliveredAtEnd")  # fmt: skip
+UNKNOWN = 98  # the number of a label that is neither the version in force at the start nor one set since: no version
 PROPERTIES = ("LabelProp", "KvLabelProp")
 
 
-def _expand(spans: Sequence[tuple[int, Hashable]], n: int, number) -> list[int]:
-    """A span list ``[(first token index, version), ...]`` as one version number per token, for ``n`` tokens."""
-    labels: list[int] = []
+def _expand(spans: Sequence[tuple[int, Hashable]], n: int) -> list[Hashable]:
+    """A span list ``[(first token index, version), ...]`` as one version per token, for ``n`` tokens."""
+    labels: list[Hashable] = []
     for k, (start, version) in enumerate(spans):
         end = spans[k + 1][0] if k + 1 < len(spans) else n
-        labels.extend([number(version)] * max(0, end - start))
+        labels.extend([version] * max(0, end - start))
     return labels
+
+
+def _numbered(spans: Sequence[tuple[int, Hashable]], n: int, landed: list[tuple[Hashable, int]]) -> list[int]:
+    """An output's labels as numbers: each token's as its Land numbered it (the output's ``n`` tokens are the request's
+    last ``n`` landed: a restart starts them again), where the output's version is the one landed; UNKNOWN where it
+    is not (the output then disagrees with the steps, and TLC rejects it).  Numbering at the Land keeps a version
+    set again later (weights rolled back) from renumbering the tokens of before."""
+    raw = _expand(spans, n)
+    last = landed[-len(raw):] if raw else []
+    if len(last) < len(raw):
+        last = [(object(), UNKNOWN)] * (len(raw) - len(last)) + last
+    return [number if _same(version, was) else UNKNOWN for version, (was, number) in zip(raw, last, strict=True)]
 
 
 def label_log(recorder: TraceRecorder, rank: int = 0) -> list[dict]:
@@ -63,12 +82,19 @@ def label_log(recorder: TraceRecorder, rank: int = 0) -> list[dict]:
             requests[request_id] = next(counter)
         return requests[request_id]
 
+    initial: list = []  # the version in force at the start: the first label seen before any Update
+
     def number(version: Hashable) -> int:
         try:
-            return versions.get(version, 0)
+            if version in versions:
+                return versions[version]
         except TypeError:  # unhashable: never set by a holder (set() refuses those)
-            return 0
+            return UNKNOWN
+        if not versions and not initial:
+            initial.append(version)
+        return 0 if initial and _same(version, initial[0]) else UNKNOWN
 
+    landed: dict[int, list] = {}  # request number -> ((weight, its number), (kv, its number)) of each token landed
     log = []
     for _, _, action, f in sorted(submits + labels, key=lambda r: (r[0], r[1])):
         rec = {"a": action, "q": 0, "arg": 0, "set": [], "labs": [], "w": [], "kv": []}
@@ -78,16 +104,26 @@ def label_log(recorder: TraceRecorder, rank: int = 0) -> list[dict]:
             rec["set"] = sorted({request(i) for i in f["ids"]})
         elif action == "Land":
             rec["labs"] = sorted({(request(i), number(w), number(kv)) for i, w, kv in f["labels"]})
+            for i, w, kv in f["labels"]:
+                landed.setdefault(request(i), []).append(((w, number(w)), (kv, number(kv))))
         elif action in ("OpenWindow", "DrainFirst"):
             rec["arg"] = int(f["mode"])
         elif action == "Update":
             versions[f["version"]] = next(updates)
         elif action == "Output":
-            n = int(f["tokens"])
-            rec.update(q=request(f["id"]), arg=int(bool(f["failed"])), w=_expand(f["weights"], n, number),
-                       kv=_expand(f["kv"], n, number))  # fmt: skip
+            n, q = int(f["tokens"]), request(f["id"])
+            seen = landed.pop(q, [])
+            rec.update(q=q, arg=int(bool(f["failed"])), w=_numbered(f["weights"], n, [w for w, _ in seen]),
+                       kv=_numbered(f["kv"], n, [kv for _, kv in seen]))  # fmt: skip
         log.append(rec)
     return log
+
+
+def _same(a: Hashable, b: Hashable) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - a version whose equality raises is no version
+        return False
 
 
 def _tla_record(rec: dict) -> str:

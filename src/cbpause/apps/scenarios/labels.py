@@ -10,10 +10,11 @@ spec's requests generate ``Tokens`` each and are prefilled in one step).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ...core.recorder import TraceRecorder
-from ...testing import HANG_S, batching_config, greedy_config
+from ...testing import HANG_S, batching_config, greedy_config, run_thread
 
 __all__ = ["TOKENS", "MAX_STALENESS", "run_labelled"]
 
@@ -37,27 +38,38 @@ def run_labelled(model: Any, probe: Any, bound: float = HANG_S) -> tuple[TraceRe
         for k in range(n):
             into.append(manager.add_request([3 + k, 5, 7, 9], max_new_tokens=TOKENS))
 
-    def steps(n: int) -> None:
-        if not probe.wait_steps(n, bound):
-            raise TimeoutError(f"no {n} forward steps within {bound} s")
+    def window_after_next_step(mode: str, inside: Callable[[], None]) -> None:
+        """Hold the loop in its next forward step, ask for a pause in ``mode`` on another thread, then let the step
+        end: the window opens right after that step (R-BOUNDED-ENTRY), whatever the machine's speed, and ``inside``
+        runs in it."""
+        reached, release = probe.hold_next()
+        if not reached.wait(bound):
+            raise TimeoutError(f"the loop ran no forward step within {bound} s")
+        manager._wake_up_loop.clear()  # pause() sets it once its request is in; the held loop does not touch it
+
+        def hold() -> None:
+            with manager.pause(timeout=bound, mode=mode):
+                inside()
+
+        thread, box = run_thread(hold, name=f"labels-{mode}")
+        asked = manager._wake_up_loop.wait(bound)
+        release.set()
+        thread.join(bound)
+        if not asked or thread.is_alive() or "error" in box:
+            raise RuntimeError(f"the {mode} pause did not run: {box.get('error', 'a hang')}")
 
     try:
         with manager.pause(timeout=bound):
             manager.set_weight_version(0)  # an integer from the start: the staleness bound counts integers only
-        submit(3, ids)
-        steps(2)
-        with manager.pause(timeout=bound):  # keep: the requests go on with KV of version 0 (labels differ)
-            manager.set_weight_version(1)
-        steps(1)
-        with manager.pause(timeout=bound, mode="retract"):  # two versions behind: restarted by the bound
-            manager.set_weight_version(2)
-            submit(2, ids)  # queued during the window, admitted after it
-        steps(1)
-        with manager.pause(timeout=bound, mode="drain"):  # the batch is stepped to its end first, admitting nothing
-            submit(2, aborted)
-        steps(1)
-        with manager.pause(timeout=bound, mode="abort"):  # what is queued or in flight ends, failed
-            manager.set_weight_version(3)
+            submit(3, ids)  # admitted together after the window, in one step
+        # keep, after one step: the requests go on with KV of version 0 (their labels differ)
+        window_after_next_step("keep", lambda: manager.set_weight_version(1))
+        # retract, after one more: two versions behind, the bound restarts them; two requests queued in the window
+        window_after_next_step("retract", lambda: (manager.set_weight_version(2), submit(2, ids)))
+        # drain: the batch is stepped to its end first, admitting nothing; two requests queued in the window...
+        window_after_next_step("drain", lambda: submit(2, aborted))
+        # ... run one step, and the abort ends them, failed
+        window_after_next_step("abort", lambda: manager.set_weight_version(3))
         submit(1, ids)
         missing = set(ids)
         while missing:  # every output, in the order they come (get_result(id) returns None for another's)
