@@ -93,12 +93,16 @@ def _forge_step_in_window(log: list[dict]) -> list[dict]:
 
 
 def _forge_admission_in_drain(log: list[dict]) -> list[dict]:
-    """A drain that admits a new request: a request submitted later is in a step of the drain."""
+    """A drain that admits a new request: a request submitted later, its Submit moved before the drain, is in the
+    drain's first step."""
     drain = _index(log, lambda r: r["a"] == "DrainFirst")
     launch = _index(log, lambda r: r["a"] == "Launch", drain)
-    later = max(r["q"] for r in log[:launch] if r["a"] == "Submit")
-    assert later not in log[launch]["set"]
-    log[launch]["set"] = sorted([*log[launch]["set"], later])
+    submit = _index(log, lambda r: r["a"] == "Submit", launch)
+    later = log.pop(submit)
+    log.insert(drain, later)
+    launch = _index(log, lambda r: r["a"] == "Launch", drain + 1)
+    assert later["q"] not in log[launch]["set"]
+    log[launch]["set"] = sorted([*log[launch]["set"], later["q"]])
     return log
 
 

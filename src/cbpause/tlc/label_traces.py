@@ -95,6 +95,7 @@ def label_log(recorder: TraceRecorder, rank: int = 0) -> list[dict]:
         return 0 if initial and _same(version, initial[0]) else UNKNOWN
 
     landed: dict[int, list] = {}  # request number -> ((weight, its number), (kv, its number)) of each token landed
+    kv_numbers: dict[int, tuple] = {}  # request number -> (its KV label, that label's number) at its last Land
     log = []
     for _, _, action, f in sorted(submits + labels, key=lambda r: (r[0], r[1])):
         rec = {"a": action, "q": 0, "arg": 0, "set": [], "labs": [], "w": [], "kv": []}
@@ -103,9 +104,17 @@ def label_log(recorder: TraceRecorder, rank: int = 0) -> list[dict]:
         elif action == "Launch":
             rec["set"] = sorted({request(i) for i in f["ids"]})
         elif action == "Land":
-            rec["labs"] = sorted({(request(i), number(w), number(kv)) for i, w, kv in f["labels"]})
+            labs = set()
             for i, w, kv in f["labels"]:
-                landed.setdefault(request(i), []).append(((w, number(w)), (kv, number(kv))))
+                q = request(i)
+                # A request's KV label names the version its KV started with: numbered once, at the first Land that
+                # shows it, so that weights rolled back to that value later do not renumber it.
+                was = kv_numbers.get(q)
+                kv_number = was[1] if was is not None and _same(was[0], kv) else number(kv)
+                kv_numbers[q] = (kv, kv_number)
+                labs.add((q, number(w), kv_number))
+                landed.setdefault(q, []).append(((w, number(w)), (kv, kv_number)))
+            rec["labs"] = sorted(labs)
         elif action in ("OpenWindow", "DrainFirst"):
             rec["arg"] = int(f["mode"])
         elif action == "Update":
@@ -113,6 +122,7 @@ def label_log(recorder: TraceRecorder, rank: int = 0) -> list[dict]:
         elif action == "Output":
             n, q = int(f["tokens"]), request(f["id"])
             seen = landed.pop(q, [])
+            kv_numbers.pop(q, None)
             rec.update(q=q, arg=int(bool(f["failed"])), w=_numbered(f["weights"], n, [w for w, _ in seen]),
                        kv=_numbered(f["kv"], n, [kv for _, kv in seen]))  # fmt: skip
         log.append(rec)
