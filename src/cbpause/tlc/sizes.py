@@ -28,6 +28,8 @@ HOLDER_MAPS = {
     "TwoRanksOneAndTwoHolders": (1, 2),
     "ThreeRanksOneHolderEach": (1, 1, 1),
     "TwoRanksTwoHoldersEach": (2, 2),
+    "TwoRanksTwoHoldersEachNumbered": (2, 2),
+    "ThreeRanksOneOneTwoHolders": (1, 1, 2),
 }
 
 
