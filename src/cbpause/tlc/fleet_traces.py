@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .launcher import run_tlc
+from .launcher import run_tlc, trace_verdict
 
 __all__ = ["ACTIONS", "FleetTraceResult", "read_log", "validate", "write_trace"]
 
@@ -89,9 +89,7 @@ def validate(records: Sequence[dict], tla_dir: Path, workdir: Path | None = None
         shutil.copy(Path(tla_dir) / f, workdir / f)
     write_trace(records, workdir)
     run = run_tlc("FleetTrace", "FleetTrace.cfg", workdir, mode="trace")
-    accepted = run.outcome == "invariant:NeverMatched"
-    if not accepted and run.outcome != "ok":
-        raise RuntimeError(f"TLC could not check the lease log ({run.outcome}):\n{run.output[-3000:]}")
+    accepted, _ = trace_verdict(run, "the lease log")
     # TLC says nothing of a log it could not match but that it could not: which record is the caller's to find.
     return FleetTraceResult(accepted, len(records), len(records) if accepted else None, run.distinct_states,
                             run.output)  # fmt: skip

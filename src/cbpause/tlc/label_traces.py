@@ -33,7 +33,7 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 
 from ..core.recorder import TraceRecorder
-from .launcher import run_tlc
+from .launcher import run_tlc, trace_verdict
 
 __all__ = ["LabelTraceResult", "label_log", "validate", "write_trace"]
 
@@ -197,11 +197,7 @@ def validate(
         shutil.copy(Path(tla_dir) / f, workdir / f)
     write_trace(log, workdir, tokens, **constants)
     run = run_tlc("LabelTrace", "LabelTrace.cfg", workdir, mode="trace")
-    accepted = run.outcome == "invariant:NeverMatched"
-    broke = run.outcome.startswith(("invariant:", "action-property:", "property:")) and not accepted
-    violated = run.outcome.split(":", 1)[1] if broke else ""
-    if not accepted and not violated and run.outcome != "ok":
-        raise RuntimeError(f"TLC could not check the label trace ({run.outcome}):\n{run.output[-3000:]}")
+    accepted, violated = trace_verdict(run, "the label trace")
     matched = len(log) if accepted else _matched(run.output)
     return LabelTraceResult(accepted, len(log), matched, run.distinct_states, run.output, violated)
 

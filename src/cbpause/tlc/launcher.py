@@ -42,6 +42,7 @@ __all__ = [
     "protocol_action",
     "read_output",
     "run_tlc",
+    "trace_verdict",
 ]
 
 RUN_MODES = ("check", "graph", "trace")
@@ -158,6 +159,18 @@ def run_tlc(
         shutil.rmtree(metadir, ignore_errors=True)
     seconds = time.monotonic() - start
     return read_output(output, seconds, single_property)
+
+
+def trace_verdict(run: TLCRun, what: str) -> tuple[bool, str]:
+    """A trace replay's verdict (``tla/Trace*.tla``): accepted when TLC reached the end of the log, which breaks the
+    witness ``NeverMatched``; otherwise the invariant or property the replay broke on the way, or ``""`` when no
+    step matched a record.  ``RuntimeError`` naming ``what`` when TLC could not check it at all."""
+    accepted = run.outcome == "invariant:NeverMatched"
+    broke = run.outcome.startswith(("invariant:", "action-property:", "property:")) and not accepted
+    violated = run.outcome.split(":", 1)[1] if broke else ""
+    if not accepted and not violated and run.outcome != "ok":
+        raise RuntimeError(f"TLC could not check {what} ({run.outcome}):\n{run.output[-3000:]}")
+    return accepted, violated
 
 
 def _stream(cmd: list[str], cwd: Path, start: float, on_line, timeout: float | None) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 from ..core.group import RANK_VARIABLES, SHARED_VARIABLES, tla_number, tla_variable
 from ..core.recorder import TraceEvent, TraceRecorder
 from ..core.transitions import RankState
-from .launcher import run_tlc
+from .launcher import run_tlc, trace_verdict
 
 __all__ = [
     "Trace",
@@ -235,11 +235,7 @@ def validate(
         shutil.copy(Path(tla_dir) / f, workdir / f)
     write_trace(recorder, workdir, name, events)
     run = run_tlc(name, f"{name}.cfg", workdir, mode="trace")
-    accepted = run.outcome == "invariant:NeverMatched"  # the witness of TraceMatched
-    broke = run.outcome.startswith(("invariant:", "action-property:")) and not accepted
-    violated = run.outcome.split(":", 1)[1] if broke else ""
-    if not accepted and not violated and run.outcome != "ok":
-        raise RuntimeError(f"TLC could not check the trace ({run.outcome}):\n{run.output[-3000:]}")
+    accepted, violated = trace_verdict(run, "the trace")
     matched = len(events) if accepted else (run.depth - 1 if run.depth else 0)
     return TraceResult(accepted, len(events), matched, run.distinct_states, run.output, violated)
 
