@@ -38,11 +38,17 @@ def run_labelled(model: Any, probe: Any, bound: float = HANG_S) -> tuple[TraceRe
         for k in range(n):
             into.append(manager.add_request([3 + k, 5, 7, 9], max_new_tokens=TOKENS))
 
-    def window_after_next_step(mode: str, inside: Callable[[], None]) -> None:
-        """Hold the loop in its next forward step, ask for a pause in ``mode`` on another thread, then let the step
-        end: the window opens right after that step (R-BOUNDED-ENTRY), whatever the machine's speed, and ``inside``
-        runs in it."""
-        reached, release = probe.hold_next()
+    armed: list = []  # the hold of the next forward step, armed while the loop is parked in a window
+
+    def arm() -> None:
+        armed.append(probe.hold_next())
+
+    def window_after_next_step(mode: str, inside: Callable[[], None], then_arm: bool = True) -> None:
+        """The loop is held in its first forward step after the last window (armed in that window, where the loop
+        waits: no step can slip in however slow this thread is); ask for a pause in ``mode`` on another thread, then
+        let the step end: the window opens right after it (R-BOUNDED-ENTRY), and ``inside`` runs in it, which arms
+        the hold of the step after this window unless ``then_arm`` is false."""
+        reached, release = armed.pop()
         if not reached.wait(bound):
             raise TimeoutError(f"the loop ran no forward step within {bound} s")
         manager._wake_up_loop.clear()  # pause() sets it once its request is in; the held loop does not touch it
@@ -50,6 +56,8 @@ def run_labelled(model: Any, probe: Any, bound: float = HANG_S) -> tuple[TraceRe
         def hold() -> None:
             with manager.pause(timeout=bound, mode=mode):
                 inside()
+                if then_arm:
+                    arm()
 
         thread, box = run_thread(hold, name=f"labels-{mode}")
         asked = manager._wake_up_loop.wait(bound)
@@ -62,6 +70,7 @@ def run_labelled(model: Any, probe: Any, bound: float = HANG_S) -> tuple[TraceRe
         with manager.pause(timeout=bound):
             manager.set_weight_version(0)  # an integer from the start: the staleness bound counts integers only
             submit(3, ids)  # admitted together after the window, in one step
+            arm()
         # keep, after one step: the requests go on with KV of version 0 (their labels differ)
         window_after_next_step("keep", lambda: manager.set_weight_version(1))
         # retract, after one more: two versions behind, the bound restarts them; two requests queued in the window
@@ -69,7 +78,7 @@ def run_labelled(model: Any, probe: Any, bound: float = HANG_S) -> tuple[TraceRe
         # drain: the batch is stepped to its end first, admitting nothing; two requests queued in the window...
         window_after_next_step("drain", lambda: submit(2, aborted))
         # ... run one step, and the abort ends them, failed
-        window_after_next_step("abort", lambda: manager.set_weight_version(3))
+        window_after_next_step("abort", lambda: manager.set_weight_version(3), then_arm=False)
         submit(1, ids)
         missing = set(ids)
         while missing:  # every output, in the order they come (get_result(id) returns None for another's)
