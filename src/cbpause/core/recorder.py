@@ -48,8 +48,8 @@ class TraceEvent:
 
 # The records of RequestVersions' steps that the integration writes (``PauseProtocol.record_labels``; the Submit
 # records come from ``events``): a forward step launched with its requests, its tokens read back with their labels,
-# a window opened in a mode (or a drain that steps first), a weight version set inside it, the window closed with
-# the requests the staleness bound restarted or ended, a terminal output with its labels.
+# a window opened in a mode (or a drain that steps first), a weight version set inside it, the window closed (the
+# spec computes what the staleness bound then restarts or ends), a terminal output with its labels.
 LABEL_RECORDS = frozenset({"Launch", "Land", "OpenWindow", "DrainFirst", "Update", "CloseWindow", "Output"})
 
 
