@@ -422,7 +422,8 @@ HELD_PHASES = ("read", "reduce", "decided", "body", "step", "barrier")
 EPISODES: dict[str, tuple[Callable[[RealRank, Any], None], tuple, Callable[[Any], set]]] = {
     "holders": (holders, (None,), lambda p: {("decided", "OpenWindow", "window"), ("window", "EnterPause", "window"),
                                              ("window", "LeavePause", "window"), ("window", "CloseWindow", "barrier")}),
-    "chain": (chain, (None,), lambda p: {("window", "EnterPause", "window"), ("window", "LeavePause", "window")}),
+    "chain": (chain, (None,), lambda p: {("window", "EnterPause", "window"), ("window", "LeavePause", "window"),
+                                         ("window", "QueuePause", "window"), ("window", "LeaveQueue", "window")}),
     "request_at": (request_at, HELD_PHASES, lambda p: {(p, "RequestPause", p)}),
     "interrupt_at": (interrupt_at, (*HELD_PHASES, "window"), lambda p: {(p, "Interrupt", p)}),
     "timeout_at": (timeout_at, HELD_PHASES, lambda p: {(p, "PauseTimeout", p)}),
