@@ -294,7 +294,7 @@ def ci(session: nox.Session) -> None:
 # The releases of transformers the integration supports (cbpause.integrations.transformers.SUPPORTED; a test checks
 # they agree), each the version its fingerprints were taken on, and those whose server cbpause serve runs on.
 RELEASES = {"5.23": "5.23.0", "5.24": "5.24.0", "5.25": "5.25.0"}
-SERVED = ("5.23", "5.24")
+SERVED = ("5.23", "5.24", "5.25")
 # On each release: the integration's real-loop tests, the TP=2 gloo tests, the serve tests (where it runs), TRL, the
 # upstream defect tests (D1-D11, strict xfails: a release that fixes one fails here) and the drop-in fidelity tests
 # (transformers' own pause scenarios through cbpause), the fingerprints and the staleness bound; then the real-loop
@@ -302,7 +302,7 @@ SERVED = ("5.23", "5.24")
 RELEASE_TESTS = (
     "tests/test_integration_transformers.py", "tests/test_integration_tp.py", "tests/test_upstream_copies.py",
     "tests/test_dropin_fidelity.py", "tests/test_protocol_threads.py", "tests/test_staleness.py",
-    "tests/test_versions.py", "tests/test_serve.py", "tests/test_trl.py",
+    "tests/test_versions.py", "tests/test_serve.py", "tests/test_serve_hostile.py", "tests/test_trl.py",
 )  # fmt: skip
 
 
@@ -316,8 +316,8 @@ RELEASE_CAMPAIGN = COMMANDS["traces_real"]["brief"]
 def left_to_the_newest_release() -> list[str]:
     """The ``ci`` session's pytest arguments in CI: leave out the tests that CI's run of the newest release's session
     (``transformers-<NEWEST>``, in the same ``.ci/run``) runs, on the release users upgrade to, and the brief run of
-    ``traces_real``, which that session ends with (:data:`RELEASE_CAMPAIGN`); the serve tests stay while that
-    release has no ``cbpause serve`` (they would be skipped there).  The matrix sessions run them on every release."""
+    ``traces_real``, which that session ends with (:data:`RELEASE_CAMPAIGN`); the serve tests would stay if that
+    release had no ``cbpause serve`` (they would be skipped there).  The matrix sessions run them on every release."""
     files = [f for f in RELEASE_TESTS if NEWEST in SERVED or f != "tests/test_serve.py"]
     campaign = "tests/test_sessions.py::test_the_session_runs_briefly[traces_real]"
     return [*(f"--ignore={f}" for f in files), "--deselect", campaign]

@@ -1,20 +1,29 @@
-"""transformers' own OpenAI-compatible server (``transformers serve``) on a cbpause manager (issue 29).
+"""transformers' own OpenAI-compatible server (``transformers serve``) on a cbpause manager (issues 29, 41).
 
-The only module of cbpause that knows ``transformers.cli.serving``'s internals: the OpenAI routes, their
-handlers and their model loading are transformers' own (:func:`openai_app`); what changes is the generation
-manager behind them.  Every change it makes there (the subclass's overrides, the handlers' wrapped
-``_non_streaming``, the generation state's private attributes it sets, the routes it removes, the wiring it
-restates) is in :mod:`cbpause.integrations.upstream`'s table, with a fingerprint of each upstream function it
-touches.  ``transformers serve`` builds its continuous-batching manager lazily, on the first request, with that
-request's sampling settings; here the manager is a :class:`PausableContinuousBatchingManager` built at
-start-up, with the checkpoint's generation config (decision: one sampling configuration per server, the
-checkpoint's, so that a pause never waits for a manager that does not exist yet).  Per request:
+The OpenAI routes, their handlers and their model loading are transformers' own (:func:`openai_app`); what changes is
+the generation engine behind them.  transformers rebuilt its server in 5.25, so the engine has two forms, one module
+each, and these three modules are the only ones of cbpause that know ``transformers.cli.serving``'s internals:
+
+* transformers 5.23 and 5.24 (:mod:`.serving_manager`): the handlers call an in-process ``CBGenerateManager``, which
+  ``transformers serve`` builds lazily, on the first request, with that request's sampling settings; here it is a
+  :class:`~.serving_manager.PausableCBGenerateManager` on the cbpause manager built at start-up;
+* transformers 5.25 (:mod:`.serving_engine`): the handlers call an ``EngineClient``, which runs the model in a worker
+  process of its own; here it is a :class:`~.serving_engine.PausableEngine`, which runs it in this process, on the
+  cbpause manager built at start-up (decision, ``docs/serving.md``: a pause, a weight write and the lease table must
+  reach the loop that steps the model, which a worker process would put out of reach).
+
+Either way, one sampling configuration per server, the checkpoint's, so that a pause never waits for a manager that
+does not exist yet.  Every change made to transformers' server (the subclasses' overrides, the handlers' wrapped
+``_streaming`` and ``_non_streaming``, the private attributes set, the routes removed, the wiring restated) is in
+:mod:`cbpause.integrations.upstream`'s table, with a fingerprint of each upstream function it touches, per release.
+Per request, on every release:
 
 * ``while_paused="reject"``: a request during a pause gets ``503`` with ``Retry-After`` and is not enqueued;
 * a non-streamed request ended by an ``abort`` pause or by the staleness bound gets ``503`` with ``Retry-After``
   (decision: the client sends it again; its partial tokens are not delivered);
 * a client that disconnects while its request waits (queued during a pause, or running) has it cancelled, so no
   request runs for a client that left;
+* an ``x-request-id`` still in flight is a ``409``, and a refused request leaves nothing registered under its id;
 * an answer carries ``weight_versions`` and ``kv_versions``: ``[first_token_index, version]`` spans over the
   generated tokens (R-VERSIONS, R-KV-VERSIONS), a streamed one in its last chunk; a streamed request is counted by
   outcome in ``/metrics`` as a non-streamed one is.
@@ -22,66 +31,57 @@ checkpoint's, so that a pause never waits for a manager that does not exist yet)
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import threading
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import upstream
 
 if upstream.release() not in upstream.SERVED:
     raise ImportError(
-        f"cbpause serve runs on the server of transformers {', '.join(upstream.SERVED)}, not "
-        f"{upstream.release()}: transformers 5.25 rebuilt `transformers serve` (a worker process per model), and the "
-        f"port is not done (issue 41); install one with `pip install 'cbpause[serve]'` (the continuous-batching "
-        "integration itself runs on 5.25)"
+        f"cbpause serve runs on the server of transformers {', '.join(upstream.SERVED)}, not {upstream.release()}; "
+        "install one with `pip install 'cbpause[serve]'`"
     )
-
-from transformers.cli.serving import utils as _serving  # noqa: E402
-from transformers.cli.serving.server import build_server  # noqa: E402
 
 from ..core.errors import LoopPausedError  # noqa: E402
 from .admission import TOO_LONG  # noqa: E402
 from .modes import ABORTED_BY_PAUSE  # noqa: E402
-from .transformers import PausableContinuousBatchingManager, init_continuous_batching  # noqa: E402
+from .transformers import PausableContinuousBatchingManager  # noqa: E402
 from .weights import STALE  # noqa: E402
 
-__all__ = ["GENERATION_ROUTES", "NEUTRAL", "PausableCBGenerateManager", "RETRY_AFTER_S", "check_generation_body",
-           "openai_app", "openai_error", "sampling_of"]
+__all__ = ["GENERATION_ROUTES", "NEUTRAL", "RETRY_AFTER_S", "ServedRequests", "check_generation_body", "openai_app",
+           "openai_error", "sampling_of"]
 
 RETRY_AFTER_S = 1  # what a rejected request's Retry-After says: pauses for weight updates last about that long
 
-# The ASGI receive channel of the HTTP request being handled: generate_non_streaming listens on it for the client's
-# disconnect (transformers' handlers do not pass the request down).  Set by _DisconnectWatch, per request.
-_RECEIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("cbpause_receive", default=None)
+# The request id transformers' handler answers under (the client's x-request-id, or one upstream made up), for the
+# engine below it: 5.25's handlers do not pass it down.  Set by _with_versions and _with_stream_versions, per request.
+_REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("cbpause_request_id", default=None)
 
 
-class _DisconnectWatch:
-    """Pure ASGI middleware: remembers each HTTP request's receive channel in :data:`_RECEIVE`."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        token = _RECEIVE.set(receive) if scope["type"] == "http" else None
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            if token is not None:
-                _RECEIVE.reset(token)
+def _server() -> Any:
+    """The module that builds the engine of the installed release's server."""
+    if upstream.release() in upstream.SERVER_WITH_MANAGER:
+        from . import serving_manager as server
+    else:
+        from . import serving_engine as server
+    return server
 
 
-class PausableCBGenerateManager(_serving.CBGenerateManager):
-    """transformers serve's continuous-batching generation manager on a running cbpause manager.
+class ServedRequests:
+    """What the generation engine of either server (:mod:`.serving_manager`, :mod:`.serving_engine`) keeps about the
+    requests it serves, on the running cbpause manager ``_cb``.
 
     ``outcomes`` counts the requests by how they ended (``finished``, ``failed``, ``cancelled``, ``rejected``,
-    ``aborted``), for the server's metrics; ``versions`` holds each finished non-streamed request's labels until its
-    answer is built.
+    ``aborted``), for the server's metrics; ``versions`` holds each finished request's labels until its answer is
+    built (only for a request whose handler's wrap will take them: :data:`_REQUEST_ID` set).
     """
 
-    def __init__(self, manager: PausableContinuousBatchingManager) -> None:
-        super().__init__(cb_config=manager.continuous_batching_config)
+    _cb: PausableContinuousBatchingManager
+
+    def _serve(self, manager: PausableContinuousBatchingManager) -> None:
         self._cb = manager
         self.outcomes: Counter[str] = Counter()
         self.versions: dict[str, tuple[list, list]] = {}
@@ -90,14 +90,6 @@ class PausableCBGenerateManager(_serving.CBGenerateManager):
     def count(self, outcome: str) -> None:
         with self._lock:
             self.outcomes[outcome] += 1
-
-    def init_cb(self, model: Any, gen_config: Any) -> None:
-        """The manager was built at start-up: nothing to do (upstream builds one here, on the first request)."""
-
-    def _check_alive(self, request_id: str) -> None:
-        if not self._cb.is_running():
-            raise _serving.CBWorkerDeadError(f"the generation loop is not running; request {request_id} refused")
-        super()._check_alive(request_id)
 
     def _refuse_duplicate(self, request_id: str) -> None:
         """A 409 for an ``x-request-id`` still in flight (its result not delivered, or its handler not yet gone),
@@ -111,124 +103,103 @@ class PausableCBGenerateManager(_serving.CBGenerateManager):
             raise HTTPException(status_code=409, detail=f"x-request-id {request_id!r} is in use by a request in "
                                 "flight: wait for its answer, or send another id")  # fmt: skip
 
-    def generate_streaming(self, model: Any, processor: Any, inputs: dict, gen_config: Any, request_id: str,
-                           *args: Any, **kwargs: Any) -> Any:  # fmt: skip
-        self._refuse_duplicate(request_id)
+    def _enqueue(self, request_id: str, prompt: list[int], max_new_tokens: int, eos_token_id: Any, streaming: bool,
+                 on_output: Any) -> None:  # fmt: skip
+        """``on_output`` registered for ``request_id``'s outputs (on the running event loop), then the request added;
+        a refusal (a pause in reject mode: 503; the request's own fault: 400; a stopped loop: the engine's dead
+        error) takes the handler back, so that nothing is left registered under the id and a retry with it is
+        served."""
+        cb = self._cb
+        cb.register_result_handler(request_id, on_output)
+        added = None
         try:
-            streamed = super().generate_streaming(model, processor, inputs, gen_config, request_id, *args, **kwargs)
+            added = cb.add_request(prompt, request_id=request_id, max_new_tokens=max_new_tokens, streaming=streaming,
+                                   eos_token_id=eos_token_id)  # fmt: skip
         except LoopPausedError as error:
-            raise _rejected(self, error) from error
-        self._record_stream(request_id)
-        return streamed
+            raise _refused(self, "rejected", str(error)) from error
+        except (TypeError, ValueError) as error:  # refused at the door (a prompt too long for the cache...)
+            from fastapi import HTTPException
 
-    def _record_stream(self, request_id: str) -> None:
-        """Wrap the handler upstream registered for a streamed request, so that its last output is counted by outcome
-        (``/metrics``) and its version labels kept for the last chunk (:func:`_with_stream_versions`).  No ``await``
-        since upstream registered it: no output of this request can have been dispatched to it yet."""
-        router = self._cb.output_router
-        with router._lock:
-            entry = router.result_handlers.get(request_id)
-            if entry is None:
-                return
-            callback, loop = entry
+            self.count("failed")
+            raise HTTPException(status_code=400, detail=str(error)) from error
+        finally:
+            if added is None:
+                router = cb.output_router
+                with router._lock:
+                    router.result_handlers.pop(request_id, None)
+        if added is None:  # the loop stopped since the check: nothing would ever answer this request
+            self.count("failed")
+            raise self._dead(f"the generation loop no longer takes requests; {request_id} refused")
 
-            def recording(result: Any) -> None:
-                if result.is_finished():
-                    self._note_end(request_id, result)
-                callback(result)
+    def _dead(self, message: str) -> Exception:
+        """The server's error for a loop that is not running (a 503 on either release)."""
+        raise NotImplementedError
 
-            router.result_handlers[request_id] = (recording, loop)
-
-    def _note_end(self, request_id: str, result: Any) -> None:
-        """A streamed request's terminal output: its outcome counted, its labels kept until its last chunk."""
+    def _note_end(self, request_id: str, result: Any, labelled: bool) -> None:
+        """A streamed request's terminal output: its outcome counted, its labels kept until its last chunk if
+        ``labelled`` (:func:`is_labelled`, read where the request was made)."""
         if result.error is None:
             self.count("finished")
-            with self._lock:
-                self.versions[request_id] = (list(result.weight_versions), list(getattr(result, "kv_versions", [])))
+            self._keep_labels(request_id, result, labelled)
         elif str(result.error).startswith((ABORTED_BY_PAUSE, STALE)):
             self.count("aborted")
         else:
             self.count("failed")
 
-    async def generate_non_streaming(self, model: Any, processor: Any, inputs: dict, gen_config: Any,
-                                     request_id: str) -> tuple[str, int, list[int]]:  # fmt: skip
-        """Upstream's, plus: a refusal while paused is a 503, the client's disconnect cancels the request, and the
-        output's version labels are kept for the answer (:func:`_with_versions`)."""
-        cb = self._cb
-        self._check_alive(request_id)
-        self._refuse_duplicate(request_id)
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        cb.register_result_handler(request_id, lambda result: future.done() or future.set_result(result))
-        try:
-            added = cb.add_request(inputs["input_ids"], request_id=request_id, max_new_tokens=gen_config.max_new_tokens,
-                                   streaming=False, eos_token_id=gen_config.eos_token_id)  # fmt: skip
-        except LoopPausedError as error:
-            raise _rejected(self, error) from error
-        except (TypeError, ValueError) as error:  # refused at the door (a duplicate x-request-id, a prompt too long)
-            from fastapi import HTTPException
+    def _keep_labels(self, request_id: str, result: Any, labelled: bool) -> None:
+        if labelled:
+            with self._lock:
+                self.versions[request_id] = (list(result.weight_versions), list(getattr(result, "kv_versions", [])))
 
-            self.count("failed")
-            raise HTTPException(status_code=400, detail=str(error)) from error
-        if added is None:  # the loop stopped since the check: nothing would ever answer this request
-            self.count("failed")
-            raise _serving.CBWorkerDeadError(f"the generation loop no longer takes requests; {request_id} refused")
-        result = await _unless_disconnected(future, cb, request_id, self)
+    def _settle(self, request_id: str, result: Any, labelled: bool) -> None:
+        """A non-streamed request's terminal output: counted, and an error raised as its HTTP answer (503 with
+        Retry-After for an abort or the staleness bound; 400 for a request too long for the cache, found once the
+        loop built it; the engine's dead error if the loop died; 500 otherwise); its labels kept when it finished."""
         if result.error is not None and str(result.error).startswith((ABORTED_BY_PAUSE, STALE)):
             raise _refused(self, "aborted", f"request {request_id} was aborted: {result.error}; retry it")
         if result.error is not None:
             self.count("failed")
-            if str(result.error).startswith(TOO_LONG):  # the request's own fault, found once the loop built its cache
+            if str(result.error).startswith(TOO_LONG):
                 from fastapi import HTTPException
 
                 raise HTTPException(status_code=400, detail=str(result.error))
-            if cb.background_thread_status.fatal_error is not None:
-                raise _serving.CBWorkerDeadError(f"the loop died during request {request_id}: {result.error}")
+            if self._cb.background_thread_status.fatal_error is not None:
+                raise self._dead(f"the loop died during request {request_id}: {result.error}")
             raise RuntimeError(f"generation failed for {request_id}: {result.error}")
         self.count("finished")
-        with self._lock:
-            self.versions[request_id] = (list(result.weight_versions), list(getattr(result, "kv_versions", [])))
-        text = processor.decode(result.generated_tokens, skip_special_tokens=True)
-        return text, len(inputs["input_ids"]), result.generated_tokens
-
-    def stop(self) -> None:
-        self._cb.stop(block=True, timeout=10)
+        self._keep_labels(request_id, result, labelled)
 
 
-def _rejected(generate: PausableCBGenerateManager, error: LoopPausedError) -> Exception:
-    return _refused(generate, "rejected", str(error))
+def is_labelled(request_id: str) -> bool:
+    """Whether a wrapped handler (:func:`_with_versions`, :func:`_with_stream_versions`) answers ``request_id`` and
+    will take its labels from ``versions``: nobody else would, so they are kept for no other request.  Read on the
+    handler's task (the result callbacks run in the loop thread's context, not the handler's)."""
+    return _REQUEST_ID.get() == request_id
 
 
-def _refused(generate: PausableCBGenerateManager, outcome: str, message: str) -> Exception:
+@dataclass
+class Built:
+    """What a server module's ``build`` made, for :func:`openai_app` to wire: the model and its processor, the started
+    cbpause manager, the engine on it, transformers' model manager and handlers (by ``build_server``'s argument
+    names), ``build_server``'s other arguments, and the ASGI middleware that engine needs."""
+
+    model: Any
+    processor: Any
+    manager: PausableContinuousBatchingManager
+    generate: ServedRequests
+    model_manager: Any
+    handlers: dict[str, Any]
+    server_kwargs: dict[str, Any] = field(default_factory=dict)
+    middleware: tuple[Any, ...] = ()
+
+
+def _refused(generate: ServedRequests, outcome: str, message: str) -> Exception:
     """A 503 with Retry-After: refused during a pause (``rejected``), or ended by an abort pause or the staleness
     bound (``aborted``): nothing of it is delivered, and the client may send it again."""
     from fastapi import HTTPException
 
     generate.count(outcome)
     return HTTPException(status_code=503, detail=message, headers={"Retry-After": str(RETRY_AFTER_S)})
-
-
-async def _unless_disconnected(future: asyncio.Future, cb: Any, request_id: str, generate: Any) -> Any:
-    """The request's result, or, if the client disconnects first, ``cancel_request`` and ``CancelledError``."""
-    receive = _RECEIVE.get()
-    if receive is None:
-        return await future
-    listener = asyncio.ensure_future(_disconnect(receive))
-    try:
-        done, _ = await asyncio.wait({future, listener}, return_when=asyncio.FIRST_COMPLETED)
-        if future in done:
-            return future.result()
-        cb.cancel_request(request_id)
-        generate.count("cancelled")
-        raise asyncio.CancelledError(f"client disconnected; request {request_id} cancelled")
-    finally:
-        listener.cancel()
-
-
-async def _disconnect(receive: Any) -> None:
-    """Returns when the client disconnects (the body has been read: the next message is the disconnect)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 # The generation routes, and the key of each one's token budget.
@@ -350,16 +321,21 @@ async def _send_json(send: Any, status: int, payload: dict) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _with_versions(handle: Any, generate: PausableCBGenerateManager) -> Any:
-    """Wrap a handler's ``_non_streaming`` so that the JSON answer carries the request's version labels."""
+def _with_versions(handle: Any, generate: ServedRequests) -> Any:
+    """Wrap a handler's ``_non_streaming`` so that the engine below knows the request's id (:data:`_REQUEST_ID`) and
+    the JSON answer carries the request's version labels."""
     import json
 
     from fastapi.responses import JSONResponse
 
     async def non_streaming(request_id: str, *args: Any, **kwargs: Any) -> Any:
-        response = await handle(request_id, *args, **kwargs)
-        with generate._lock:
-            labels = generate.versions.pop(request_id, None)
+        token = _REQUEST_ID.set(request_id)
+        try:
+            response = await handle(request_id, *args, **kwargs)
+        finally:
+            _REQUEST_ID.reset(token)
+            with generate._lock:
+                labels = generate.versions.pop(request_id, None)
         if labels is None or not isinstance(response, JSONResponse):
             return response
         body = json.loads(response.body)
@@ -369,12 +345,17 @@ def _with_versions(handle: Any, generate: PausableCBGenerateManager) -> Any:
     return non_streaming
 
 
-def _with_stream_versions(handle: Any, generate: PausableCBGenerateManager) -> Any:
-    """Wrap a handler's ``_streaming`` so that the last chunk of a streamed answer (the one with ``finish_reason``)
-    carries the request's ``weight_versions`` and ``kv_versions``, as a non-streamed answer does."""
+def _with_stream_versions(handle: Any, generate: ServedRequests) -> Any:
+    """Wrap a handler's ``_streaming`` so that the engine below knows the request's id (:data:`_REQUEST_ID`, while
+    the handler makes the request) and the last chunk of a streamed answer (the one with ``finish_reason``) carries
+    the request's ``weight_versions`` and ``kv_versions``, as a non-streamed answer does."""
 
     def streaming(request_id: str, *args: Any, **kwargs: Any) -> Any:
-        response = handle(request_id, *args, **kwargs)
+        token = _REQUEST_ID.set(request_id)
+        try:
+            response = handle(request_id, *args, **kwargs)
+        finally:
+            _REQUEST_ID.reset(token)
         inner = getattr(response, "body_iterator", None)
         if inner is None:
             return response
@@ -426,7 +407,7 @@ def _jsonable(spans: list) -> list:
 def openai_app(
     checkpoint: str, *, device: str = "cpu", dtype: str = "auto", continuous_batching_config: Any = None,
     served_model_name: str | None = None, **manager_kwargs: Any,
-) -> tuple[Any, PausableContinuousBatchingManager, PausableCBGenerateManager]:
+) -> tuple[Any, PausableContinuousBatchingManager, ServedRequests]:
     """transformers serve's FastAPI app for ``checkpoint`` (a local directory), on a started cbpause manager.
 
     ``served_model_name``: the model's name in ``/v1/models`` and in requests (default: ``checkpoint`` as given);
@@ -435,52 +416,44 @@ def openai_app(
 
     Returns ``(app, manager, generate)``: the app (``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``,
     ``/v1/models`` and ``/health`` are transformers'), the :class:`PausableContinuousBatchingManager` (built with
-    ``manager_kwargs``: ``while_paused``, ``max_staleness``...) and the generation manager in between.
+    ``manager_kwargs``: ``while_paused``, ``max_staleness``...) and the generation engine in between (the installed
+    release's: :mod:`.serving_manager` or :mod:`.serving_engine`).
     """
-    from transformers.cli.serving.chat_completion import ChatCompletionHandler
-    from transformers.cli.serving.completion import CompletionHandler
-    from transformers.cli.serving.model_manager import ModelManager
-    from transformers.cli.serving.response import ResponseHandler
-    from transformers.cli.serving.systemone import SystemOneHandler
-    from transformers.cli.serving.transcription import TranscriptionHandler
+    from transformers.cli.serving.server import build_server
 
-    models = ModelManager(device=device, dtype=dtype, continuous_batching=True, force_model=checkpoint)
-    model_id = models.process_model_name(checkpoint)
-    model, _processor = models.load_model_and_processor(model_id)
-    manager = init_continuous_batching(model, model.generation_config, continuous_batching_config, **manager_kwargs)
-    manager.start()
-    state = _serving.GenerationState(continuous_batching=True, cb_config=manager.continuous_batching_config)
-    generate = PausableCBGenerateManager(manager)
-    state._cb_manager, state._cb_model_id = generate, model_id
-    handlers = {
-        "chat_handler": ChatCompletionHandler(model_manager=models, generation_state=state),
-        "completion_handler": CompletionHandler(model_manager=models, generation_state=state),
-        "response_handler": ResponseHandler(model_manager=models, generation_state=state),
-        "transcription_handler": TranscriptionHandler(models, state),
-        "systemone_handler": SystemOneHandler(model_manager=models, generation_state=state),
-    }
-    for name in ("chat_handler", "completion_handler"):
-        handlers[name]._non_streaming = _with_versions(handlers[name]._non_streaming, generate)
-        handlers[name]._streaming = _with_stream_versions(handlers[name]._streaming, generate)
-    app = build_server(models, generation_state=state, **handlers)
-    # Not transformers serve's /reset and /load_model: they would unload the model the manager steps.
-    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in upstream.REMOVED_ROUTES]
-    app.add_middleware(_DisconnectWatch)
     served = served_model_name if served_model_name is not None else checkpoint
     if not isinstance(served, str) or not served.strip():
         raise ValueError(f"served_model_name must be a non-empty string, not {served!r}")
-    chat = getattr(_processor, "chat_template", None) is not None or getattr(
-        getattr(_processor, "tokenizer", None), "chat_template", None) is not None  # fmt: skip
-    app.add_middleware(_GenerationChecks, served=served, checkpoint=checkpoint,
-                       sampling=sampling_of(model.generation_config), chat=chat)  # fmt: skip
-    _openai_errors(app)
-    return app, manager, generate
+    config = continuous_batching_config
+    built = _server().build(checkpoint, device=device, dtype=dtype, continuous_batching_config=config, **manager_kwargs)
+    generate, handlers = built.generate, built.handlers
+    try:
+        for name in ("chat_handler", "completion_handler"):
+            handlers[name]._non_streaming = _with_versions(handlers[name]._non_streaming, generate)
+            handlers[name]._streaming = _with_stream_versions(handlers[name]._streaming, generate)
+        app = build_server(built.model_manager, **built.server_kwargs, **handlers)
+        # Not transformers serve's /reset and /load_model (they would unload the model the manager steps), nor the
+        # routes that run a model outside the pausable loop (upstream.REMOVED_ROUTES says which and why).
+        app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in upstream.REMOVED_ROUTES]
+        for middleware in built.middleware:
+            app.add_middleware(middleware)
+        processor = built.processor
+        chat = getattr(processor, "chat_template", None) is not None or getattr(
+            getattr(processor, "tokenizer", None), "chat_template", None) is not None  # fmt: skip
+        app.add_middleware(_GenerationChecks, served=served, checkpoint=checkpoint,
+                           sampling=sampling_of(built.model.generation_config), chat=chat)  # fmt: skip
+        _openai_errors(app)
+    except BaseException:
+        built.manager.stop(block=True, timeout=10)
+        raise
+    return app, built.manager, generate
 
 
 def _openai_errors(app: Any) -> None:
     """An ``HTTPException`` raised on a ``/v1/`` route (transformers' handlers' and this module's: a duplicate id, an
-    empty prompt) answers in OpenAI's shape, ``{"error": {"message", ...}}``, which OpenAI's clients read; elsewhere
-    FastAPI's own ``{"detail": ...}``."""
+    empty prompt), or a ``ValueError`` (a request's fault, as transformers 5.25's handlers raise one: a prompt longer
+    than the model's context, a model not served), answers in OpenAI's shape, ``{"error": {"message", ...}}``, which
+    OpenAI's clients read; elsewhere FastAPI's own ``{"detail": ...}``."""
     from fastapi.exception_handlers import http_exception_handler
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
@@ -491,6 +464,12 @@ def _openai_errors(app: Any) -> None:
             return await http_exception_handler(request, error)
         detail = error.detail if isinstance(error.detail, str) else json_text(error.detail)
         return JSONResponse(openai_error(detail), status_code=error.status_code, headers=error.headers)
+
+    @app.exception_handler(ValueError)
+    async def bad_request(request: Any, error: ValueError) -> Any:
+        if not request.url.path.startswith("/v1/"):
+            return JSONResponse({"detail": str(error)}, status_code=400)
+        return JSONResponse(openai_error(str(error)), status_code=400)
 
 
 def json_text(value: Any) -> str:

@@ -3,11 +3,12 @@ touches; and the patches of the loop's objects.
 
 The integration changes transformers' continuous batching (``transformers.generation.continuous_batching``) and its
 server (``transformers serve``, ``transformers.cli.serving``, which :mod:`cbpause.integrations.serving` runs on a
-cbpause manager) in five ways:
+cbpause manager, through :mod:`~cbpause.integrations.serving_manager` on 5.23-5.24 and
+:mod:`~cbpause.integrations.serving_engine` on 5.25) in five ways:
 
 * subclasses whose methods override upstream's (``PausableContinuousBatchingManager``, ``PausableBatchProcessor``,
   which the manager swaps in with ``__class__``, ``TrackingRouter``, ``RetractedRequestState``,
-  ``PausableCBGenerateManager``);
+  ``PausableCBGenerateManager`` on 5.23-5.24, ``PausableEngine`` and ``PausableModelManager`` on 5.25);
 * methods wrapped on an instance (:data:`WRAPPED`: the wrapper calls upstream's, and upstream's own caller must still
   call it);
 * the ``_cbpause_*`` attributes those wrappers keep on the instance (:data:`STAMPS`);
@@ -27,7 +28,9 @@ missing from the tables.  Names are relative to ``transformers.generation.contin
 
 The patches of the loop's objects are here too (:func:`patch_processor`, which the manager applies to every batch
 processor upstream builds, and the wraps it installs); the subclasses' overrides live with their classes, and the
-server's patches in :func:`cbpause.integrations.serving.openai_app`.
+server's patches in :func:`cbpause.integrations.serving.openai_app` and the two modules' ``build``.  A name of the
+tables that a release no longer has (5.23's server names on 5.25) is mapped to ``None`` in that release's
+:data:`CHANGED_IN`: :func:`dropped`.
 
 ``python -m cbpause.integrations.upstream`` prints the table for the installed transformers (to review the
 changes of a new release, then update :data:`FINGERPRINTS`).
@@ -43,7 +46,8 @@ from typing import Any
 from . import admission, modes, weights
 
 __all__ = [
-    "CHANGED_IN", "CHECKED_WITH", "FINGERPRINTS", "REMOVED_ROUTES", "RESTATED", "SERVED", "SETS", "STAMPS", "WRAPPED",
+    "CHANGED_IN", "CHECKED_WITH", "FINGERPRINTS", "REMOVED_ROUTES", "RESTATED", "SERVED", "SERVER_WITH_MANAGER", "SETS",
+    "STAMPS", "WRAPPED", "dropped",
     "deliver_cancellations", "fingerprint", "fingerprints", "hold_admission", "release", "never_share_stale_blocks",
     "patch_processor", "refuse_what_cannot_fit",
     "upstream_function", "upstream_name",
@@ -52,9 +56,11 @@ __all__ = [
 # The release each minor version's fingerprints were taken on (docs/transformers-releases.md: how a new one is taken
 # in).  FINGERPRINTS is 5.23.0's; CHANGED_IN holds what a later release changed, each change reviewed.
 CHECKED_WITH = {"5.23": "5.23.0", "5.24": "5.24.0", "5.25": "5.25.0"}
-# The releases whose `transformers serve` cbpause.integrations.serving runs on.  5.25 rebuilt the server (a worker
-# process per model, GenerateRunner and CBGenerateRunner in place of CBGenerateManager): not ported yet (issue 41).
-SERVED = ("5.23", "5.24")
+# The releases whose `transformers serve` cbpause.integrations.serving runs on (all: issue 41 ported the 5.25 server),
+# and those whose server calls an in-process CBGenerateManager (serving_manager); 5.25 rebuilt it (handlers call an
+# EngineClient of a worker process), which serving_engine replaces with an engine in this process.
+SERVED = ("5.23", "5.24", "5.25")
+SERVER_WITH_MANAGER = ("5.23", "5.24")
 _PACKAGE = "transformers.generation.continuous_batching."
 _CLI = "cli."  # names under transformers itself (the server's)
 
@@ -89,16 +95,17 @@ WRAPPED = {
 # Upstream functions whose behaviour the integration restates in its own words without overriding them.
 RESTATED = {
     "continuous_api.ContinuousMixin.init_continuous_batching": "init_continuous_batching and _configs",
-    "cli.serve.Serve.__init__": "serving.openai_app (the model manager, the generation state, the handlers, the app)",
+    "cli.serve.Serve.__init__": "serving.openai_app and the server modules' build (the model manager, the handlers)",
 }
 
 # Upstream's private attributes the integration sets on upstream's objects, and the upstream functions that read them.
 SETS = {
-    "continuous_api.OutputRouter.result_handlers": (  # serving: a streamed request's handler wrapped; duplicates seen
+    "continuous_api.OutputRouter.result_handlers": (  # serving: a refused request's handler taken back, duplicates
+        # seen; serving_manager (5.23-5.24): a streamed request's handler wrapped
         "continuous_api.OutputRouter.__init__", "continuous_api.OutputRouter.deliver",
         "continuous_api.OutputRouter.deliver_batch", "continuous_api.ContinuousBatchingManager.register_result_handler",
     ),
-    "cli.serving.utils.GenerationState._cb_manager": (  # serving.openai_app: the cbpause manager, built at start-up
+    "cli.serving.utils.GenerationState._cb_manager": (  # serving_manager.build: the cbpause manager, built at start-up
         "cli.serving.utils.GenerationState.__init__", "cli.serving.utils.GenerationState.get_manager",
         "cli.serving.utils.GenerationState.shutdown", "cli.serving.utils.GenerationState.is_cb_alive",
     ),
@@ -179,13 +186,61 @@ FINGERPRINTS = {
 
 
 # The fingerprints a later release changed, with what the change is and why the integration still holds (or what it
-# does about it).  A name absent here is as in 5.23.0; on a release not in SERVED the server's ("cli.") are not
-# checked, since cbpause.integrations.serving refuses to run there.
+# does about it).  A name absent here is as in 5.23.0; a name mapped to None is not touched on that release
+# (dropped()); a name not in 5.23.0's table is one only that release has.  On a release not in SERVED the server's
+# ("cli.") names would not be checked, since cbpause.integrations.serving would refuse to run there.
 _LOOP_IN_CALLERS_INFERENCE_MODE = {
     # start() hands the caller's torch.inference_mode (thread-local) to the loop, which runs in it: the manager's
     # start() and _run_generation_loop pass use_inference_mode on (transformers.LOOP_TAKES_INFERENCE_MODE).
     "continuous_api.ContinuousBatchingManager._run_generation_loop": "56c9cdba165cd2cf",
     "continuous_api.ContinuousBatchingManager.start": "70483a28c71ce586",
+}
+# 5.25 rebuilt transformers serve: the handlers ask a model's EngineClient, which runs the model in a worker process
+# (CBGenerateRunner there), where 5.23 asked the GenerationState's in-process CBGenerateManager.  serving_engine
+# overrides the client's calls (PausableEngine) and the model manager's (PausableModelManager) to run the model on
+# the cbpause manager in this process; the handlers' wraps and the routes removed are as on 5.23, reviewed.
+_SERVER_REBUILT = {
+    # The wiring, restated by serving_engine.build: a ModelLoader, a GenerationState, a ModelManager, the handlers
+    # (TranscriptionHandler takes the model manager alone), build_server without the generation state.
+    "cli.serve.Serve.__init__": "09d6ae9ecdcc38da",
+    # The routes removed are still declared; the app adds RequestIdMiddleware and CancelOnDisconnect (which cancels a
+    # handler whose client left: PausableEngine cancels the request then) and answers EngineDeadError with a 503.
+    "cli.serving.server.build_server": "12d3ed1cfc2a13e0",
+    # The wrapped methods take the engine in place of the model and processor, and still are what handle_request
+    # calls for a non-streamed and a streamed answer (the wraps pass every argument on, and set the request's id for
+    # the engine, which 5.25's handlers no longer pass down).
+    "cli.serving.chat_completion.ChatCompletionHandler._non_streaming": "14b7fb7a7c8b04f9",
+    "cli.serving.chat_completion.ChatCompletionHandler._streaming": "181f2028712a7a75",
+    "cli.serving.chat_completion.ChatCompletionHandler.handle_request": "350673e8db044843",
+    "cli.serving.completion.CompletionHandler._non_streaming": "38badf2e076096b9",
+    "cli.serving.completion.CompletionHandler._streaming": "2fed551e2a4d926f",
+    "cli.serving.completion.CompletionHandler.handle_request": "16e523dc71653181",
+    # Gone (CBGenerateManager, GenerationState's manager), or no longer read by anything the integration sets.
+    "cli.serving.utils.CBGenerateManager.__init__": None,
+    "cli.serving.utils.CBGenerateManager._check_alive": None,
+    "cli.serving.utils.CBGenerateManager.generate_non_streaming": None,
+    "cli.serving.utils.CBGenerateManager.generate_streaming": None,
+    "cli.serving.utils.CBGenerateManager.init_cb": None,
+    "cli.serving.utils.CBGenerateManager.stop": None,
+    "cli.serving.utils.GenerationState.__init__": None,
+    "cli.serving.utils.GenerationState.get_manager": None,
+    "cli.serving.utils.GenerationState.is_cb_alive": None,
+    "cli.serving.utils.GenerationState.shutdown": None,
+    # New in 5.25, overridden by serving_engine: the client's calls (the config and processor it reads are kept) ...
+    "cli.serving.model_manager.EngineClient.__init__": "c8fe14f395f05029",
+    "cli.serving.model_manager.EngineClient.generate_non_streaming": "a93707a9966983f0",
+    "cli.serving.model_manager.EngineClient.generate_streaming": "7694b458332d5a2d",
+    "cli.serving.model_manager.EngineClient.load": "c2c3744299f7ac3f",
+    "cli.serving.model_manager.EngineClient.process_running": "4f4be2c979a305e9",
+    "cli.serving.model_manager.EngineClient.shutdown": "512741242cbc0d21",
+    "cli.serving.model_manager.EngineClient.start": "e7054e0da429a4bd",
+    "cli.serving.model_manager.EngineClient.submit": "aa61788bfea0da26",
+    "cli.serving.model_manager.EngineClient.submit_streaming": "d56f4023031dd324",
+    # ... and the model manager's (one model, loaded at start-up).
+    "cli.serving.model_manager.ModelManager.__init__": "d9b74453776c2405",
+    "cli.serving.model_manager.ModelManager.get_engine": "861642d75206df92",
+    "cli.serving.model_manager.ModelManager.is_dead": "16e7e2c0358cd098",
+    "cli.serving.model_manager.ModelManager.shutdown": "8bd32cd5ff57643c",
 }
 CHANGED_IN = {
     "5.24": {
@@ -194,7 +249,7 @@ CHANGED_IN = {
         # name, serving._GenerationChecks), so upstream's listing is never reached.
         "cli.serving.server.build_server": "a040a6af921a70e0",
     },
-    "5.25": {**_LOOP_IN_CALLERS_INFERENCE_MODE},
+    "5.25": {**_LOOP_IN_CALLERS_INFERENCE_MODE, **_SERVER_REBUILT},
 }
 
 
@@ -213,15 +268,27 @@ def _key(minor: str) -> tuple[int, ...]:
 
 def fingerprints(minor: str | None = None) -> dict[str, str]:
     """The fingerprints of the release ``minor`` (the installed one by default): 5.23.0's, with what that release
-    changed; without the server's where the serving module does not run (:data:`SERVED`).  A release never checked
-    gets the newest checked one's table (what ``python -m cbpause.integrations.upstream`` compares it with)."""
+    changed, added and dropped (:func:`dropped`); without the server's where the serving module does not run
+    (:data:`SERVED`).  A release never checked gets the newest checked one's table (what ``python -m
+    cbpause.integrations.upstream`` compares it with)."""
     minor = release() if minor is None else minor
     if minor not in CHECKED_WITH:  # a release not checked (CBPAUSE_UNCHECKED_TRANSFORMERS): compare with the newest
         minor = max(CHECKED_WITH, key=_key)
-    table = {**FINGERPRINTS, **CHANGED_IN.get(minor, {})}
+    merged = {**FINGERPRINTS, **CHANGED_IN.get(minor, {})}
+    table = {name: digest for name, digest in merged.items() if digest is not None}
     if minor not in SERVED:
         table = {name: digest for name, digest in table.items() if not name.startswith(_CLI)}
     return table
+
+
+def dropped(minor: str | None = None) -> set[str]:
+    """The names of 5.23.0's table that the integration does not touch on the release ``minor`` (the installed one
+    by default): 5.23's server names on 5.25, whose server was rebuilt (gone, or no longer read by what the
+    integration sets).  Their entries of :data:`WRAPPED`, :data:`SETS` and :data:`RESTATED` do not apply there."""
+    minor = release() if minor is None else minor
+    if minor not in CHECKED_WITH:
+        minor = max(CHECKED_WITH, key=_key)
+    return {name for name, digest in CHANGED_IN.get(minor, {}).items() if digest is None}
 
 
 # ------------------------------------------------------------------------------------------------ the patches

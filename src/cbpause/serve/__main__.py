@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         from . import build_app
-    except ImportError as error:  # transformers 5.25's server is not ported: the message says what to install
+    except ImportError as error:  # a transformers whose server is not supported: the message says what to install
         sys.exit(f"cbpause serve: {error}")
 
     config = None if args.num_blocks is None else ContinuousBatchingConfig(num_blocks=args.num_blocks)

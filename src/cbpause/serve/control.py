@@ -188,7 +188,14 @@ async def _pause(request: Request, body: dict, legacy: bool, manager: Any, lease
         return _error(400, str(error))
     except TooManyLeases as error:
         return _error(429, str(error), **{"Retry-After": "1"})
-    if not await _unless_disconnected(entered, request):
+    try:
+        waited = await _unless_disconnected(entered, request)
+    except asyncio.CancelledError:
+        # The route itself cancelled: the client left and transformers 5.25's app (CancelOnDisconnect, in front of
+        # every route) cancels its handler, or the server stops.  Nobody will ever know this lease's id either.
+        leases.abandon(lease)
+        raise
+    if not waited:
         leases.abandon(lease)  # nobody will ever know this lease's id: it must not hold the server
         return _error(499, "the client disconnected before the window opened; its pause was withdrawn")
     if lease.error is not None:
