@@ -330,6 +330,38 @@ def test_a_stop_tears_down_as_upstream_once_the_loop_has_exited(manager):
     assert not [r for r in records if "not started" in r], records
 
 
+def test_stops_on_several_threads_at_once_all_return(manager):
+    """A SIGTERM's stop and the server's shutdown stop the manager at once: upstream's join read the thread again
+    after its wait, which another stop had cleared (AttributeError: 'NoneType' object has no attribute 'is_alive',
+    found by issue 41's hostile review); each stop waits on the thread it read."""
+    probe = manager.probe
+    reached, release = threading.Event(), threading.Event()
+    probe.hold = (reached, release)
+    manager.start()
+    ids = submit(manager, 1)
+    assert reached.wait(WAIT)  # the loop is busy in a step: every stop below waits for it
+    errors: list[BaseException] = []
+    gate = threading.Barrier(5)
+
+    def stop() -> None:
+        gate.wait(WAIT)
+        try:
+            manager.stop(block=True, timeout=WAIT)
+        except BaseException as error:  # noqa: BLE001 -- what the test looks for
+            errors.append(error)
+
+    threads = [threading.Thread(target=stop) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    gate.wait(WAIT)
+    release.set()
+    for thread in threads:
+        thread.join(WAIT)
+    assert not any(t.is_alive() for t in threads) and errors == []
+    assert not manager.is_running() and manager._generation_thread is None
+    assert all(o.status in (RequestStatus.FINISHED, RequestStatus.FAILED) for o in results(manager, ids))
+
+
 def test_a_request_is_refused_or_delivered_never_lost_around_a_stop(manager):
     manager.start()
     ids = submit(manager, 3)

@@ -591,19 +591,18 @@ def test_a_client_that_disconnects_while_queued_has_its_request_cancelled(checkp
     assert not thread.is_alive() and not app.state.manager.is_running()
 
 
-def test_every_route_s_answer_leaves_nothing_registered_and_a_refused_id_may_be_sent_again(checkpoint):
-    """In-process, on either server (transformers 5.23-5.24's manager, 5.25's engine: serving_manager,
-    serving_engine): a streamed answer's last chunk carries its labels; an answer no wrap labels (/v1/responses)
-    leaves none behind; a request refused during a pause leaves nothing under its x-request-id, so the client's
-    retry with the same id is served (not a 409); afterwards nothing is registered with the loop's router."""
+@contextlib.contextmanager
+def in_process(checkpoint, **kwargs):
+    """A server in this process (uvicorn in a thread), to see the engine's and the loop's state: yields (url, app);
+    on the way out, the server stops and its loop with it."""
     import uvicorn
     from transformers import ContinuousBatchingConfig
 
     from cbpause.serve import build_app
     from cbpause.testing.servers import wait_healthy
 
-    app = build_app(str(checkpoint), default_ttl=HANG_S, while_paused="reject",
-                    continuous_batching_config=ContinuousBatchingConfig(num_blocks=64))  # fmt: skip
+    app = build_app(str(checkpoint), default_ttl=HANG_S,
+                    continuous_batching_config=ContinuousBatchingConfig(num_blocks=64), **kwargs)  # fmt: skip
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run)
@@ -611,26 +610,144 @@ def test_every_route_s_answer_leaves_nothing_registered_and_a_refused_id_may_be_
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url)
-        streamed = post(url + "/v1/completions", json={"prompt": "t3 t4", "max_tokens": 3, "stream": True})
-        chunks = [json.loads(line[len("data: "):]) for line in streamed.text.splitlines()
-                  if line.startswith("data: {")]  # fmt: skip
-        last = [c for c in chunks if c["choices"] and c["choices"][0].get("finish_reason")]
-        assert streamed.status_code == 200 and last and last[-1]["weight_versions"] == [[0, None]], streamed.text
+        yield url, app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=HANG_S)
+    assert not thread.is_alive() and not app.state.manager.is_running()
+
+
+def sse_events(text: str) -> list[dict]:
+    return [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+def test_every_route_s_answer_leaves_nothing_registered_and_a_refused_id_may_be_sent_again(checkpoint):
+    """On either server (transformers 5.23-5.24's manager, 5.25's engine: serving_manager, serving_engine): a
+    streamed answer's finish chunk carries its labels, with usage asked too (found by issue 41's hostile review: they
+    were on the usage chunk); an answer no wrap labels (/v1/responses) leaves none behind; a request refused during a
+    pause leaves nothing under its x-request-id, so the client's retry with the same id is served (it was a 409 on
+    every release); an id is free as soon as its answer is out (a reuse at once was a 409 one time in seven); a body
+    whose stream_options or suffix upstream cannot read is a 400 (it was a 500); afterwards nothing is registered
+    with the loop's router."""
+    with in_process(checkpoint, while_paused="reject") as (url, app):
+        body = {"prompt": "t3 t4", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+        streamed = post(url + "/v1/completions", json=body)
+        events = sse_events(streamed.text)
+        finish = [e for e in events if e["choices"] and e["choices"][0].get("finish_reason")]
+        assert streamed.status_code == 200 and finish and finish[-1]["weight_versions"] == [[0, None]], streamed.text
+        assert any(e.get("usage") for e in events), streamed.text
         responses = post(url + "/v1/responses", json={"input": "t3 t4", "max_output_tokens": 2})
         assert responses.status_code in (200, 400), responses.text  # 400: a checkpoint without a chat template
+        for bad in ({"stream_options": "x", "stream": True}, {"suffix": 5}, {"stream": "yes"}):
+            answer = post(url + "/v1/completions", json={"prompt": "t3", "max_tokens": 2, **bad})
+            assert answer.status_code == 400 and next(iter(bad)) in answer.json()["error"]["message"], answer.text
         lease = post(url + "/pause", json={"mode": "keep", "ttl": HANG_S}).json()["lease_id"]
         again_id = {"x-request-id": "again"}
         refused = post(url + "/v1/completions", json={"prompt": "t3", "max_tokens": 2}, headers=again_id)
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         assert post(url + "/resume", json={"lease_id": lease}).json()["resumed"] is True
-        again = post(url + "/v1/completions", json={"prompt": "t3", "max_tokens": 2}, headers=again_id)
-        assert again.status_code == 200 and again.json()["weight_versions"] == [[0, None]], again.text
+        for _ in range(20):
+            again = post(url + "/v1/completions", json={"prompt": "t3", "max_tokens": 2}, headers=again_id)
+            assert again.status_code == 200 and again.json()["weight_versions"] == [[0, None]], again.text
         assert app.state.generate.versions == {}
         assert app.state.manager.output_router.result_handlers == {}
-    finally:
-        server.should_exit = True
-        thread.join(timeout=HANG_S)
-    assert not thread.is_alive() and not app.state.manager.is_running()
+
+
+def test_a_stream_the_staleness_bound_restarts_after_it_sent_tokens_ends_with_an_error(checkpoint):
+    """Tokens sent cannot be taken back: a streamed request restarted by the staleness bound (max_staleness=0) after
+    it streamed tokens ends with an error chunk that says so, is cancelled in the loop and counted aborted (found by
+    issue 41's hostile review: the client got the old tokens, then the restarted answer, more than max_tokens, and
+    labels of the new version only)."""
+    with in_process(checkpoint, max_staleness=0, on_stale="restart") as (url, app):
+        lease = post(url + "/pause", json={"mode": "keep"}).json()["lease_id"]
+        assert post(url + "/update_weight_version", json={"lease_id": lease, "weight_version": 0}).status_code == 200
+        post(url + "/resume", json={"lease_id": lease})
+        body = {"prompt": "t3 t4", "max_tokens": 1500, "stream": True}
+        text = ""
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=HANG_S) as answer:
+            lines = answer.iter_lines()
+            for line in lines:  # the first token's chunk: tokens were sent
+                text += line + "\n"
+                if line.startswith("data: {") and json.loads(line[6:])["choices"][0].get("text"):
+                    break
+            lease = post(url + "/pause", json={"mode": "keep"}).json()["lease_id"]
+            assert post(url + "/update_weight_version",
+                        json={"lease_id": lease, "weight_version": 1}).status_code == 200  # fmt: skip
+            post(url + "/resume", json={"lease_id": lease})
+            text += "\n".join(lines)
+        events = sse_events(text)
+        assert not any(e.get("choices") and e["choices"][0].get("finish_reason") for e in events), text[-500:]
+        assert "staleness bound after" in events[-1]["error"], events[-1]
+        assert app.state.generate.outcomes["aborted"] == 1 and app.state.generate.outcomes["finished"] == 0
+        router, deadline = app.state.manager.output_router, time.monotonic() + HANG_S
+        while router.result_handlers and time.monotonic() < deadline:  # the cancellation's output, on the server's
+            time.sleep(0.02)  # own event loop: nothing here to wait on but its state
+        assert router.result_handlers == {}
+
+
+def test_a_client_that_leaves_mid_stream_has_its_request_cancelled(checkpoint):
+    """A streamed request whose client closes the connection after the first token is cancelled in the loop, counted
+    once, and leaves nothing registered (on 5.25 the route is cancelled, and with it the future the engine awaited:
+    a cancelled future has no result, found by this test's neighbour before it landed)."""
+    with in_process(checkpoint) as (url, app):
+        body = {"prompt": "t3 t4", "max_tokens": 1500, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=HANG_S) as answer:
+            for line in answer.iter_lines():
+                if line.startswith("data: {") and json.loads(line[6:])["choices"][0].get("text"):
+                    break  # a token came: the client leaves
+        generate, router = app.state.generate, app.state.manager.output_router
+        deadline = time.monotonic() + HANG_S
+        while (generate.outcomes["cancelled"] < 1 or router.result_handlers) and time.monotonic() < deadline:
+            time.sleep(0.02)  # the server notices the disconnect on its own event loop
+        assert generate.outcomes["cancelled"] == 1 and generate.outcomes["finished"] == 0, generate.outcomes
+        assert router.result_handlers == {} and generate.versions == {}
+
+
+def test_a_request_the_loop_fails_is_an_openai_shaped_500_and_one_a_stop_ends_a_503(checkpoint):
+    """A non-streamed request's failure: a 503 once the loop stops or died (a stop's flush that ran out was a plain
+    text 500 before issue 41's hostile review), an OpenAI-shaped 500 otherwise; neither a bare RuntimeError."""
+    from types import SimpleNamespace
+
+    from fastapi import HTTPException
+
+    failed = SimpleNamespace(error="boom", weight_versions=[], kv_versions=[])
+    with in_process(checkpoint) as (_url, app):
+        with pytest.raises(HTTPException) as running:
+            app.state.generate._settle("r", failed, False)
+    with pytest.raises(HTTPException) as stopped:
+        app.state.generate._settle("r", failed, False)
+    assert (running.value.status_code, stopped.value.status_code) == (500, 503)
+    assert "boom" in running.value.detail and "stopped" in stopped.value.detail
+
+
+def test_a_stream_s_chunks_pass_at_once_not_one_behind():
+    """The labelling wrap passes each chunk as it comes: holding one back until the next came withheld a stream's
+    last token for a whole pause (issue 41's hostile review: 515 of 516 tokens after 2 s of a keep pause)."""
+    import asyncio
+    import threading as _threading
+    from types import SimpleNamespace
+
+    from cbpause.integrations import serving
+
+    more = asyncio.Event()
+
+    async def body():
+        yield 'data: {"choices": [{"index": 0, "text": "t3"}]}\n\n'
+        await more.wait()  # the next token: not until the pause ends
+        yield 'data: {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}\n\n'
+
+    generate = SimpleNamespace(_lock=_threading.Lock(), versions={"r": ([(0, 7)], [(0, 7)])})
+    wrapped = serving._with_stream_versions(lambda request_id: SimpleNamespace(body_iterator=body()), generate)
+
+    async def read() -> list:
+        chunks = wrapped("r").body_iterator
+        first = await asyncio.wait_for(chunks.__anext__(), HANG_S)  # a bound on a hang, not a timing
+        more.set()
+        return [first, *[chunk async for chunk in chunks]]
+
+    first, last = asyncio.run(read())
+    assert '"t3"' in first and "weight_versions" not in first
+    assert json.loads(last[len("data: "):])["weight_versions"] == [[0, 7]] and generate.versions == {}
 
 
 @pytest.mark.extended  # 20 s and more; CI runs the HTTP soak briefly (tests/test_sessions.py): nox -s system

@@ -25,8 +25,10 @@ Per request, on every release:
   request runs for a client that left;
 * an ``x-request-id`` still in flight is a ``409``, and a refused request leaves nothing registered under its id;
 * an answer carries ``weight_versions`` and ``kv_versions``: ``[first_token_index, version]`` spans over the
-  generated tokens (R-VERSIONS, R-KV-VERSIONS), a streamed one in its last chunk; a streamed request is counted by
-  outcome in ``/metrics`` as a non-streamed one is.
+  generated tokens (R-VERSIONS, R-KV-VERSIONS), a streamed one in its ``finish_reason`` chunk; a streamed request
+  is counted by outcome in ``/metrics`` as a non-streamed one is;
+* a stream whose request the staleness bound restarts after it sent tokens ends with an error chunk (tokens sent
+  cannot be taken back).
 """
 
 from __future__ import annotations
@@ -46,13 +48,14 @@ if upstream.release() not in upstream.SERVED:
     )
 
 from ..core.errors import LoopPausedError  # noqa: E402
+from ..core.state import DONT_STOP  # noqa: E402
 from .admission import TOO_LONG  # noqa: E402
 from .modes import ABORTED_BY_PAUSE  # noqa: E402
 from .transformers import PausableContinuousBatchingManager  # noqa: E402
 from .weights import STALE  # noqa: E402
 
-__all__ = ["GENERATION_ROUTES", "NEUTRAL", "RETRY_AFTER_S", "ServedRequests", "check_generation_body", "openai_app",
-           "openai_error", "sampling_of"]
+__all__ = ["GENERATION_ROUTES", "NEUTRAL", "RETRY_AFTER_S", "RestartWatch", "ServedRequests", "check_generation_body",
+           "openai_app", "openai_error", "sampling_of"]
 
 RETRY_AFTER_S = 1  # what a rejected request's Retry-After says: pauses for weight updates last about that long
 
@@ -132,17 +135,37 @@ class ServedRequests:
             raise self._dead(f"the generation loop no longer takes requests; {request_id} refused")
 
     def _dead(self, message: str) -> Exception:
-        """The server's error for a loop that is not running (a 503 on either release)."""
-        raise NotImplementedError
+        """A 503 for a loop that is not running, has died or is stopping (OpenAI's shape on ``/v1/``)."""
+        from fastapi import HTTPException
+
+        return HTTPException(status_code=503, detail=message)
+
+    def _stopping(self) -> bool:
+        """Whether the loop died, stopped, or was asked to stop: a request it failed then is the server's end, not
+        the request's fault."""
+        status = self._cb.background_thread_status
+        return status.fatal_error is not None or status.state.local_status != DONT_STOP or not self._cb.is_running()
+
+    def _stream_restarted(self, request_id: str, streamed: int) -> str:
+        """The error a stream ends with when the staleness bound restarted its request after ``streamed`` tokens
+        were sent (decision, ``docs/serving.md``: tokens sent cannot be taken back, so the stream ends, the request
+        is cancelled in the loop, and the client retries; found by issue 41's hostile review: the client got the old
+        tokens, then the restarted answer, more than ``max_tokens`` and labels of the new version only)."""
+        self._cb.cancel_request(request_id)
+        self.count("aborted")
+        return (f"{STALE}: request {request_id} was restarted by the staleness bound after {streamed} tokens were "
+                "streamed; retry it")  # fmt: skip
 
     def _note_end(self, request_id: str, result: Any, labelled: bool) -> None:
-        """A streamed request's terminal output: its outcome counted, its labels kept until its last chunk if
+        """A streamed request's terminal output: its outcome counted, its labels kept for its finish chunk if
         ``labelled`` (:func:`is_labelled`, read where the request was made)."""
         if result.error is None:
             self.count("finished")
             self._keep_labels(request_id, result, labelled)
         elif str(result.error).startswith((ABORTED_BY_PAUSE, STALE)):
             self.count("aborted")
+        elif str(result.error) == upstream.CANCELLED:  # its client left (5.23-5.24: the stream's cancellation)
+            self.count("cancelled")
         else:
             self.count("failed")
 
@@ -158,14 +181,14 @@ class ServedRequests:
         if result.error is not None and str(result.error).startswith((ABORTED_BY_PAUSE, STALE)):
             raise _refused(self, "aborted", f"request {request_id} was aborted: {result.error}; retry it")
         if result.error is not None:
+            from fastapi import HTTPException
+
             self.count("failed")
             if str(result.error).startswith(TOO_LONG):
-                from fastapi import HTTPException
-
                 raise HTTPException(status_code=400, detail=str(result.error))
-            if self._cb.background_thread_status.fatal_error is not None:
-                raise self._dead(f"the loop died during request {request_id}: {result.error}")
-            raise RuntimeError(f"generation failed for {request_id}: {result.error}")
+            if self._stopping():  # a stop's flush ran out, or the loop died (a plain 500 before issue 41's review)
+                raise self._dead(f"the generation loop stopped during request {request_id}: {result.error}")
+            raise HTTPException(status_code=500, detail=f"generation failed for {request_id}: {result.error}")
         self.count("finished")
         self._keep_labels(request_id, result, labelled)
 
@@ -175,6 +198,26 @@ def is_labelled(request_id: str) -> bool:
     will take its labels from ``versions``: nobody else would, so they are kept for no other request.  Read on the
     handler's task (the result callbacks run in the loop thread's context, not the handler's)."""
     return _REQUEST_ID.get() == request_id
+
+
+class RestartWatch:
+    """Whether the staleness bound restarted a streamed request after tokens of it were sent (read on the event loop
+    from the manager's restart counts, which the loop's thread raises at each restart and drops at the request's
+    terminal output).  A restart before any token was sent is harmless: the stream starts from the restarted
+    answer."""
+
+    def __init__(self, manager: PausableContinuousBatchingManager, request_id: str) -> None:
+        self._restarts, self._id = manager.versions.restarts, request_id
+        self._seen = self._restarts.get(request_id, 0)
+
+    def restarted(self, sent: int) -> bool:
+        now = self._restarts.get(self._id, 0)
+        if now <= self._seen:  # none since (or the terminal output dropped the count)
+            return False
+        if sent == 0:
+            self._seen = now
+            return False
+        return True
 
 
 @dataclass
@@ -213,6 +256,11 @@ NEUTRAL = {"n": (1,), "best_of": (1,), "seed": (), "frequency_penalty": (0, 0.0)
            "generation_config": (), "top_k": ()}  # fmt: skip
 
 
+# Arguments transformers' handlers take as they come, and the type each must have (found by issue 41's hostile review:
+# "stream_options": "x" was a 500 with nothing enqueued, a numeric "suffix" a 500 after the request had run).
+SHAPES = (("stream_options", dict, "an object"), ("suffix", str, "a string"), ("stream", bool, "true or false"))
+
+
 def sampling_of(generation_config: Any) -> dict[str, float]:
     """The temperature and top_p every request is sampled with (greedy: temperature 0, top_p 1)."""
     if not getattr(generation_config, "do_sample", False):
@@ -241,6 +289,10 @@ def check_generation_body(route: str, body: dict, *, served: str, checkpoint: st
         value = body.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             refused.append(f"{key}={value!r} (a positive integer)")
+    for key, kind, what in SHAPES:  # upstream's handlers read these without checking them: a 500 otherwise
+        value = body.get(key)
+        if value is not None and not isinstance(value, kind):
+            refused.append(f"{key}={value!r} ({what})")
     if route in ("/v1/chat/completions", "/v1/responses") and not chat:
         raise ValueError("this checkpoint has no chat template: use /v1/completions with a prompt")
     if refused:
@@ -347,8 +399,10 @@ def _with_versions(handle: Any, generate: ServedRequests) -> Any:
 
 def _with_stream_versions(handle: Any, generate: ServedRequests) -> Any:
     """Wrap a handler's ``_streaming`` so that the engine below knows the request's id (:data:`_REQUEST_ID`, while
-    the handler makes the request) and the last chunk of a streamed answer (the one with ``finish_reason``) carries
-    the request's ``weight_versions`` and ``kv_versions``, as a non-streamed answer does."""
+    the handler makes the request) and the chunk of a streamed answer that has its ``finish_reason`` carries the
+    request's ``weight_versions`` and ``kv_versions``, as a non-streamed answer does.  Every chunk passes at once
+    (holding each back until the next came, as before issue 41's hostile review, withheld the last token of a stream
+    for a whole pause); the labels are known by then: the engine keeps them before it ends the stream."""
 
     def streaming(request_id: str, *args: Any, **kwargs: Any) -> Any:
         token = _REQUEST_ID.set(request_id)
@@ -361,16 +415,14 @@ def _with_stream_versions(handle: Any, generate: ServedRequests) -> Any:
             return response
 
         async def labelled() -> Any:
-            last = None
             try:
                 async for chunk in inner:
-                    if last is not None:
-                        yield last
-                    last = chunk
-                if last is not None:
-                    with generate._lock:
-                        labels = generate.versions.pop(request_id, None)
-                    yield last if labels is None else _labelled_chunk(last, labels)
+                    if _finishes(chunk):
+                        with generate._lock:
+                            labels = generate.versions.pop(request_id, None)
+                        if labels is not None:
+                            chunk = _labelled_chunk(chunk, labels)
+                    yield chunk
             finally:
                 with generate._lock:
                     generate.versions.pop(request_id, None)
@@ -379,6 +431,22 @@ def _with_stream_versions(handle: Any, generate: ServedRequests) -> Any:
         return response
 
     return streaming
+
+
+def _finishes(chunk: Any) -> bool:
+    """Whether an SSE chunk is the one with a ``finish_reason`` (read only where the text names one: the chunks of
+    the tokens do not, in either release's handlers)."""
+    import json
+
+    text = chunk.decode() if isinstance(chunk, bytes) else chunk
+    if not isinstance(text, str) or "finish_reason" not in text or not text.startswith("data: "):
+        return False
+    try:
+        body = json.loads(text[len("data: "):])
+    except ValueError:
+        return False
+    choices = body.get("choices") if isinstance(body, dict) else None
+    return bool(choices) and isinstance(choices[0], dict) and bool(choices[0].get("finish_reason"))
 
 
 def _labelled_chunk(chunk: Any, labels: tuple[list, list]) -> Any:

@@ -31,14 +31,13 @@ from transformers.cli.serving.systemone import SystemOneHandler
 from transformers.cli.serving.transcription import TranscriptionHandler
 from transformers.cli.serving.utils import (
     Detokenizer,
-    EngineDeadError,
     GenerationState,
     ModelNotServedError,
     _StreamError,
     canonical_model_id,
 )
 
-from .serving import _REQUEST_ID, Built, ServedRequests, is_labelled
+from .serving import _REQUEST_ID, Built, RestartWatch, ServedRequests, is_labelled
 from .transformers import PausableContinuousBatchingManager, init_continuous_batching
 
 __all__ = ["PausableEngine", "PausableModelManager", "build"]
@@ -48,6 +47,19 @@ def _request_id() -> str:
     """The handler's request id (the client's ``x-request-id``, or upstream's), or one made up for a handler that
     does not say it (``/v1/responses``: its answers carry no version labels, as on 5.23)."""
     return _REQUEST_ID.get() or f"cbpause-{uuid.uuid4().hex}"
+
+
+def _pending(future: asyncio.Future) -> bool:
+    """Whether ``future`` has no result: not done, or cancelled with the task that awaited it (a task cancelled while
+    it awaits a future cancels that future too)."""
+    return not future.done() or future.cancelled()
+
+
+class _Restarted:
+    """The end of a stream whose request the staleness bound restarted after ``sent`` tokens were streamed."""
+
+    def __init__(self, sent: int) -> None:
+        self.sent = sent
 
 
 class PausableEngine(ServedRequests, EngineClient):
@@ -60,9 +72,6 @@ class PausableEngine(ServedRequests, EngineClient):
                  manager: PausableContinuousBatchingManager) -> None:  # fmt: skip
         super().__init__(model_id, loader, generation_state)  # reads the config and processor; starts nothing
         self._serve(manager)
-
-    def _dead(self, message: str) -> Exception:
-        return EngineDeadError(message)
 
     def _check_alive(self, request_id: str) -> None:
         status = self._cb.background_thread_status
@@ -96,8 +105,9 @@ class PausableEngine(ServedRequests, EngineClient):
         try:
             result = await future
         except asyncio.CancelledError:  # the client left (CancelOnDisconnect), or the server stops
-            self._cb.cancel_request(request_id)
-            self.count("cancelled")
+            if _pending(future):  # not one already answered: its id may be a new request's by now
+                self._cb.cancel_request(request_id)
+                self.count("cancelled")
             raise
         self._settle(request_id, result, labelled)
         tokens = list(result.generated_tokens)
@@ -118,10 +128,14 @@ class PausableEngine(ServedRequests, EngineClient):
         streamer = Detokenizer(tokenizer, queue, response_parser=response_parser)
         ended = asyncio.get_running_loop().create_future()
         sent = 0
+        watch = RestartWatch(self._cb, request_id)
 
         def on_output(result: Any) -> None:
             nonlocal sent
             if ended.done():
+                return
+            if watch.restarted(sent):  # tokens sent cannot be taken back: the stream ends (ServedRequests)
+                ended.set_result(_Restarted(sent))
                 return
             try:
                 if result.error is None:
@@ -140,9 +154,16 @@ class PausableEngine(ServedRequests, EngineClient):
         async def wait_for_the_end() -> None:
             try:
                 end = await ended
-            except asyncio.CancelledError:
-                self._cb.cancel_request(request_id)
-                self.count("cancelled")
+            except asyncio.CancelledError:  # the client left, or the server stops
+                end = None if _pending(ended) else ended.result()
+                if end is None or isinstance(end, (Exception, _Restarted)):  # still running in the loop
+                    self._cb.cancel_request(request_id)
+                    self.count("cancelled")
+                else:  # it finished (its id may be a new request's by now): counted, not cancelled
+                    self._note_end(request_id, end, False)
+                return
+            if isinstance(end, _Restarted):
+                queue.put_nowait(_StreamError(self._stream_restarted(request_id, end.sent)))
                 return
             if isinstance(end, Exception):
                 self._cb.cancel_request(request_id)

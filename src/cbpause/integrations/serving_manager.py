@@ -23,7 +23,7 @@ from transformers.cli.serving.systemone import SystemOneHandler
 from transformers.cli.serving.transcription import TranscriptionHandler
 
 from ..core.errors import LoopPausedError
-from .serving import Built, ServedRequests, _refused, is_labelled
+from .serving import Built, RestartWatch, ServedRequests, _refused, is_labelled
 from .transformers import PausableContinuousBatchingManager, init_continuous_batching
 
 __all__ = ["PausableCBGenerateManager", "build"]
@@ -56,9 +56,6 @@ class PausableCBGenerateManager(ServedRequests, _serving.CBGenerateManager):
         super().__init__(cb_config=manager.continuous_batching_config)
         self._serve(manager)
 
-    def _dead(self, message: str) -> Exception:
-        return _serving.CBWorkerDeadError(message)
-
     def init_cb(self, model: Any, gen_config: Any) -> None:
         """The manager was built at start-up: nothing to do (upstream builds one here, on the first request)."""
 
@@ -79,7 +76,7 @@ class PausableCBGenerateManager(ServedRequests, _serving.CBGenerateManager):
 
     def _record_stream(self, request_id: str, labelled: bool) -> None:
         """Wrap the handler upstream registered for a streamed request, so that its last output is counted by outcome
-        (``/metrics``) and its version labels kept for the last chunk (:func:`.serving._with_stream_versions`).  No
+        (``/metrics``) and its version labels kept for the finish chunk (:func:`.serving._with_stream_versions`).  No
         ``await`` since upstream registered it: no output of this request can have been dispatched to it yet."""
         router = self._cb.output_router
         with router._lock:
@@ -87,8 +84,20 @@ class PausableCBGenerateManager(ServedRequests, _serving.CBGenerateManager):
             if entry is None:
                 return
             callback, loop = entry
+            watch, sent, ended = RestartWatch(self._cb, request_id), 0, False
 
             def recording(result: Any) -> None:
+                nonlocal sent, ended
+                if ended:  # the stream ended at a restart: only the cancellation's terminal output, for the cleanup
+                    if result.is_finished():
+                        callback(result)
+                    return
+                if watch.restarted(sent):  # tokens sent cannot be taken back: upstream's streamer ends on an error
+                    ended = True
+                    result.error = self._stream_restarted(request_id, sent)
+                    callback(result)
+                    return
+                sent = max(sent, len(result.generated_tokens))
                 if result.is_finished():
                     self._note_end(request_id, result, labelled)
                 callback(result)

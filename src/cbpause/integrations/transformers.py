@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..core.condition import SafeEvent
+from ..core.condition import SafeEvent, thread_alive
 from ..core.dropin import PauseProtocol
 from ..core.protocol import PauseHold
 
@@ -401,7 +401,14 @@ class PausableContinuousBatchingManager(
         stop_status = status.HARD_STOP if hard_stop else status.FLUSH_AND_STOP
         status.request_stop(stop_status, self.distributed_helper.global_rank)
         if block and threading.current_thread() is not thread:
-            self.join(_api.perf_counter(), timeout)
+            # The thread read once: upstream's join reads the attribute again after its wait, which a stop() ending
+            # the same wait on another thread has cleared meanwhile (an AttributeError; found by issue 41's hostile
+            # review: a SIGTERM's stop and the app's shutdown).
+            thread.join(timeout)
+            if thread_alive(thread):
+                _api.logger.warning(f"Generation thread did not exit after join timeout ({timeout}).")
+            elif self._generation_thread is thread:
+                self._generation_thread = None
         with self._teardown_lock:
             if not self._loop_done:
                 self._teardown_asked = keep_for_next_session

@@ -46,8 +46,8 @@ from typing import Any
 from . import admission, modes, weights
 
 __all__ = [
-    "CHANGED_IN", "CHECKED_WITH", "FINGERPRINTS", "REMOVED_ROUTES", "RESTATED", "SERVED", "SERVER_WITH_MANAGER", "SETS",
-    "STAMPS", "WRAPPED", "dropped",
+    "CANCELLED", "CHANGED_IN", "CHECKED_WITH", "FINGERPRINTS", "REMOVED_ROUTES", "RESTATED", "SERVED",
+    "SERVER_WITH_MANAGER", "SETS", "STAMPS", "WRAPPED", "dropped",
     "deliver_cancellations", "fingerprint", "fingerprints", "hold_admission", "release", "never_share_stale_blocks",
     "patch_processor", "refuse_what_cannot_fit",
     "upstream_function", "upstream_name",
@@ -81,7 +81,7 @@ WRAPPED = {
     "cli.serving.completion.CompletionHandler._non_streaming": (  # the same
         "cli.serving.completion.CompletionHandler.handle_request",
     ),
-    "cli.serving.chat_completion.ChatCompletionHandler._streaming": (  # serving._with_stream_versions: last chunk
+    "cli.serving.chat_completion.ChatCompletionHandler._streaming": (  # serving._with_stream_versions: finish chunk
         "cli.serving.chat_completion.ChatCompletionHandler.handle_request",
     ),
     "cli.serving.completion.CompletionHandler._streaming": (  # the same
@@ -345,6 +345,9 @@ def refuse_what_cannot_fit(scheduler: Any, processor: Any) -> None:
     scheduler.add_waiting_request = add_waiting_request
 
 
+CANCELLED = "cancelled by cancel_request()"  # the error of a cancelled request's terminal output
+
+
 def deliver_cancellations(scheduler: Any, router: Any) -> None:
     """Give each cancelled request a terminal output: FAILED, error ``"cancelled by cancel_request()"``.
 
@@ -357,7 +360,7 @@ def deliver_cancellations(scheduler: Any, router: Any) -> None:
     def clear_cancelled_requests() -> list:
         states = clear()
         for state in states:
-            router.fail_and_deliver(state, RuntimeError("cancelled by cancel_request()"))
+            router.fail_and_deliver(state, RuntimeError(CANCELLED))
         return states
 
     scheduler.clear_cancelled_requests = clear_cancelled_requests

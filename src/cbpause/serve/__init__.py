@@ -8,6 +8,7 @@ CHECKPOINT`` or ``cbpause serve CHECKPOINT`` runs it; ``docs/serving.md`` is its
 
 from __future__ import annotations
 
+import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -89,10 +90,19 @@ def _log_writer(path: Path) -> Any:
     return write
 
 
+_SHUTTING = threading.Lock()  # a signal's thread and the app's lifespan both stop the server: one after the other
+
+
 def shutdown(leases: Any, manager: Any, flush_s: float = FLUSH_S) -> None:
     """The server stops (a signal, or the app's shutdown): every lease ends and every pause still waiting is left
     (the loop runs again), the requests in flight get ``flush_s`` seconds to finish, and the rest end with an error,
-    so that every request the server holds is answered and the loop has exited.  Idempotent."""
+    so that every request the server holds is answered and the loop has exited.  Idempotent, and one call at a
+    time (a SIGTERM's handler and the app's lifespan both call it)."""
+    with _SHUTTING:
+        _shutdown(leases, manager, flush_s)
+
+
+def _shutdown(leases: Any, manager: Any, flush_s: float) -> None:
     leases.close()
     manager.stop(block=True, timeout=flush_s)  # a flush: the requests in flight finish if they can
     if manager.is_running():
