@@ -546,32 +546,17 @@ def test_a_fleet_reports_a_server_whose_lease_was_lost(server, rejecting):
 
 
 def test_a_client_that_disconnects_while_queued_has_its_request_cancelled(checkpoint):
-    """In-process (uvicorn in a thread), to see what the engine delivered for the request."""
-    import uvicorn
-    from transformers import ContinuousBatchingConfig
+    """In-process (:func:`in_process`), to see what the engine delivered for the request."""
+    with in_process(checkpoint) as (url, app):
+        delivered: dict[str, list] = {}
+        router = app.state.manager.output_router
+        deliver = router.deliver
 
-    from cbpause.serve import build_app
+        def spy(output):
+            delivered.setdefault(output.request_id, []).append(output)
+            deliver(output)
 
-    app = build_app(str(checkpoint), default_ttl=HANG_S,
-                    continuous_batching_config=ContinuousBatchingConfig(num_blocks=64))  # fmt: skip
-    delivered: dict[str, list] = {}
-    router = app.state.manager.output_router
-    deliver = router.deliver
-
-    def spy(output):
-        delivered.setdefault(output.request_id, []).append(output)
-        deliver(output)
-
-    router.deliver = spy
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        from cbpause.testing.servers import wait_healthy
-
-        wait_healthy(url)
+        router.deliver = spy
         lease = post(url + "/pause", json={"mode": "keep", "ttl": HANG_S}).json()["lease_id"]
         with pytest.raises(httpx.ReadTimeout):  # queued behind the pause; the client gives up and disconnects
             post(url + "/v1/completions", json={"prompt": "t3 t4", "max_tokens": 8}, headers={"x-request-id": "leaver"},
@@ -585,10 +570,6 @@ def test_a_client_that_disconnects_while_queued_has_its_request_cancelled(checkp
         assert after.status_code == 200
         outputs = delivered.get("leaver", [])
         assert all(len(o.generated_tokens) == 0 for o in outputs), outputs  # it never ran
-    finally:
-        server.should_exit = True
-        thread.join(timeout=HANG_S)
-    assert not thread.is_alive() and not app.state.manager.is_running()
 
 
 @contextlib.contextmanager
