@@ -417,11 +417,11 @@ def _with_stream_versions(handle: Any, generate: ServedRequests) -> Any:
         async def labelled() -> Any:
             try:
                 async for chunk in inner:
-                    if _finishes(chunk):
+                    if (body := _finish_body(chunk)) is not None:
                         with generate._lock:
                             labels = generate.versions.pop(request_id, None)
                         if labels is not None:
-                            chunk = _labelled_chunk(chunk, labels)
+                            chunk = _labelled_chunk(chunk, body, labels)
                     yield chunk
             finally:
                 with generate._lock:
@@ -433,35 +433,32 @@ def _with_stream_versions(handle: Any, generate: ServedRequests) -> Any:
     return streaming
 
 
-def _finishes(chunk: Any) -> bool:
-    """Whether an SSE chunk is the one with a ``finish_reason`` (read only where the text names one: the chunks of
-    the tokens do not, in either release's handlers)."""
+def _finish_body(chunk: Any) -> dict | None:
+    """The JSON body of an SSE chunk that is one event, ``data: {...}``, with a ``finish_reason`` (an error chunk is
+    not one); None for any other chunk.  Parsed only where the text names ``finish_reason``: the chunks of the tokens
+    do not, in either release's handlers."""
     import json
 
     text = chunk.decode() if isinstance(chunk, bytes) else chunk
-    if not isinstance(text, str) or "finish_reason" not in text or not text.startswith("data: "):
-        return False
-    try:
-        body = json.loads(text[len("data: "):])
-    except ValueError:
-        return False
-    choices = body.get("choices") if isinstance(body, dict) else None
-    return bool(choices) and isinstance(choices[0], dict) and bool(choices[0].get("finish_reason"))
-
-
-def _labelled_chunk(chunk: Any, labels: tuple[list, list]) -> Any:
-    """The SSE chunk ``data: {...}`` with the version labels added (any other chunk as it is)."""
-    import json
-
-    text = chunk.decode() if isinstance(chunk, bytes) else chunk
+    if not isinstance(text, str) or "finish_reason" not in text:
+        return None
     if not text.startswith("data: ") or text.count("data: ") != 1:
-        return chunk
+        return None
     try:
         body = json.loads(text[len("data: "):])
     except ValueError:
-        return chunk
+        return None
     if not isinstance(body, dict) or "error" in body:
-        return chunk
+        return None
+    choices = body.get("choices")
+    finishes = bool(choices) and isinstance(choices[0], dict) and bool(choices[0].get("finish_reason"))
+    return body if finishes else None
+
+
+def _labelled_chunk(chunk: Any, body: dict, labels: tuple[list, list]) -> Any:
+    """The chunk of ``body`` (:func:`_finish_body`) with the version labels added, as bytes or text as it came."""
+    import json
+
     body["weight_versions"], body["kv_versions"] = _jsonable(labels[0]), _jsonable(labels[1])
     out = f"data: {json.dumps(body)}\n\n"
     return out.encode() if isinstance(chunk, bytes) else out

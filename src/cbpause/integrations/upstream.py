@@ -266,14 +266,19 @@ def _key(minor: str) -> tuple[int, ...]:
     return tuple(int(part) for part in minor.split("."))
 
 
+def _checked(minor: str | None) -> str:
+    """The release whose table applies to ``minor`` (the installed one by default): itself if checked, else
+    (CBPAUSE_UNCHECKED_TRANSFORMERS) the newest checked one, which it is compared with."""
+    minor = release() if minor is None else minor
+    return minor if minor in CHECKED_WITH else max(CHECKED_WITH, key=_key)
+
+
 def fingerprints(minor: str | None = None) -> dict[str, str]:
     """The fingerprints of the release ``minor`` (the installed one by default): 5.23.0's, with what that release
     changed, added and dropped (:func:`dropped`); without the server's where the serving module does not run
     (:data:`SERVED`).  A release never checked gets the newest checked one's table (what ``python -m
     cbpause.integrations.upstream`` compares it with)."""
-    minor = release() if minor is None else minor
-    if minor not in CHECKED_WITH:  # a release not checked (CBPAUSE_UNCHECKED_TRANSFORMERS): compare with the newest
-        minor = max(CHECKED_WITH, key=_key)
+    minor = _checked(minor)
     merged = {**FINGERPRINTS, **CHANGED_IN.get(minor, {})}
     table = {name: digest for name, digest in merged.items() if digest is not None}
     if minor not in SERVED:
@@ -285,10 +290,7 @@ def dropped(minor: str | None = None) -> set[str]:
     """The names of 5.23.0's table that the integration does not touch on the release ``minor`` (the installed one
     by default): 5.23's server names on 5.25, whose server was rebuilt (gone, or no longer read by what the
     integration sets).  Their entries of :data:`WRAPPED`, :data:`SETS` and :data:`RESTATED` do not apply there."""
-    minor = release() if minor is None else minor
-    if minor not in CHECKED_WITH:
-        minor = max(CHECKED_WITH, key=_key)
-    return {name for name, digest in CHANGED_IN.get(minor, {}).items() if digest is None}
+    return {name for name, digest in CHANGED_IN.get(_checked(minor), {}).items() if digest is None}
 
 
 # ------------------------------------------------------------------------------------------------ the patches
