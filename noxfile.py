@@ -302,10 +302,12 @@ SERVED = ("5.23", "5.24", "5.25")
 RELEASE_TESTS = (
     "tests/test_integration_transformers.py", "tests/test_integration_tp.py", "tests/test_upstream_copies.py",
     "tests/test_dropin_fidelity.py", "tests/test_protocol_threads.py", "tests/test_staleness.py",
-    "tests/test_versions.py", "tests/test_serve.py", "tests/test_serve_hostile.py", "tests/test_trl.py",
+    "tests/test_versions.py", "tests/test_serve.py", "tests/test_serve_hostile.py", "tests/test_weights_broadcast.py",
+    "tests/test_trl.py",
 )  # fmt: skip
 
 
+SERVE_TESTS = ("tests/test_serve.py", "tests/test_serve_hostile.py", "tests/test_weights_broadcast.py")
 NEWEST = max(RELEASES, key=lambda minor: tuple(int(x) for x in minor.split(".")))
 # The real-loop campaign's covering subset (every mode, the TP=2 plans, collective faults), its traces validated by
 # TLC: each release's session ends with it (the loop's behaviour on that release is the spec's), and it is the brief
@@ -318,7 +320,7 @@ def left_to_the_newest_release() -> list[str]:
     (``transformers-<NEWEST>``, in the same ``.ci/run``) runs, on the release users upgrade to, and the brief run of
     ``traces_real``, which that session ends with (:data:`RELEASE_CAMPAIGN`); the serve tests would stay if that
     release had no ``cbpause serve`` (they would be skipped there).  The matrix sessions run them on every release."""
-    files = [f for f in RELEASE_TESTS if NEWEST in SERVED or f != "tests/test_serve.py"]
+    files = [f for f in RELEASE_TESTS if NEWEST in SERVED or f not in SERVE_TESTS]
     campaign = "tests/test_sessions.py::test_the_session_runs_briefly[traces_real]"
     return [*(f"--ignore={f}" for f in files), "--deselect", campaign]
 
@@ -377,7 +379,8 @@ def traces(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """cbpause against transformers' own pause, side by side: `nox -s bench -- --quick`; `-- --trl`, `-- --http`."""
+    """cbpause against transformers' own pause, side by side: `nox -s bench -- --quick`; `-- --trl`, `-- --http`,
+    `-- --weights`."""
     _named(session, "bench")
 
 

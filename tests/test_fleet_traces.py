@@ -108,3 +108,67 @@ def test_a_log_file_is_read_and_a_bad_line_refused(tmp_path):
     module, cfg = write_trace([], tmp_path)
     assert "<< >>" in module.read_text() and "MaxEpoch = 1" in cfg.read_text()
 
+
+
+def staged(*records: tuple[str, int, int]) -> list[dict]:
+    """A log whose writes are staged transfers (issue 42): each WriteBegin says so."""
+    return [{**r, "staged": True} if r["a"] == "WriteBegin" else r for r in log(*records)]
+
+
+STAGED = staged(("PauseLease", 1, 0), ("WriteBegin", 1, 0), ("Received", 1, 0), ("WriteEnd", 1, 1),
+                ("WriteBegin", 1, 1), ("WriteFail", 1, 1), ("WriteBegin", 1, 1), ("WriteCut", 1, 1),
+                ("PauseLease", 2, 1), ("WriteBegin", 2, 1), ("Received", 2, 1), ("WriteCut", 2, -2))  # fmt: skip
+
+
+def test_a_log_of_staged_transfers_is_accepted(tmp_path):
+    """Issue 42: a transfer that arrives and is copied, one that fails while receiving and one cut while receiving
+    (both leave the label as it was), one cut while copying (partial)."""
+    result = validate(STAGED, TLA_DIR, tmp_path)
+    assert result.accepted and result.matched == len(STAGED), result.output[-2000:]
+
+
+@pytest.mark.parametrize(("what", "forged"), [
+    ("a transfer cut while receiving that labels the weights partial",
+     staged(("PauseLease", 1, 0), ("WriteBegin", 1, 0), ("WriteCut", 1, -1))),
+    ("a transfer that fails while receiving and labels the weights partial",
+     staged(("PauseLease", 1, 0), ("WriteBegin", 1, 0), ("WriteFail", 1, -1))),
+    ("a transfer that ends without having arrived", staged(("PauseLease", 1, 0), ("WriteBegin", 1, 0),
+                                                          ("WriteEnd", 1, 1))),
+    ("a disk write said to have arrived", log(("PauseLease", 1, 0), ("WriteBegin", 1, 0), ("Received", 1, 0))),
+])  # fmt: skip
+def test_a_forged_log_of_transfers_is_rejected(tmp_path, what, forged):
+    assert not validate(forged, TLA_DIR, tmp_path).accepted, what
+
+
+def test_the_lease_table_s_staged_writes_keep_the_weights_until_received(tmp_path):
+    """The lease table (issue 42): a staged write cut while receiving leaves the label and says why; one cut after
+    ``received`` labels the weights partial; ``progress`` pushes the write's deadline on; the log replays."""
+    from cbpause.integrations.weights import PartialSync
+    from cbpause.serve.leases import LeaseGone, LeaseTable
+
+    from .test_serve import FakeManager
+
+    records: list[dict] = []
+    manager = FakeManager()
+    table = LeaseTable(manager, default_ttl=HANG_S, log=records.append)
+    lease = table.pause_lease(holder="t")
+    with table.write_weights(lease.id, timeout=HANG_S, version=1, staged=True) as writing:
+        deadline = writing.write_deadline
+        table.progress(writing, 2 * HANG_S)
+        assert writing.write_deadline > deadline
+        table.received(writing)
+        table.commit_write(writing, lambda: manager.set_weight_version(1))
+    with table.write_weights(lease.id, timeout=0.05, version=2, staged=True) as writing:
+        lease.thread.join(timeout=HANG_S)  # the transfer "hangs" past its deadline while receiving
+        with pytest.raises(LeaseGone, match="weights are as they were"):
+            table.received(writing)
+    assert manager.versions == [1] and writing.cut
+    second = table.pause_lease(holder="t2")
+    with table.write_weights(second.id, timeout=0.05, version=3, staged=True) as writing:
+        table.received(writing)
+        second.thread.join(timeout=HANG_S)  # cut while copying
+    assert manager.versions == [1, PartialSync(3)]
+    assert [r["a"] for r in records] == ["PauseLease", "WriteBegin", "Received", "WriteEnd", "WriteBegin", "WriteCut",
+                                         "PauseLease", "WriteBegin", "Received", "WriteCut"], records  # fmt: skip
+    result = validate(records, TLA_DIR, tmp_path)
+    assert result.accepted, (records, result.output[-2000:])

@@ -1,6 +1,7 @@
-"""The weight-update group of issue 42's first step (``cbpause.serve.weight_group``): an update's manifest checked
-against the model before any collective, and tensors broadcast from the trainer (rank 0) into a server's staging
-buffers over gloo, on a group of its own; a sender that dies ends the receiver's broadcast with an error."""
+"""The weight-update group of issue 42 (``cbpause.client.weight_group``; ``check_manifest`` of
+``cbpause.serve.distributed``): an update's manifest checked against the model before any collective, and tensors
+broadcast from the trainer (rank 0) into a server's staging buffers over gloo, on a group of its own; a sender that
+dies ends the receiver's broadcast with an error."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from cbpause.serve.weight_group import WeightGroup, check_manifest  # noqa: E402
+from cbpause.client.weight_group import WeightGroup  # noqa: E402
+from cbpause.serve.distributed import check_manifest  # noqa: E402
 from cbpause.serve.weights_io import weight_info  # noqa: E402
 from cbpause.testing import HANG_S  # noqa: E402
 from cbpause.testing.llama import tiny_llama  # noqa: E402
@@ -75,7 +77,7 @@ def test_a_broadcast_update_arrives_whole_in_staging_buffers():
 
 SENDER_DIES = """
 import os, sys, torch
-from cbpause.serve.weight_group import WeightGroup
+from cbpause.client.weight_group import WeightGroup  # noqa: E402
 group = WeightGroup("127.0.0.1", int(sys.argv[1]), 0, 2, timeout_s=300)
 group.send([torch.ones(4)])
 os._exit(3)  # dies before the second tensor

@@ -37,6 +37,17 @@
 (* fence the write-order rule alone lets a later lease overwrite it on one *)
 (* server and be refused on the other.                                     *)
 (*                                                                         *)
+(* A write by broadcast (issue 42; Broadcast = TRUE): the trainer sends   *)
+(* the tensors over a torch.distributed group while the server receives   *)
+(* them into staging buffers (stage "receiving": the model untouched);     *)
+(* Received, once every tensor arrived and every member said so, starts    *)
+(* the copy (stage "copying"), which may fail or be cut as a disk write's. *)
+(* The trainer's side is the sending: a server receives only while its    *)
+(* trainer writes.  A transfer that fails (a peer lost, a deadline, the    *)
+(* trainer gone) leaves the weights and their label as they were           *)
+(* (TransferFailureKeepsWeights).  Staged = FALSE is SGLang's receive,     *)
+(* which loads each tensor as it arrives: it must fail that property.     *)
+(*                                                                         *)
 (* Leased = FALSE is a vLLM-style boolean pause: no ttl, and any resume    *)
 (* un-pauses the server; it must fail NoPausedForEverProp.  WriteOrder = FALSE *)
 (* drops the server's rule that a write under an older lease never         *)
@@ -56,7 +67,9 @@ CONSTANTS
     WriteTTL,     \* ticks a write may run before it is cut
     OwnLease,     \* TRUE: a write is honoured under the writer's own lease only (FALSE: under any held lease)
     NTrainers,    \* trainers, each with its own pauses (pause e is trainer Owner(e)'s)
-    Fence         \* TRUE: no write while the weights were last written under another lease still held
+    Fence,        \* TRUE: no write while the weights were last written under another lease still held
+    Broadcast,    \* TRUE: the trainers write by broadcast (a staged transfer, then the copy); FALSE: from disk
+    Staged        \* TRUE: a transfer lands in staging buffers; FALSE: each tensor is copied into the model as it arrives
 
 Epochs == 1..MaxEpoch
 Trainers == 1..NTrainers
@@ -68,7 +81,7 @@ Partial(e) == MaxEpoch + e
 Versions == 0..(2 * MaxEpoch)
 \* The update a version label stands for (a partial one's too).
 Of(v) == IF v > MaxEpoch THEN v - MaxEpoch ELSE v
-Msgs == [t : {"pause", "grant", "resume", "write", "wok"}, s : Servers, e : Epochs]
+Msgs == [t : {"pause", "grant", "resume", "write", "bwrite", "wok"}, s : Servers, e : Epochs]
 
 VARIABLES
     \* the servers
@@ -81,6 +94,7 @@ VARIABLES
     nseq,      \* nseq[s]: leases s entered so far
     writing,   \* writing[s]: the epoch of the lease under which a write runs on s (0: none)
     wtime,     \* wtime[s]: ticks left before the write under way is cut
+    stage,     \* stage[s]: of the write under way, "receiving" (a transfer, into staging), "copying", or "none"
     serverCrashes,  \* crashes so far (bounded by MaxRestarts)
     losses,    \* messages lost so far (bounded by MaxLosses)
     \* the trainers, each a function of the trainer
@@ -96,7 +110,7 @@ VARIABLES
     completed, \* the last version every server acknowledged (0: none yet)
     fresh      \* fresh[s]: s has not restarted since it last took a write
 
-srv == <<up, lease, ttl, ver, wroteEp, seq, nseq, writing, wtime, serverCrashes, losses>>
+srv == <<up, lease, ttl, ver, wroteEp, seq, nseq, writing, wtime, stage, serverCrashes, losses>>
 trn == <<trainer, epoch, granted, lostS, wrote, acked, missed>>
 vars == <<srv, trn, net, completed, fresh>>
 
@@ -111,6 +125,7 @@ TypeOK ==
     /\ seq \in [Servers -> [Epochs -> 0..MaxEpoch]] /\ nseq \in [Servers -> 0..MaxEpoch]
     /\ writing \in [Servers -> 0..MaxEpoch]
     /\ wtime \in [Servers -> 0..WriteTTL]
+    /\ stage \in [Servers -> {"none", "receiving", "copying"}]
     /\ serverCrashes \in 0..MaxRestarts
     /\ losses \in 0..MaxLosses
     /\ trainer \in [Trainers -> {"idle", "pausing", "holding", "writing", "release", "done", "crashed", "hung"}]
@@ -138,6 +153,7 @@ Init ==
     /\ wroteEp = [s \in Servers |-> 0]
     /\ seq = [s \in Servers |-> [e \in Epochs |-> 0]] /\ nseq = [s \in Servers |-> 0]
     /\ writing = [s \in Servers |-> 0] /\ wtime = [s \in Servers |-> 0]
+    /\ stage = [s \in Servers |-> "none"]
     /\ serverCrashes = 0 /\ losses = 0
     /\ trainer = [t \in Trainers |-> "idle"] /\ epoch = [t \in Trainers |-> 0]
     /\ granted = [t \in Trainers |-> {}] /\ lostS = [t \in Trainers |-> {}] /\ wrote = [t \in Trainers |-> FALSE]
@@ -166,13 +182,13 @@ Grant(s, e) ==
     /\ ttl' = [ttl EXCEPT ![s][e] = TTL]
     /\ nseq' = [nseq EXCEPT ![s] = @ + 1]
     /\ seq' = [seq EXCEPT ![s][e] = nseq[s] + 1]
-    /\ UNCHANGED <<up, ver, wroteEp, writing, wtime, serverCrashes, losses>>
+    /\ UNCHANGED <<up, ver, wroteEp, writing, wtime, stage, serverCrashes, losses>>
 
 \* RenewLease, honoured (LeaseTable.renew_lease) or refused (410: the lease is gone).
 Renew(s, e) ==
     /\ up[s] /\ Honoured(s, e)
     /\ ttl' = [ttl EXCEPT ![s][e] = TTL]
-    /\ UNCHANGED <<up, lease, ver, wroteEp, seq, nseq, writing, wtime, serverCrashes, losses>>
+    /\ UNCHANGED <<up, lease, ver, wroteEp, seq, nseq, writing, wtime, stage, serverCrashes, losses>>
 RenewRefused(s, e) == up[s] /\ ~Honoured(s, e) /\ UNCHANGED srv
 
 \* WriteBegin, taken or refused (410, 409: LeaseTable.write_weights); one write at a time per server.  The
@@ -182,9 +198,10 @@ RenewRefused(s, e) == up[s] /\ ~Honoured(s, e) /\ UNCHANGED srv
 InOrder(s, e) == IF wroteEp[s] = 0 THEN TRUE ELSE seq[s][e] >= seq[s][wroteEp[s]]
 Unfenced(s, e) == IF wroteEp[s] \in {0, e} THEN TRUE ELSE lease[s][wroteEp[s]] # "held"
 WriteAllowed(s, e) == WriteHonoured(s, e) /\ (WriteOrder => InOrder(s, e)) /\ (Fence => Unfenced(s, e))
-StartWrite(s, e) ==
+StartWrite(s, e, p) ==
     /\ up[s] /\ writing[s] = 0 /\ WriteAllowed(s, e)
     /\ writing' = [writing EXCEPT ![s] = e]
+    /\ stage' = [stage EXCEPT ![s] = p]
     /\ wtime' = [wtime EXCEPT ![s] = WriteTTL]
     /\ wroteEp' = [wroteEp EXCEPT ![s] = e]
     /\ UNCHANGED <<up, lease, ttl, ver, seq, nseq, serverCrashes, losses>>
@@ -197,7 +214,7 @@ EndLease(s, e) ==
     /\ lease' = IF Leased
                 THEN [lease EXCEPT ![s][e] = IF @ = "held" THEN "gone" ELSE @]
                 ELSE [lease EXCEPT ![s] = [f \in Epochs |-> IF @[f] = "held" THEN "gone" ELSE @[f]]]
-    /\ UNCHANGED <<up, ttl, ver, wroteEp, seq, nseq, writing, wtime, serverCrashes, losses>>
+    /\ UNCHANGED <<up, ttl, ver, wroteEp, seq, nseq, writing, wtime, stage, serverCrashes, losses>>
 
 ----------------------------------------------------------------------------
 \* The trainers (cbpause.client.Fleet), each in a process of its own: a step of trainer t changes t's variables only.
@@ -259,7 +276,7 @@ RenewLease(t, s) ==
 TrainerWrite(t) ==
     /\ trainer[t] = "holding" /\ ~wrote[t]
     /\ Set(wrote, t, TRUE)
-    /\ Send({[t |-> "write", s |-> s, e |-> epoch[t]] : s \in Servers \ lostS[t]})
+    /\ Send({[t |-> IF Broadcast THEN "bwrite" ELSE "write", s |-> s, e |-> epoch[t]] : s \in Servers \ lostS[t]})
     /\ Set(trainer, t, "writing") /\ Set(acked, t, {}) /\ Set(missed, t, lostS[t])
     /\ UNCHANGED <<srv, epoch, granted, lostS, completed, fresh>>
 
@@ -315,16 +332,30 @@ PauseLease(m) ==
 \* reaches the trainer as no acknowledgement: it reports that server as having missed the write whether it heard the
 \* refusal or stopped waiting (TrainerWriteDone), so the model leaves the refusal's answer out.
 WriteBegin(m) ==
-    /\ m \in net /\ m.t = "write"
-    /\ StartWrite(m.s, m.e) \/ WriteRefused(m.s, m.e)
+    /\ m \in net /\ m.t \in {"write", "bwrite"}
+    /\ StartWrite(m.s, m.e, IF m.t = "bwrite" THEN "receiving" ELSE "copying") \/ WriteRefused(m.s, m.e)
     /\ net' = net \ {m}
     /\ UNCHANGED <<trn, completed, fresh>>
+
+\* The model is untouched by the write under way: a transfer still receiving into staging buffers.  Without staging
+\* (Staged = FALSE, SGLang's receive) each tensor lands in the model as it arrives: a transfer is a copy already.
+Untouched(s) == Staged /\ stage[s] = "receiving"
+
+\* Received (LeaseTable.received): every tensor of a transfer arrived whole, and every member of the group said so
+\* (cbpause.serve.distributed's second vote): the copy from the staging buffers begins.  The transfer needs its
+\* trainer sending (Next), so a trainer that stopped, crashed or hung leaves its transfers to fail or be cut.
+Received(s) ==
+    /\ up[s] /\ writing[s] # 0 /\ stage[s] = "receiving"
+    /\ stage' = [stage EXCEPT ![s] = "copying"]
+    /\ UNCHANGED <<up, lease, ttl, ver, wroteEp, seq, nseq, writing, wtime, serverCrashes, losses, trn, net, completed,
+                   fresh>>
 
 \* WriteEnd (LeaseTable.commit_write): the copy finished before the write's deadline; the version is set and the
 \* trainer answered.  Nothing makes it happen: a write may hang for ever (WriteCut then ends it).
 WriteEnd(s) ==
-    /\ up[s] /\ writing[s] # 0
+    /\ up[s] /\ writing[s] # 0 /\ stage[s] = "copying"
     /\ ver' = [ver EXCEPT ![s] = writing[s]]
+    /\ stage' = [stage EXCEPT ![s] = "none"]
     /\ fresh' = [fresh EXCEPT ![s] = TRUE]
     /\ writing' = [writing EXCEPT ![s] = 0]
     /\ net' = net \cup (IF trainer[Owner(writing[s])] = "crashed" THEN {} ELSE {[t |-> "wok", s |-> s, e |-> writing[s]]})
@@ -335,8 +366,10 @@ WriteEnd(s) ==
 \* labelled Partial while the hold is still in place.  The route answers 410: no acknowledgement.
 WriteCut(s) ==
     /\ up[s] /\ writing[s] # 0 /\ wtime[s] = 0
-    /\ ver' = [ver EXCEPT ![s] = Partial(writing[s])]
-    /\ fresh' = [fresh EXCEPT ![s] = TRUE]
+    /\ IF Untouched(s)
+       THEN UNCHANGED <<ver, fresh>>
+       ELSE ver' = [ver EXCEPT ![s] = Partial(writing[s])] /\ fresh' = [fresh EXCEPT ![s] = TRUE]
+    /\ stage' = [stage EXCEPT ![s] = "none"]
     /\ lease' = [lease EXCEPT ![s][writing[s]] = IF @ = "held" THEN "dead" ELSE @]
     /\ writing' = [writing EXCEPT ![s] = 0]
     /\ UNCHANGED <<up, ttl, wroteEp, seq, nseq, wtime, serverCrashes, losses, trn, net, completed>>
@@ -347,14 +380,15 @@ WriteCut(s) ==
 WriteFail(s) ==
     /\ up[s] /\ writing[s] # 0
     /\ \/ UNCHANGED <<ver, fresh>>
-       \/ ver' = [ver EXCEPT ![s] = Partial(writing[s])] /\ fresh' = [fresh EXCEPT ![s] = TRUE]
+       \/ ~Untouched(s) /\ ver' = [ver EXCEPT ![s] = Partial(writing[s])] /\ fresh' = [fresh EXCEPT ![s] = TRUE]
+    /\ stage' = [stage EXCEPT ![s] = "none"]
     /\ writing' = [writing EXCEPT ![s] = 0]
     /\ UNCHANGED <<up, lease, ttl, wroteEp, seq, nseq, wtime, serverCrashes, losses, trn, net, completed>>
 
 WriteTick(s) ==
     /\ up[s] /\ writing[s] # 0 /\ wtime[s] > 0
     /\ wtime' = [wtime EXCEPT ![s] = @ - 1]
-    /\ UNCHANGED <<up, lease, ttl, ver, wroteEp, seq, nseq, writing, serverCrashes, losses, trn, net, completed, fresh>>
+    /\ UNCHANGED <<up, lease, ttl, ver, wroteEp, seq, nseq, writing, stage, serverCrashes, losses, trn, net, completed, fresh>>
 
 \* ResumeLease: the message, taken once no write runs under its lease (the resume waits for the write's end or cut).
 ResumeLease(m) ==
@@ -366,20 +400,20 @@ ResumeLease(m) ==
 Tick(s, e) ==
     /\ Leased /\ up[s] /\ lease[s][e] = "held" /\ ttl[s][e] > 0
     /\ ttl' = [ttl EXCEPT ![s][e] = @ - 1]
-    /\ UNCHANGED <<up, lease, ver, wroteEp, seq, nseq, writing, wtime, serverCrashes, losses, trn, net, completed, fresh>>
+    /\ UNCHANGED <<up, lease, ver, wroteEp, seq, nseq, writing, wtime, stage, serverCrashes, losses, trn, net, completed, fresh>>
 
 \* LeaseExpires = PauseProtocol's HolderDies: the lease's thread ends without leaving; the lease is honoured no more.
 \* Not while a write runs under it (WriteCut ends that one).
 LeaseExpires(s, e) ==
     /\ Leased /\ up[s] /\ lease[s][e] = "held" /\ ttl[s][e] = 0 /\ writing[s] # e
     /\ lease' = [lease EXCEPT ![s][e] = "dead"]
-    /\ UNCHANGED <<up, ttl, ver, wroteEp, seq, nseq, writing, wtime, serverCrashes, losses, trn, net, completed, fresh>>
+    /\ UNCHANGED <<up, ttl, ver, wroteEp, seq, nseq, writing, wtime, stage, serverCrashes, losses, trn, net, completed, fresh>>
 
 \* ReleaseDeadHolder: the loop, parked in its window, drops the dead holder's hold.
 ReleaseDeadHolder(s, e) ==
     /\ up[s] /\ lease[s][e] = "dead"
     /\ lease' = [lease EXCEPT ![s][e] = "gone"]
-    /\ UNCHANGED <<up, ttl, ver, wroteEp, seq, nseq, writing, wtime, serverCrashes, losses, trn, net, completed, fresh>>
+    /\ UNCHANGED <<up, ttl, ver, wroteEp, seq, nseq, writing, wtime, stage, serverCrashes, losses, trn, net, completed, fresh>>
 
 \* A server's process dies: its pauses die with it; lease ids are never issued twice, so its old leases stay gone.
 ServerCrash(s) ==
@@ -388,6 +422,7 @@ ServerCrash(s) ==
     /\ serverCrashes' = serverCrashes + 1
     /\ lease' = [lease EXCEPT ![s] = [e \in Epochs |-> IF @[e] = "none" THEN "none" ELSE "gone"]]
     /\ writing' = [writing EXCEPT ![s] = 0]
+    /\ stage' = [stage EXCEPT ![s] = "none"]
     /\ UNCHANGED <<ttl, ver, wroteEp, seq, nseq, wtime, losses, trn, net, completed, fresh>>
 
 ServerRestart(s) ==
@@ -396,7 +431,7 @@ ServerRestart(s) ==
     /\ ver' = [ver EXCEPT ![s] = 0]
     /\ wroteEp' = [wroteEp EXCEPT ![s] = 0]
     /\ fresh' = [fresh EXCEPT ![s] = FALSE]
-    /\ UNCHANGED <<lease, ttl, seq, nseq, writing, wtime, serverCrashes, losses, trn, net, completed>>
+    /\ UNCHANGED <<lease, ttl, seq, nseq, writing, wtime, stage, serverCrashes, losses, trn, net, completed>>
 
 \* The network loses a message (within the budget), or the server it goes to is down (always).
 Undeliverable(m) ==
@@ -408,7 +443,7 @@ Lose(m) ==
     /\ m \in net /\ losses < MaxLosses
     /\ net' = net \ {m}
     /\ losses' = losses + 1
-    /\ UNCHANGED <<up, lease, ttl, ver, wroteEp, seq, nseq, writing, wtime, serverCrashes, trn, completed, fresh>>
+    /\ UNCHANGED <<up, lease, ttl, ver, wroteEp, seq, nseq, writing, wtime, stage, serverCrashes, trn, completed, fresh>>
 
 Server(m) == PauseLease(m) \/ WriteBegin(m) \/ ResumeLease(m)
 
@@ -432,6 +467,7 @@ Next ==
     \/ \E m \in net : PauseLease(m)
     \/ \E m \in net : WriteBegin(m)
     \/ \E s \in Servers : WriteEnd(s)
+    \/ \E s \in Servers : writing[s] # 0 /\ trainer[Owner(writing[s])] = "writing" /\ Received(s)
     \/ \E s \in Servers : WriteFail(s)
     \/ \E s \in Servers : WriteTick(s)
     \/ \E s \in Servers : WriteCut(s)
@@ -474,6 +510,11 @@ WriteUnderLease ==
 OwnLeaseWrite ==
     [][\A s \in Servers : (up[s] /\ up'[s] /\ ver'[s] # ver[s]) =>
                               Of(ver'[s]) > 0 /\ lease[s][Of(ver'[s])] = "held"]_vars
+
+\* Issue 42: a transfer that fails (a peer lost, a deadline, a member's refusal, the trainer gone) leaves the weights
+\* and their label as they were: while a server receives, its version changes only by a crash and restart.
+TransferFailureKeepsWeights ==
+    [][\A s \in Servers : (stage[s] = "receiving" /\ up'[s]) => ver'[s] = ver[s]]_vars
 
 \* A lease that expired or was resumed is never honoured again.
 GoneStaysGone ==
@@ -524,6 +565,8 @@ NeverCompletesWitness == completed = 0
 NeverExpiresWitness == \A s \in Servers, e \in Epochs : lease[s][e] # "dead"
 \* ... and a write cut at its deadline.
 NeverCutWitness == \A s \in Servers : ver[s] <= MaxEpoch
+\* ... and (by broadcast) a transfer that arrives, and one cut or failed while receiving.
+NeverReceivedWitness == \A s \in Servers : stage[s] # "copying" \/ ~Broadcast
 \* ... and (two trainers) a write the fence refuses, and a trainer told its update is complete while holding.
 NeverFencedWitness ==
     ~\E m \in net : m.t = "write" /\ up[m.s] /\ writing[m.s] = 0 /\ WriteHonoured(m.s, m.e) /\ InOrder(m.s, m.e)

@@ -11,8 +11,9 @@
 (* the weights were last fully written under, or Partial of it for a      *)
 (* write cut at its deadline).  Each record must be an enabled             *)
 (* step of the spec (Grant, Renew, RenewRefused, StartWrite, WriteRefused, *)
-(* WriteEnd, WriteFail, WriteCut, LeaseExpires, EndLease) that leaves that *)
-(* label.                                                                  *)
+(* Received, WriteEnd, WriteFail, WriteCut, LeaseExpires, EndLease) that   *)
+(* leaves that label.  A WriteBegin record says whether the write is a     *)
+(* staged transfer (issue 42: `staged`).                                   *)
 (*                                                                         *)
 (* Where the code is not the spec's atomic step, and only there:           *)
 (*  - Time: the code's clock is not recorded.  The spec's Tick and         *)
@@ -45,7 +46,8 @@ Recorded(r) ==
     CASE r.a = "PauseLease"   -> Grant(S, r.e) /\ UNCHANGED Others
       [] r.a = "RenewLease"   -> Renew(S, r.e) /\ UNCHANGED Others
       [] r.a = "RenewRefused" -> RenewRefused(S, r.e) /\ UNCHANGED Others
-      [] r.a = "WriteBegin"   -> StartWrite(S, r.e) /\ UNCHANGED Others
+      [] r.a = "WriteBegin"   -> StartWrite(S, r.e, IF r.staged THEN "receiving" ELSE "copying") /\ UNCHANGED Others
+      [] r.a = "Received"     -> writing[S] = r.e /\ Received(S)
       [] r.a = "WriteRefused" -> (WriteRefused(S, r.e) \/ (writing[S] # 0 /\ UNCHANGED srv)) /\ UNCHANGED Others
       [] r.a = "WriteEnd"     -> writing[S] = r.e /\ WriteEnd(S)
       [] r.a = "WriteCut"     -> writing[S] = r.e /\ WriteCut(S) /\ UNCHANGED net

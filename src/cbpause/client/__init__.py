@@ -16,7 +16,14 @@ Decisions, each one a property the model checks:
   ``updated`` those that took it), so that the trainer never believes a server has weights it has not;
 * leaving the block never raises: a resume that fails is logged; that lease expires on its own within its ttl.
 
-Needs ``httpx`` (the ``serve`` extra) and nothing else of cbpause.
+Weights by broadcast (issue 42): ``fleet.init_weights_update_group(master_address)`` makes the trainer rank 0 of a
+torch.distributed group of its own with the servers as ranks 1..N; ``fleet.update_weights_from_distributed(
+named_tensors, weight_version)`` inside the pause sends an update by broadcast (:mod:`cbpause.serve.distributed`:
+a vote, the tensors, a vote; a server copies only once every member has the whole update), and
+``fleet.destroy_weights_update_group()`` ends it.  A transfer that fails raises :class:`FleetError` naming the
+servers, within the group's deadline, and leaves the group closed on every member (initialise it again).
+
+Needs ``httpx`` (the ``serve`` extra) and nothing else of cbpause; weights by broadcast need torch too.
 """
 
 from __future__ import annotations
@@ -83,8 +90,11 @@ class Fleet:
         self.leases: dict[str, str] = {}  # url -> lease id, while a pause is held
         self.lost: dict[str, str] = {}  # url -> why its lease was lost during the pause held now
         self._lock = threading.Lock()
+        self.weight_group: Any = None  # the trainer's rank 0 of the weight-update group, once initialised
 
     def close(self) -> None:
+        if self.weight_group is not None:
+            self.destroy_weights_update_group()
         self._http.close()
 
     def __enter__(self) -> Fleet:
@@ -138,6 +148,104 @@ class Fleet:
     def update_weight_version(self, weight_version: Any) -> list[str]:
         """Every server labels its tokens ``weight_version`` from the resume on (weights changed by other means)."""
         return self._write("/update_weight_version", {"weight_version": weight_version})
+
+    def init_weights_update_group(self, master_address: str, master_port: int | None = None, backend: str = "gloo",
+                                  group_name: str = "cbpause", timeout: float = 60.0) -> None:  # fmt: skip
+        """Join every server and this trainer in a weight-update group: this process is rank 0 and serves the group's
+        store at ``master_address:master_port`` (a free port if ``None``), the servers are ranks 1..N in the fleet's
+        order.  ``timeout``: seconds to wait for every member, and each collective's deadline after it.  Returns once
+        every member has joined; ``FleetError`` naming the servers that did not (the group is then closed)."""
+        from .weight_group import BACKENDS, WeightGroup
+
+        if self.weight_group is not None:
+            raise RuntimeError("this fleet has a weight-update group: destroy it first")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {list(BACKENDS)}, not {backend!r}")
+        timeout = _seconds("timeout", timeout, none=False, zero=False)
+        port = master_port if master_port is not None else _free_port(master_address)
+        world = len(self.urls) + 1
+        bodies = {url: {"master_address": master_address, "master_port": port, "rank_offset": rank,
+                        "world_size": world, "group_name": group_name, "backend": backend, "timeout": timeout}
+                  for rank, url in enumerate(self.urls, 1)}  # fmt: skip
+        wait = timeout + self.request_timeout
+        with ThreadPoolExecutor(max_workers=len(self.urls), thread_name_prefix="cbpause-fleet-join") as pool:
+            asked = {url: pool.submit(self._post, url, "/init_weights_update_group", body, timeout=wait)
+                     for url, body in bodies.items()}  # fmt: skip
+            try:
+                group: Any = WeightGroup(master_address, port, 0, world, group_name=group_name, backend=backend,
+                                         timeout_s=timeout)  # fmt: skip
+            except Exception as error:  # noqa: BLE001 -- the servers' answers say who did not join
+                group = f"{type(error).__name__}: {error}"
+            answers = {url: future.result() for url, future in asked.items()}
+        failed = {url: a for url, a in answers.items() if not isinstance(a, dict)}
+        if failed or isinstance(group, str):
+            if not isinstance(group, str):
+                group.destroy()
+            joined = [url for url in self.urls if url not in failed]
+            self._each(lambda url: self._post(url, "/destroy_weights_update_group", {"group_name": group_name}),
+                       joined)  # fmt: skip
+            raise FleetError("could not form the weight-update group", failed or {"(the trainer)": group})
+        self.weight_group = group
+
+    def update_weights_from_distributed(self, named_tensors: Iterable[tuple[str, Any]],
+                                        weight_version: Any = None) -> list[str]:  # fmt: skip
+        """``TrainerWrite`` by broadcast: every server receives ``named_tensors`` (``(name, tensor)`` pairs, any
+        subset of the model's tensors, names as in ``model.named_parameters()`` or a wrapper's) and labels its tokens
+        ``weight_version``.  Inside the fleet's pause only.  Returns the servers updated; ``FleetError`` naming the
+        servers that were not (a refusal, a lease lost, a server lost mid-transfer), within the group's deadline.  A
+        transfer that fails leaves every server's weights as they were, and the group closed (initialise it again)."""
+        if not self.leases:
+            raise RuntimeError("a weight update needs the fleet's pause: call it inside `with fleet.pause(...)`")
+        if self.weight_group is None:
+            raise RuntimeError("no weight-update group: call init_weights_update_group first")
+        pairs = list(named_tensors)
+        if not pairs or not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in pairs):
+            raise ValueError("named_tensors must be (name, tensor) pairs, and not none")
+        group = self.weight_group
+        with self._lock:
+            lost = dict(self.lost)
+        if lost:  # a server without its lease would refuse; the others would wait for it: nothing is sent
+            raise FleetError("missed the update", {url: f"lease lost: {why}" for url, why in lost.items()})
+        body = {"names": [n for n, _ in pairs], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in pairs],
+                "shapes": [list(t.shape) for _, t in pairs], "group_name": group.name,
+                "weight_version": weight_version}  # fmt: skip
+        # The servers answer once the transfer ended: a deadline for each of its collectives, and one request's.
+        wait = group.timeout_s * (len(pairs) + 2) + self.request_timeout
+        sent: Any = None
+        with ThreadPoolExecutor(max_workers=len(self.urls), thread_name_prefix="cbpause-fleet-write") as pool:
+            asked = {url: pool.submit(self._post, url, "/update_weights_from_distributed",
+                                      {**body, "lease_id": self.leases[url]}, timeout=wait)
+                     for url in self.urls}  # fmt: skip
+            try:
+                if group.vote(True):
+                    group.send([t for _, t in pairs])
+                    sent = group.vote(True)
+            except RuntimeError as error:
+                # A collective failed: the group is unusable on every member.  Freed at once, it closes its
+                # connections, so that the members still inside a collective fail now, not at its deadline.
+                sent, self.weight_group = f"{error}", None
+                group.destroy()
+            results = {url: future.result() for url, future in asked.items()}
+        updated = [url for url, r in results.items() if isinstance(r, dict)]
+        failed = {url: r for url, r in results.items() if not isinstance(r, dict)}
+        if isinstance(sent, str):
+            self._each(lambda url: self._post(url, "/destroy_weights_update_group", {"group_name": group.name}))
+            failed = failed or {"(the group)": sent}
+        if failed:
+            raise FleetError("missed the update", failed, updated)
+        return updated
+
+    def destroy_weights_update_group(self) -> None:
+        """End the weight-update group on every server and here (a server that does not answer drops it when a
+        collective fails, or when it stops)."""
+        group, self.weight_group = self.weight_group, None
+        if group is None:
+            return
+        group.destroy()
+        results = self._each(lambda url: self._post(url, "/destroy_weights_update_group", {"group_name": group.name}))
+        for url, r in results.items():
+            if not isinstance(r, dict):
+                logger.warning("destroying the weight-update group on %s failed (%s)", url, r)
 
     def status(self) -> dict[str, Any]:
         """Each server's ``/is_paused`` and weight version (an error text for a server that did not answer)."""
@@ -267,3 +375,9 @@ class Fleet:
                 except Exception as error:  # noqa: BLE001 -- a server's failure is reported, not raised
                     out[url] = f"{type(error).__name__}: {error}"
             return out
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -42,6 +42,7 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     """
     from ..integrations.serving import openai_app
     from .control import add_control_routes
+    from .distributed import WeightGroups, add_distributed_routes
     from .guard import Guard
     from .leases import LeaseTable
     from .metrics import ServerMetrics
@@ -60,9 +61,12 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
         manager.stop(block=True, timeout=10)
         raise
     add_control_routes(app, manager, leases, weights_dir=root, metrics=ServerMetrics(manager, leases, generate))
+    groups = WeightGroups()
+    add_distributed_routes(app, manager, leases, groups)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)  # outermost: before any route
     app.state.manager, app.state.leases, app.state.generate = manager, leases, generate
-    app.state.shutdown = lambda: shutdown(leases, manager)
+    app.state.weight_groups = groups
+    app.state.shutdown = lambda: shutdown(leases, manager, groups=groups)
     upstream = app.router.lifespan_context
 
     @asynccontextmanager
@@ -71,7 +75,7 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
             try:
                 yield
             finally:
-                shutdown(leases, manager)
+                shutdown(leases, manager, groups=groups)
 
     app.router.lifespan_context = lifespan
     return app
@@ -93,12 +97,14 @@ def _log_writer(path: Path) -> Any:
 _SHUTTING = threading.Lock()  # a signal's thread and the app's lifespan both stop the server: one after the other
 
 
-def shutdown(leases: Any, manager: Any, flush_s: float = FLUSH_S) -> None:
+def shutdown(leases: Any, manager: Any, flush_s: float = FLUSH_S, groups: Any = None) -> None:
     """The server stops (a signal, or the app's shutdown): every lease ends and every pause still waiting is left
     (the loop runs again), the requests in flight get ``flush_s`` seconds to finish, and the rest end with an error,
     so that every request the server holds is answered and the loop has exited.  Idempotent, and one call at a
     time (a SIGTERM's handler and the app's lifespan both call it)."""
     with _SHUTTING:
+        if groups is not None:
+            groups.close()  # a transfer under way then fails at its next collective, and its write with it
         _shutdown(leases, manager, flush_s)
 
 

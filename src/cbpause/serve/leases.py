@@ -67,8 +67,11 @@ class LeaseGone(RuntimeError):
     """The lease expired or was resumed: it is honoured no more (a 410); ``state`` says which."""
 
     def __init__(self, lease: Lease) -> None:
-        cut = "; a write under it passed its deadline and was cut off: the weights are labelled PartialSync until a " \
-              "full update" if lease.cut else ""
+        staged = ("; a transfer under it passed its deadline and was cut off before any tensor was copied: the "
+                  "weights are as they were")
+        partial = ("; a write under it passed its deadline and was cut off: the weights are labelled PartialSync "
+                   "until a full update")
+        cut = "" if not lease.cut else staged if lease.staging else partial
         super().__init__(f"lease {lease.id} is {lease.state} (holder {lease.holder!r}); it is honoured no more{cut}")
         self.state = lease.state
 
@@ -111,6 +114,7 @@ class Lease:
     writing: Any = None  # the version the write under way sets
     cut: bool = False  # a write under way passed its deadline: the lease ended without it, the weights are partial
     write_ended: bool = False  # the write under way was committed (WriteEnd) or failed (WriteFail)
+    staging: bool = False  # the write under way receives into staging buffers, the model untouched (until Received)
     seq: int = 0  # the order in which the leases were entered (FleetPause.tla's epochs)
     on_entered: Callable[[], None] | None = None  # called once from the lease's thread when ``entered`` is set
     abandoned: bool = False  # its asker left before the window opened: the pause is left as soon as it is entered
@@ -252,7 +256,8 @@ class LeaseTable:
             return self._live(lease_id)
 
     @contextmanager
-    def write_weights(self, lease_id: Any, timeout: float | None = None, version: Any = None) -> Iterator[Lease]:
+    def write_weights(self, lease_id: Any, timeout: float | None = None, version: Any = None, *,
+                      staged: bool = False) -> Iterator[Lease]:  # fmt: skip
         """``WriteBegin`` .. ``WriteEnd`` under a held lease: the lease does not expire (nor its pause end) before the
         block ends or ``timeout`` seconds pass (default: the lease's ttl), so the loop takes no step while the
         weights change.  Past that deadline the write is *cut* (``WriteCut``): the lease ends without it (expired, even
@@ -262,7 +267,9 @@ class LeaseTable:
         inside a tensor also keeps ``copying``, so the next write waits for it (never two copies at once).
         ``UnknownLease``/``LeaseGone`` if the lease is not held now, ``WriteBusy`` while another write runs,
         ``Superseded`` under an older lease than the last writer's, and ``Fenced`` while the last writer's lease,
-        another one, is still held (R-WRITE-FENCE)."""
+        another one, is still held (R-WRITE-FENCE).  ``staged``: the write first receives its tensors into buffers of
+        its own (a transfer, R-STAGED-TRANSFER): until :meth:`received` the model is untouched, so a cut or a failure
+        then leaves the weights and their label as they were."""
         with self._lock:
             try:
                 lease = self.check_held(lease_id, locked=True)
@@ -288,6 +295,7 @@ class LeaseTable:
                                  "update is complete); retry once it has been resumed or has expired")
             self.written_seq, self._written_by = lease.seq, lease
             lease.busy, lease.cut, lease.write_ended, self._writer = 1, False, False, lease
+            lease.staging = staged
             lease.write_deadline = self._clock() + timeout
             lease.writing = version
             self._record("WriteBegin", lease)
@@ -302,6 +310,22 @@ class LeaseTable:
                 if self._writer is lease:
                     self._writer = None
             lease._resume.set()  # the lease's thread looks again (a resume may wait for this write)
+
+    def progress(self, lease: Lease, seconds: float) -> None:
+        """A transfer under way moved on (a tensor arrived): its write's deadline is pushed to ``seconds`` from now, so
+        that a lease never expires under a transfer that progresses, and one that stops ends within ``seconds``."""
+        with self._lock:
+            if lease.busy and not lease.cut:
+                lease.write_deadline = max(lease.write_deadline, self._clock() + seconds)
+
+    def received(self, lease: Lease) -> None:
+        """``Received``: every tensor of a staged write arrived; from here on the copy touches the model (a cut or a
+        failure labels the weights partial).  ``LeaseGone`` if the write was cut first."""
+        with self.copying, self._lock:
+            if lease.cut:
+                raise LeaseGone(lease)
+            lease.staging = False
+            self._record("Received", lease)
 
     def commit_write(self, lease: Lease, commit: Callable[[], None]) -> None:
         """The end of a write (``WriteEnd``): ``commit()`` (set the version) under the table's lock, unless the write
@@ -383,8 +407,13 @@ class LeaseTable:
         frees the write slot, as the model's one step does: the next writer's commit comes after the label, never
         before it (found by review: the lease's thread labelled them later, over the next trainer's version)."""
         lease.cut = True
-        self._label_partial(lease)  # the cut lease's hold is still in place: its thread has not left the pause
         self._writer = None  # the slot is free: a hung copy checks ``cut`` before each tensor, and stops there
+        if lease.staging:  # nothing was copied: the weights are whole, and keep their label (R-STAGED-TRANSFER)
+            logger.error("a transfer under lease %s of holder %r passed its deadline and was cut off before any "
+                         "tensor was copied: the lease ends without it; the weights are as they were", lease.id[:8],
+                         lease.holder)  # fmt: skip
+            return
+        self._label_partial(lease)  # the cut lease's hold is still in place: its thread has not left the pause
         self._ver = ("partial", lease.seq)
         logger.error("a write under lease %s of holder %r passed its deadline and was cut off: the lease ends without "
                      "it, and the weights are labelled PartialSync(%r) until a full update", lease.id[:8],
@@ -421,7 +450,10 @@ class LeaseTable:
         if self._log is None or not lease.seq:
             return
         kind, seq = self._ver
-        self._log({"a": action, "e": lease.seq, "ver": seq if kind == "full" else -seq})
+        record = {"a": action, "e": lease.seq, "ver": seq if kind == "full" else -seq}
+        if action == "WriteBegin" and lease.staging:
+            record["staged"] = True
+        self._log(record)
 
     @staticmethod
     def _entered_now(lease: Lease) -> None:

@@ -25,8 +25,8 @@ from .launcher import run_tlc, trace_verdict
 __all__ = ["ACTIONS", "FleetTraceResult", "read_log", "validate", "write_trace"]
 
 # The records a lease table writes: FleetPause.tla's server steps (TraceFleetPause.tla's Recorded).
-ACTIONS = ("PauseLease", "RenewLease", "RenewRefused", "WriteBegin", "WriteRefused", "WriteEnd", "WriteFail",
-           "WriteCut", "LeaseExpires", "ResumeLease")  # fmt: skip
+ACTIONS = ("PauseLease", "RenewLease", "RenewRefused", "WriteBegin", "WriteRefused", "Received", "WriteEnd",
+           "WriteFail", "WriteCut", "LeaseExpires", "ResumeLease")  # fmt: skip
 
 
 def read_log(path: Path) -> list[dict]:
@@ -49,7 +49,8 @@ def write_trace(records: Sequence[dict], directory: Path, name: str = "FleetTrac
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     # A cut write's label (negative in the log) is FleetPause's Partial(e), MaxEpoch + e: no negative number in TLA+.
-    entries = [f'[a |-> "{r["a"]}", e |-> {r["e"]}, ver |-> {_ver(r["ver"])}]' for r in records]
+    entries = [f'[a |-> "{r["a"]}", e |-> {r["e"]}, ver |-> {_ver(r["ver"])}, '
+               f'staged |-> {"TRUE" if r.get("staged") is True else "FALSE"}]' for r in records]
     log = "<<\n    " + ",\n    ".join(entries) + "\n>>" if entries else "<< >>"
     module = directory / f"{name}.tla"
     module.write_text(f"---- MODULE {name} ----\n\\* A lease log of cbpause serve, replayed by TraceFleetPause.\n"
@@ -60,10 +61,11 @@ def write_trace(records: Sequence[dict], directory: Path, name: str = "FleetTrac
         "CONSTANTS\n    s1 = s1\n    Servers = {s1}\n"
         f"    MaxEpoch = {epochs}\n    MaxLosses = 0\n    TTL = 1\n    MaxRestarts = 0\n    Leased = TRUE\n"
         "    WriteOrder = TRUE\n    WriteTTL = 1\n    OwnLease = TRUE\n    NTrainers = 1\n    Fence = TRUE\n"
+        "    Broadcast = FALSE\n    Staged = TRUE\n"
         "    Log <- TraceLog\n"
         "INIT TraceInit\nNEXT TraceNext\n"
         "INVARIANT TypeOK\nINVARIANT NeverMatched\n"
-        "PROPERTY OwnLeaseWrite\nPROPERTY GoneStaysGone\n"
+        "PROPERTY OwnLeaseWrite\nPROPERTY GoneStaysGone\nPROPERTY TransferFailureKeepsWeights\n"
     )
     return module, cfg
 

@@ -59,12 +59,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--http", action="store_true", help="instead of the cases: pause-entry latency over HTTP (cbpause "
                    "serve) next to the in-process one (cbpause.apps.bench.http_side; the serve extra)")  # fmt: skip
     p.add_argument("--pauses", type=int, default=None, help="pauses per side with --http (default 10 quick, 40)")
+    p.add_argument("--weights", action="store_true", help="instead of the cases: a full weight update by broadcast "
+                   "(gloo) against one from disk, to two cbpause serve processes (cbpause.apps.bench.weights_side)")
+    p.add_argument("--weights-hidden", type=int, default=None, help="the width of the model --weights sends (default "
+                   "256 quick, 1024: about 8 M and 80 M parameters)")  # fmt: skip
     args = p.parse_args(argv)
     unknown = set(args.cases.split(",")) - {*CASES, "tlc"}
     if unknown:
         p.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     if args.repeats is not None and args.repeats < 1:
         p.error("--repeats must be >= 1")
+    if args.weights_hidden is not None and not 64 <= args.weights_hidden <= 8192:
+        p.error("--weights-hidden must be between 64 and 8192")
     if args.device.startswith("cuda") and not _cuda():
         p.error("--device cuda: no CUDA device here")
     return args
@@ -82,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         from .http_side import main as http_main
 
         return http_main(args.out, args.pauses or (10 if args.quick else 40))
+    if args.weights:
+        from .weights_side import main as weights_main
+
+        return weights_main(args.out, args.weights_hidden or (256 if args.quick else 1024), args.repeats or 3)
     if args.trl:
         from .trl_side import main as trl_main
 

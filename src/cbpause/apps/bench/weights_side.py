@@ -1,0 +1,122 @@
+"""``python -m cbpause.apps.bench --weights`` (``nox -s bench -- --weights``): a full weight update by broadcast
+against one from disk, on the CPU over gloo (issue 42).
+
+This process is the trainer (rank 0 of the weight-update group); two ``cbpause serve`` processes on localhost are the
+servers.  For each of ``--repeats`` interleaved rounds, under one ``Fleet.pause()`` each:
+
+* **broadcast**: ``Fleet.update_weights_from_distributed(model.named_parameters())``, every tensor of the model;
+* **disk**: ``save_file`` of the same tensors into the servers' ``--weights-dir`` (timed apart), then
+  ``Fleet.update_weights_from_disk``.
+
+For each: the update's seconds and GB/s (the bytes of one copy of the model over the update's seconds), and the pause
+from the call that enters it to the end of the resume.  The model is a random Llama whose size ``--weights-hidden``
+sets (stated in the output).  Writes ``weights.json`` and ``weights.md`` under ``--out``.  No GPU figure is claimed
+here: ``cbpause.apps.bench.gpu`` runs the NCCL side where a device is lent.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+VOCAB = 32
+
+
+def checkpoint_of(hidden: int, directory: Path) -> tuple[Path, object]:
+    """A random Llama of width ``hidden`` saved as a checkpoint the servers load, and the trainer's copy of it."""
+    from transformers import GenerationConfig
+
+    from ...testing.llama import tiny_llama
+    from ...testing.trl_cpu import tiny_tokenizer
+
+    shape = {"hidden_size": hidden, "intermediate_size": 4 * hidden, "num_hidden_layers": 4,
+             "num_attention_heads": max(hidden // 64, 1), "num_key_value_heads": max(hidden // 128, 1)}  # fmt: skip
+    model = tiny_llama(seed=0, vocab_size=VOCAB, **shape)
+    model.generation_config = GenerationConfig(eos_token_id=-1, pad_token_id=0)
+    model.save_pretrained(directory)
+    tiny_tokenizer(VOCAB).save_pretrained(directory)
+    return directory, model
+
+
+def figures(samples: list[float]) -> dict:
+    return {"n": len(samples), "median_s": round(statistics.median(samples), 4), "min_s": round(min(samples), 4),
+            "max_s": round(max(samples), 4)}  # fmt: skip
+
+
+def rounds(fleet: object, model: object, weights_dir: Path, repeats: int) -> dict:
+    """The interleaved rounds on ``fleet`` (its servers started with ``--weights-dir weights_dir`` and a checkpoint
+    of ``model``'s shapes, its weight-update group initialised): the figures of each kind, and the model's size."""
+    import torch
+    from safetensors.torch import save_file
+
+    runs: dict[str, list[float]] = {"broadcast": [], "broadcast_pause": [], "disk": [], "disk_pause": [],
+                                    "disk_save": []}  # fmt: skip
+    for round_ in range(repeats):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1e-3)  # a new policy each round
+        state = {k: v.detach().clone().contiguous() for k, v in model.named_parameters()}
+        started = time.perf_counter()
+        with fleet.pause(ttl=300):
+            t0 = time.perf_counter()
+            fleet.update_weights_from_distributed(list(state.items()), weight_version=f"b{round_}")
+            runs["broadcast"].append(time.perf_counter() - t0)
+        runs["broadcast_pause"].append(time.perf_counter() - started)
+        t0 = time.perf_counter()
+        save_file(state, str(weights_dir / "policy.safetensors"))
+        runs["disk_save"].append(time.perf_counter() - t0)
+        started = time.perf_counter()
+        with fleet.pause(ttl=300):
+            t0 = time.perf_counter()
+            fleet.update_weights_from_disk("policy.safetensors", weight_version=f"d{round_}")
+            runs["disk"].append(time.perf_counter() - t0)
+        runs["disk_pause"].append(time.perf_counter() - started)
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    result = {"parameters": sum(p.numel() for p in model.parameters()), "bytes": nbytes, "servers": len(fleet.urls),
+              "repeats": repeats, "backend": "gloo", **{k: figures(v) for k, v in runs.items()}}  # fmt: skip
+    for kind in ("broadcast", "disk"):
+        result[kind]["gb_per_s"] = round(nbytes / 1e9 / result[kind]["median_s"], 3)
+    return result
+
+
+def measure(hidden: int, repeats: int) -> dict:
+    from ...client import Fleet
+    from ...testing.servers import serve_process
+
+    with tempfile.TemporaryDirectory(prefix="cbpause-bench-weights-") as tmp:
+        checkpoint, model = checkpoint_of(hidden, Path(tmp) / "ckpt")
+        weights_dir = Path(tmp) / "weights"
+        weights_dir.mkdir()
+        flags = ("--weights-dir", str(weights_dir), "--num-blocks", "64", "--default-ttl", "300")
+        with serve_process(checkpoint, *flags) as (a, _), serve_process(checkpoint, *flags) as (b, _), \
+                Fleet([a, b], request_timeout=300) as fleet:  # fmt: skip
+            fleet.init_weights_update_group("127.0.0.1", timeout=300)
+            result = rounds(fleet, model, weights_dir, repeats)
+            fleet.destroy_weights_update_group()
+    return {"hidden": hidden, **result}
+
+
+def report(result: dict) -> str:
+    size = f"{result['parameters'] / 1e6:.1f} M parameters, {result['bytes'] / 1e6:.0f} MB in float32"
+    rows = [f"A full update of a random Llama ({size}) to {result['servers']} `cbpause serve` processes on this "
+            f"machine's CPU, {result['repeats']} interleaved rounds (median, min-max):", "",
+            "| update | seconds | GB/s | pause entry to resume, s |", "|---|---:|---:|---:|"]  # fmt: skip
+    for kind, name in (("broadcast", "by broadcast (gloo)"), ("disk", "from disk (`/update_weights_from_disk`)")):
+        f, p = result[kind], result[f"{kind}_pause"]
+        rows.append(f"| {name} | {f['median_s']} ({f['min_s']}-{f['max_s']}) | {f['gb_per_s']} | "
+                    f"{p['median_s']} ({p['min_s']}-{p['max_s']}) |")  # fmt: skip
+    save = result["disk_save"]
+    rows.append(f"| the trainer's `save_file` before the disk update (outside the pause) | {save['median_s']} | | |")
+    return "\n".join(rows) + "\n"
+
+
+def main(out: Path, hidden: int, repeats: int) -> int:
+    result = measure(hidden, repeats)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "weights.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "weights.md").write_text(report(result))
+    print(report(result), end="")
+    return 0

@@ -1,0 +1,116 @@
+"""A weight-update group: the trainer and the servers in a torch.distributed group of their own (issue 42).
+
+The trainer is rank 0 and broadcasts each tensor of an update; the servers are ranks 1..N and receive them.  The group
+is a ``ProcessGroupGloo`` (or ``ProcessGroupNCCL``) built on a ``TCPStore`` of its own, not through
+``torch.distributed.init_process_group``: the default group stays free for the engine's tensor-parallel ranks, and a
+server can join, leave and join again another trainer's group.  Every collective has a deadline (``timeout_s``), and a
+peer that dies ends the others' broadcast with an error, not a hang.
+
+An update is three collectives, each with the group's deadline (:meth:`WeightGroup.vote`, :meth:`WeightGroup.send`,
+:meth:`WeightGroup.receive`): a vote (every member says whether it takes the update: one refusal and nobody receives
+anything, at once), the tensors, and a second vote (every member received all of them): a member copies into its
+model only once every member has the whole update, so a transfer that fails anywhere leaves every server's weights as
+they were (but for the last message of that vote, which may reach one member and not another: two generals; the fleet
+then reports which took it).  The servers receive into staging buffers (R-STAGED-TRANSFER): it costs one more copy of
+the tensors sent, for the time of the update.
+
+The wire protocol both ends speak, so it lives with the client (which imports nothing else of cbpause, and nothing but
+torch here); ``cbpause.serve.distributed`` drives it on the servers, :class:`cbpause.client.Fleet` on the trainer.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from typing import Any
+
+__all__ = ["BACKENDS", "WeightGroup"]
+
+BACKENDS = ("gloo", "nccl")
+
+
+class WeightGroup:
+    """Rank ``rank`` of a group of ``world_size`` (rank 0: the trainer, which also serves the group's store at
+    ``master_address:master_port``).  Building it waits until every rank has joined, for at most ``timeout_s``;
+    each broadcast after it too."""
+
+    def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, *,
+                 group_name: str = "cbpause", backend: str = "gloo", timeout_s: float = 60.0) -> None:  # fmt: skip
+        import torch.distributed as dist
+
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+        if not (isinstance(world_size, int) and isinstance(rank, int) and 0 <= rank < world_size and world_size > 1):
+            raise ValueError(f"rank {rank!r} of world_size {world_size!r}: 0 <= rank < world_size, world_size >= 2")
+        if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 3600):
+            raise ValueError(f"timeout_s must be a number of seconds in (0, 3600], not {timeout_s!r}")
+        self.rank, self.world_size, self.backend, self.name = rank, world_size, backend, group_name
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self._store = dist.TCPStore(master_address, master_port, world_size, is_master=rank == 0,
+                                    timeout=self.timeout)  # fmt: skip
+        store = dist.PrefixStore(group_name, self._store)
+        if backend == "gloo":
+            self._group = dist.ProcessGroupGloo(store, rank, world_size, self.timeout)
+        else:  # pragma: no cover -- needs GPUs on two processes
+            self._group = dist.ProcessGroupNCCL(store, rank, world_size)
+        self.device = "cpu" if backend == "gloo" else "cuda"
+        self.timeout_s = float(timeout_s)
+        # One update at a time: two routes' collectives interleaved on one group would pair the wrong messages.
+        self.busy = threading.Lock()
+        self.broken: str | None = None  # why a collective failed: the group is not used again (destroy and re-init)
+
+    def vote(self, ok: bool) -> bool:
+        """Every member's ``ok``, all of them (an all-reduce of the minimum); ``RuntimeError`` past the deadline or
+        when a member has left."""
+        import torch
+
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
+        self._collective(lambda: self._group.allreduce([flag], _min_op(self.timeout)))
+        return bool(flag.item())
+
+    def send(self, tensors: list[Any]) -> None:
+        """Rank 0: broadcast each tensor, in the order of the receivers' manifest."""
+        for tensor in tensors:
+            data = tensor.detach().contiguous().to(self.device)
+            self._collective(lambda data=data: self._group.broadcast(data, 0, self.timeout))
+
+    def receive(self, manifest: list[tuple[str, tuple[int, ...], Any]], progress: Any = None) -> dict[str, Any]:
+        """A receiving rank: every tensor of ``manifest`` (:func:`check_manifest`), each into a buffer of its own
+        (staging); ``RuntimeError`` if a peer leaves or a broadcast passes the deadline, with nothing returned.
+        ``progress()`` is called after each tensor (the lease table pushes the write's deadline on)."""
+        import torch
+
+        received = {}
+        for name, shape, dtype in manifest:
+            buffer = torch.empty(shape, dtype=dtype, device=self.device)
+            self._collective(lambda buffer=buffer: self._group.broadcast(buffer, 0, self.timeout))
+            received[name] = buffer
+            if progress is not None:
+                progress()
+        return received
+
+    def destroy(self) -> None:
+        """Leave the group: the process group, freed, closes its connections, so that a member still inside a
+        collective with this one fails at once ("Connection closed"), not at its deadline (``abort()`` and
+        ``shutdown()`` of torch 2.13's ProcessGroupGloo do not close them: measured)."""
+        self._group, self._store = None, None
+        self.broken = self.broken or "destroyed"
+
+    def _collective(self, start: Any) -> None:
+        if self.broken is not None:
+            raise RuntimeError(f"the weight-update group can no longer be used ({self.broken}): destroy it and "
+                               "initialise it again")  # fmt: skip
+        try:
+            start().wait()
+        except Exception as error:
+            # A failed collective leaves gloo's pairs in an unknown state: the group is not trusted again.
+            self.broken = f"{type(error).__name__}: {error}"[:300]
+            raise RuntimeError(f"a collective of the weight-update group failed: {self.broken}") from error
+
+
+def _min_op(timeout: datetime.timedelta) -> Any:
+    import torch.distributed as dist
+
+    options = dist.AllreduceOptions()
+    options.reduceOp, options.timeout = dist.ReduceOp.MIN, timeout
+    return options

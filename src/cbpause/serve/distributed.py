@@ -1,0 +1,315 @@
+"""Weights by broadcast: the routes that let a trainer send an update over torch.distributed (issue 42).
+
+* ``POST /init_weights_update_group`` ``{master_address, master_port, rank_offset, world_size, group_name, backend,
+  timeout}``: join the trainer's weight-update group (:class:`~cbpause.client.weight_group.WeightGroup`, a group of its
+  own, not the tensor-parallel one) as rank ``rank_offset``; the answer comes once every member has joined, or a
+  ``504`` after ``timeout`` seconds.
+* ``POST /update_weights_from_distributed`` ``{names, dtypes, shapes, group_name, weight_version, lease_id,
+  write_timeout}``: receive each tensor broadcast by rank 0 and copy it in place, under the pause held by that lease
+  (``WriteBegin`` with a staged transfer, ``Received``, ``WriteEnd``: ``tla/FleetPause.tla``).
+* ``POST /destroy_weights_update_group`` ``{group_name}``.
+
+An update is :mod:`cbpause.client.weight_group`'s three collectives: a vote, the tensors, a vote.  A server that
+refuses an update (no lease, a lease gone, the fence, a manifest that does not match the model) still takes part in
+the first vote, with a no: every member learns at once that the update will not happen, and nobody waits in a
+broadcast nobody sends (the refusal is the server's 4xx).  The tensors arrive in staging buffers (R-STAGED-TRANSFER):
+a transfer that fails (a peer lost, a deadline passed, a member that refused) leaves the weights and their label as
+they were; only the copy from the buffers, after the second vote, touches the model.  A collective that fails leaves
+the group unusable (gloo's pairs are in an unknown state): it is dropped, and the trainer initialises a new one.
+
+Limits on what a caller can make the server hold: :data:`MAX_GROUPS` groups (joining or joined); a join waits
+``timeout`` seconds at most (:data:`MAX_JOIN_S`); one update at a time per group; every collective has the group's
+deadline, pushed on by each tensor that arrives (a transfer that progresses never loses its lease; one that stops ends
+within the deadline).  The routes sit behind :mod:`.guard`'s API key like every other.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import ExitStack
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from ..client.weight_group import BACKENDS, WeightGroup
+from . import weights_io
+from .leases import Fenced, LeaseGone, LeaseTable, Superseded, UnknownLease, WriteBusy, checked_seconds
+
+__all__ = ["MAX_GROUPS", "MAX_JOIN_S", "WeightGroups", "add_distributed_routes", "check_manifest", "dtype_of"]
+
+MAX_GROUPS = 4  # weight-update groups joining or joined at once: each holds sockets to every member
+MAX_JOIN_S = 600.0  # the longest a join may wait for the other members
+DEFAULT_TIMEOUT_S = 60.0  # each collective's deadline, when the trainer names none
+
+
+def dtype_of(name: Any) -> Any:
+    """The torch dtype a manifest names as ``weight_info`` writes it (``"float32"``, ``"bfloat16"``), or
+    ``ValueError``."""
+    import torch
+
+    dtype = getattr(torch, name, None) if isinstance(name, str) and name.isidentifier() else None
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{name!r} is not a torch dtype (as /weight_info names them: 'float32', 'bfloat16', ...)")
+    return dtype
+
+
+def check_manifest(model: Any, names: Any, dtypes: Any, shapes: Any) -> list[tuple[str, tuple[int, ...], Any]]:
+    """An update's tensors, ``(model's name, shape, dtype)`` in the order they will be broadcast, each checked against
+    the model's own tensor; ``ValueError`` naming every tensor refused, before anything is received."""
+    from ..integrations.weights import engine_name
+
+    if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)):
+        raise ValueError("names, dtypes and shapes must be lists")
+    if not names or not len(names) == len(dtypes) == len(shapes):
+        raise ValueError(f"names, dtypes and shapes must be as long as each other, and not empty: {len(names)}, "
+                         f"{len(dtypes)}, {len(shapes)}")  # fmt: skip
+    own = dict(model.state_dict(keep_vars=True))
+    refused, manifest, seen = [], [], set()
+    for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
+        if not isinstance(name, str) or (target := own.get(engine_name(name))) is None:
+            refused.append(f"{name!r}: the model has no such tensor")
+            continue
+        if engine_name(name) in seen:
+            refused.append(f"{name!r}: its tensor is named twice")
+            continue
+        seen.add(engine_name(name))
+        if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+            refused.append(f"{name!r}: shape {shape!r} is not a list of integers")
+            continue
+        try:
+            torch_dtype = dtype_of(dtype)
+        except ValueError as error:
+            refused.append(f"{name!r}: {error}")
+            continue
+        if tuple(shape) != tuple(target.shape) or torch_dtype != target.dtype:
+            refused.append(f"{name!r} is {tuple(shape)} {dtype}; the model's is {tuple(target.shape)} "
+                           f"{str(target.dtype).removeprefix('torch.')}")  # fmt: skip
+            continue
+        manifest.append((engine_name(name), tuple(shape), torch_dtype))
+    if refused:
+        raise ValueError(f"refused before any transfer: {'; '.join(refused[:8])}"
+                         + (f"; and {len(refused) - 8} more" if len(refused) > 8 else ""))  # fmt: skip
+    return manifest
+
+
+class Refused(Exception):
+    """An update this server refuses, with the HTTP status that says why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class WeightGroups:
+    """The weight-update groups of one server, by name.  Thread-safe."""
+
+    def __init__(self, max_groups: int = MAX_GROUPS) -> None:
+        self.max_groups = max_groups
+        self._lock = threading.Lock()
+        self._groups: dict[str, WeightGroup | None] = {}  # None: joining
+
+    def join(self, body: dict, device: str) -> WeightGroup:
+        """Build the group a body describes (``Refused`` 400/409/429, or 504 when the members did not all join)."""
+        name, rank, world, address, port, backend, timeout = _init_args(body)
+        if backend == "nccl" and not str(device).startswith("cuda"):
+            raise Refused(400, f"backend nccl needs the model on a CUDA device; this server's is on {device}")
+        with self._lock:
+            if name in self._groups:
+                raise Refused(409, f"a weight-update group {name!r} exists here (or is being joined): destroy it first")
+            if len(self._groups) >= self.max_groups:
+                raise Refused(429, f"{self.max_groups} weight-update groups exist here: destroy one first")
+            self._groups[name] = None
+        try:
+            group = WeightGroup(address, port, rank, world, group_name=name, backend=backend, timeout_s=timeout)
+        except Exception as error:
+            with self._lock:
+                self._groups.pop(name, None)
+            why = f"{type(error).__name__}: {error}"
+            raise Refused(504, f"could not join weight-update group {name!r} at {address}:{port} as rank {rank} of "
+                               f"{world} within {timeout} s: {why}"[:600]) from None  # fmt: skip
+        with self._lock:
+            self._groups[name] = group
+        return group
+
+    def get(self, name: Any) -> WeightGroup:
+        with self._lock:
+            group = self._groups.get(name) if isinstance(name, str) else None
+        if group is None:
+            raise Refused(404, f"no weight-update group {name!r} here: POST /init_weights_update_group first")
+        return group
+
+    def drop(self, name: Any, group: WeightGroup | None = None) -> bool:
+        """Destroy the group named ``name`` (only if it is ``group``, when given); True if there was one."""
+        with self._lock:
+            found = self._groups.get(name) if isinstance(name, str) else None
+            if found is None or (group is not None and found is not group):
+                return False
+            del self._groups[name]
+        found.destroy()
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            groups, self._groups = [g for g in self._groups.values() if g is not None], {}
+        for group in groups:
+            group.destroy()
+
+
+def _init_args(body: dict) -> tuple[str, int, int, str, int, str, float]:
+    name = body.get("group_name", "cbpause")
+    if not isinstance(name, str) or not name or len(name) > 64 or not name.isprintable():
+        raise Refused(400, f"group_name must be a printable string of 1-64 characters, not {name!r}"[:200])
+    address, port = body.get("master_address"), body.get("master_port")
+    if not isinstance(address, str) or not address or len(address) > 255:
+        raise Refused(400, f"master_address must be a host name or address, not {address!r}"[:200])
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise Refused(400, f"master_port must be a port number, not {port!r}"[:200])
+    rank, world = body.get("rank_offset"), body.get("world_size")
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in (rank, world)) or not 0 < rank < world <= 1024:
+        raise Refused(400, f"rank_offset and world_size must be integers with 0 < rank_offset < world_size <= 1024 "
+                           f"(rank 0 is the trainer), not {rank!r} and {world!r}"[:300])  # fmt: skip
+    backend = body.get("backend", "gloo")
+    if backend not in BACKENDS:
+        raise Refused(400, f"backend must be one of {list(BACKENDS)}, not {backend!r}"[:200])
+    try:
+        timeout = checked_seconds("timeout", body.get("timeout"), default=DEFAULT_TIMEOUT_S, upper=MAX_JOIN_S,
+                                  zero=False)  # fmt: skip
+    except ValueError as error:
+        raise Refused(400, str(error)) from None
+    return name, rank, world, address, port, backend, timeout
+
+
+def add_distributed_routes(app: FastAPI, manager: Any, leases: LeaseTable, groups: WeightGroups) -> None:
+    """Add the three routes of weights by broadcast to ``app``."""
+
+    def answer(call: Any) -> Any:
+        async def route(request: Request) -> JSONResponse:
+            from .control import _body
+
+            body = await _body(request) or {}
+            try:
+                return JSONResponse(await run_in_threadpool(call, body))
+            except Refused as refusal:
+                return JSONResponse({"error": str(refusal)}, status_code=refusal.status)
+
+        return route
+
+    def init(body: dict) -> dict:
+        group = groups.join(body, str(_device(manager.model)))
+        return {"group_name": body.get("group_name", "cbpause"), "rank": group.rank, "world_size": group.world_size,
+                "backend": group.backend}  # fmt: skip
+
+    def update(body: dict) -> dict:
+        return update_weights_from_distributed(body, manager, leases, groups)
+
+    def destroy(body: dict) -> dict:
+        return {"destroyed": groups.drop(body.get("group_name", "cbpause"))}
+
+    app.add_api_route("/init_weights_update_group", answer(init), methods=["POST"])
+    app.add_api_route("/update_weights_from_distributed", answer(update), methods=["POST"])
+    app.add_api_route("/destroy_weights_update_group", answer(destroy), methods=["POST"])
+
+
+def _device(model: Any) -> Any:
+    return next(iter(model.parameters())).device
+
+
+def update_weights_from_distributed(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups) -> dict:
+    """The route's work, in a worker thread: ``{"updated": n, "weight_version": v}`` or ``Refused``.
+
+    The first vote is taken whatever the checks found (a refusal votes no), unless the group is unknown or busy with
+    another update (then this request never reaches the group's collectives: the trainer's vote waits for it until
+    the group's deadline)."""
+    group = groups.get(body.get("group_name", "cbpause"))
+    if not group.busy.acquire(blocking=False):
+        raise Refused(409, "an update over this weight-update group is under way: one at a time")
+    try:
+        return _transfer(body, manager, leases, groups, group)
+    finally:
+        group.busy.release()
+
+
+def _transfer(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups, group: WeightGroup) -> dict:
+    from ..integrations.weights import PartialSync
+
+    new = body.get("weight_version")
+    with ExitStack() as stack:
+        try:
+            manifest = _checked(body, manager)
+            if "lease_id" not in body:
+                raise Refused(409, "a weight update needs the lease_id of a pause this server holds")
+            lease = stack.enter_context(leases.write_weights(body["lease_id"], body.get("write_timeout",
+                                        3 * group.timeout_s), new, staged=True))  # fmt: skip
+        except Exception as error:  # noqa: BLE001 -- every refusal is a no in the vote, then the answer
+            refusal = _refusal(error)
+            try:
+                _vote(groups, group, False)
+            except Refused:  # the refusal says more than the vote that failed after it
+                pass
+            raise refusal from None
+        try:
+            if not _vote(groups, group, True):
+                raise Refused(409, "another member of the weight-update group refused this update: nothing was "
+                                   "received; the weights are as they were")  # fmt: skip
+            try:
+                staged = group.receive(manifest, progress=lambda: leases.progress(lease, group.timeout_s))
+            except RuntimeError as error:
+                groups.drop(group.name, group)
+                raise Refused(502, f"the transfer failed ({error}); the weights are as they were; the "
+                                   "weight-update group was closed: initialise it again") from None  # fmt: skip
+            if not _vote(groups, group, not lease.cut):
+                raise Refused(410 if lease.cut else 409, "the update did not reach every member whole: nothing was "
+                              "copied; the weights are as they were")  # fmt: skip
+            leases.received(lease)  # LeaseGone if the write was cut since the vote: this server does not take it
+            try:
+                copied = weights_io.copy_in(manager.model, staged, alive=lambda: not lease.cut, lock=leases.copying)
+            except weights_io.CopyFailed as error:
+                if lease.cut:
+                    raise LeaseGone(lease) from error
+                label = (lambda: manager.set_weight_version(PartialSync(new))) if error.copied else None
+                leases.fail_write(lease, label)
+                raise Refused(500, str(error)) from None
+            leases.commit_write(lease, lambda: manager.set_weight_version(new))
+        except (UnknownLease, LeaseGone) as error:
+            raise _refusal(error) from None
+    return {"updated": copied, "weight_version": _jsonable(new)}
+
+
+def _checked(body: dict, manager: Any) -> list:
+    new = body.get("weight_version")
+    if new is not None and (isinstance(new, bool) or not isinstance(new, (int, str))):
+        raise Refused(400, f"weight_version must be an integer, a string or null, not {new!r}"[:200])
+    try:
+        return check_manifest(manager.model, body.get("names"), body.get("dtypes"), body.get("shapes"))
+    except ValueError as error:
+        raise Refused(400, str(error)) from None
+
+
+def _refusal(error: Exception) -> Refused:
+    if isinstance(error, Refused):
+        return error
+    if isinstance(error, UnknownLease):
+        return Refused(404, error.args[0])
+    if isinstance(error, LeaseGone):
+        return Refused(410, str(error))
+    if isinstance(error, (Fenced, Superseded, WriteBusy)):
+        return Refused(409, str(error))
+    if isinstance(error, ValueError):
+        return Refused(400, str(error))
+    return Refused(500, f"{type(error).__name__}: {error}"[:600])
+
+
+def _vote(groups: WeightGroups, group: WeightGroup, ok: bool) -> bool:
+    """This member's vote; ``Refused`` (502) if the vote fails (a member lost, the deadline): the group is dropped."""
+    try:
+        return group.vote(ok)
+    except RuntimeError as error:
+        groups.drop(group.name, group)
+        raise Refused(502, f"the weight-update group's vote failed ({error}); nothing was copied; the group was "
+                           "closed: initialise it again") from None  # fmt: skip
+
+
+def _jsonable(value: Any) -> Any:
+    return value if value is None or isinstance(value, (int, float, str, bool)) else str(value)

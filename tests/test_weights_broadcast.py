@@ -1,0 +1,173 @@
+"""Weights by broadcast (issue 42): a trainer (this process, rank 0) and two ``cbpause serve`` processes in a
+weight-update group over gloo.  After an update every server's greedy completion is the trainer's ``generate`` with
+the new weights, labelled with the new version; a bad manifest is a 4xx on every server with nothing copied and no
+hang; a server killed mid-transfer makes the trainer's call raise naming it, and the survivor serves its old weights,
+whole."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+from cbpause.client import Fleet, FleetError  # noqa: E402
+from cbpause.testing import HANG_S  # noqa: E402
+from cbpause.testing.servers import serve_process  # noqa: E402
+
+from .conftest import TLA_DIR  # noqa: E402
+from .test_serve import VOCAB, complete, policy  # noqa: E402
+
+pytestmark = pytest.mark.layer("system")
+PROMPT = [3, 4, 5]
+
+
+def expected_text(model, prompt: list[int], n: int) -> str:
+    """What the server answers for ``model``'s greedy completion: its tokens decoded as the server decodes them."""
+    from cbpause.testing.trl_cpu import tiny_tokenizer
+
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)[0, len(prompt):].tolist()
+    return tiny_tokenizer(VOCAB).decode(out, skip_special_tokens=True)
+
+
+def text(url: str, n: int = 6) -> str:
+    return complete(url, " ".join(f"t{i}" for i in PROMPT), n=n, model="tiny").choices[0].text.strip()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from cbpause.testing.trl_cpu import save_tiny_policy
+
+    return save_tiny_policy(tmp_path_factory.mktemp("ckpt") / "tiny", vocab_size=VOCAB)
+
+
+def servers(checkpoint, tmp_path):
+    """Two servers: ``(urls, processes, lease logs, their --weights-dir)``."""
+    logs, weights_dir = [tmp_path / "a.lease.log", tmp_path / "b.lease.log"], tmp_path / "weights"
+    weights_dir.mkdir()
+    flags = ("--default-ttl", str(HANG_S), "--num-blocks", "64", "--served-model-name", "tiny", "--weights-dir",
+             str(weights_dir), "--lease-log")  # fmt: skip
+    with serve_process(checkpoint, *flags, str(logs[0])) as (a, pa), serve_process(checkpoint, *flags, str(logs[1])) \
+            as (b, pb):  # fmt: skip
+        yield [a, b], [pa, pb], logs, weights_dir
+
+
+@pytest.fixture(scope="module")
+def two_servers(checkpoint, tmp_path_factory):
+    yield from servers(checkpoint, tmp_path_factory.mktemp("logs"))
+
+
+@pytest.fixture()
+def two_servers_to_kill(checkpoint, tmp_path):
+    yield from servers(checkpoint, tmp_path)
+
+
+def info(url: str) -> dict:
+    return httpx.get(url + "/weight_info", timeout=HANG_S).json()
+
+
+def replays(log, workdir) -> list[str]:
+    """The server's lease log, validated by TLC against tla/FleetPause.tla; its actions."""
+    from cbpause.tlc.fleet_traces import read_log, validate
+
+    records = read_log(log)
+    result = validate(records, TLA_DIR, workdir)
+    assert result.accepted, (records, result.output[-2000:])
+    return [r["a"] for r in records]
+
+
+def test_an_update_by_broadcast_reaches_every_server_whole_and_labelled(two_servers, tmp_path):
+    urls, _, logs, _ = two_servers
+    new = policy(seed=7)
+    before = [text(url) for url in urls]
+    with Fleet(urls, request_timeout=HANG_S) as fleet:
+        fleet.init_weights_update_group("127.0.0.1", timeout=HANG_S)
+        with fleet.pause(ttl=HANG_S):
+            updated = fleet.update_weights_from_distributed(new.named_parameters(), weight_version=1)
+        assert sorted(updated) == sorted(urls)
+        want = expected_text(new, PROMPT, 6).strip()
+        assert [text(url) for url in urls] == [want, want] != before
+        assert all(info(url)["weight_version"] == 1 for url in urls)
+        # A second update over the same group: the group outlives an update.
+        with fleet.pause(ttl=HANG_S):
+            fleet.update_weights_from_distributed(policy(seed=8).named_parameters(), weight_version=2)
+        assert [text(url) for url in urls] == [expected_text(policy(seed=8), PROMPT, 6).strip()] * 2
+        fleet.destroy_weights_update_group()
+    for n, log in enumerate(logs):
+        actions = replays(log, tmp_path / str(n))
+        assert actions.count("Received") == 2 and actions.count("WriteEnd") == 2, actions
+
+
+def test_a_bad_manifest_is_a_4xx_on_every_server_with_nothing_copied_and_no_hang(two_servers):
+    urls, _, _, _ = two_servers
+    before = [text(url) for url in urls]
+    new = dict(policy(seed=7).named_parameters())
+    name = next(iter(new))
+    bad = [("model.no_such.weight", torch.zeros(2)), (name, new[name].double()), (name, new[name][:1])]
+    with Fleet(urls, request_timeout=HANG_S) as fleet:
+        fleet.init_weights_update_group("127.0.0.1", timeout=HANG_S)
+        for pair in bad:
+            with fleet.pause(ttl=HANG_S):
+                with pytest.raises(FleetError) as refused:
+                    fleet.update_weights_from_distributed([pair], weight_version=9)
+            assert set(refused.value.failed) == set(urls) and refused.value.updated == []
+            assert all(reason.startswith("400 ") for reason in refused.value.failed.values()), refused.value.failed
+            assert fleet.weight_group is not None  # a refusal is a vote: the group stays usable
+        # ... and the group still carries an update after the refusals.
+        with fleet.pause(ttl=HANG_S):
+            fleet.update_weights_from_distributed(new.items(), weight_version=3)
+    assert all(info(url)["weight_version"] == 3 for url in urls) and before != [text(u) for u in urls]
+
+
+def test_the_weights_bench_measures_both_kinds_of_update(two_servers):
+    """``nox -s bench -- --weights``'s rounds, once, on the module's servers: both updates land, each is timed."""
+    from cbpause.apps.bench.weights_side import report, rounds
+
+    urls, _, _, weights_dir = two_servers
+    model = policy(seed=13)
+    with Fleet(urls, request_timeout=HANG_S) as fleet:
+        fleet.init_weights_update_group("127.0.0.1", timeout=HANG_S)
+        result = rounds(fleet, model, weights_dir, 1)
+    assert result["bytes"] == sum(p.numel() * 4 for p in model.parameters()) and result["servers"] == 2
+    assert all(result[kind]["n"] == 1 and result[kind]["gb_per_s"] > 0 for kind in ("broadcast", "disk"))
+    assert "by broadcast (gloo)" in report(result) and all(info(url)["weight_version"] == "d0" for url in urls)
+    assert [text(url) for url in urls] == [expected_text(model, PROMPT, 6)] * 2
+
+
+def test_a_server_killed_mid_transfer_is_named_and_the_survivor_keeps_its_old_weights_whole(two_servers_to_kill,
+                                                                                             tmp_path):  # fmt: skip
+    urls, processes, logs, _ = two_servers_to_kill
+    before = text(urls[1])
+    big = policy(seed=11)
+    arrived = threading.Event()
+
+
+    with Fleet(urls, request_timeout=HANG_S) as fleet:
+        fleet.init_weights_update_group("127.0.0.1", timeout=HANG_S)
+        group = fleet.weight_group
+        send = group.send
+
+        def send_then_kill(tensors):  # the first server dies once half the update has been sent
+            half = len(tensors) // 2
+            send(tensors[:half])
+            os.kill(processes[0].pid, signal.SIGKILL)
+            arrived.set()
+            send(tensors[half:])
+
+        group.send = send_then_kill
+        with fleet.pause(ttl=HANG_S):
+            with pytest.raises(FleetError) as failed:
+                fleet.update_weights_from_distributed(big.named_parameters(), weight_version=5)
+        assert arrived.is_set()
+        assert urls[0] in failed.value.failed and failed.value.updated == []
+        assert "weights are as they were" in failed.value.failed[urls[1]], failed.value.failed
+        assert fleet.weight_group is None  # the group is gone on every member
+    assert text(urls[1]) == before and info(urls[1])["weight_version"] is None
+    actions = replays(logs[1], tmp_path / "survivor")
+    assert "Received" not in actions and actions[-2:] == ["WriteFail", "ResumeLease"], actions
