@@ -465,6 +465,86 @@ def sigterm_answers_and_exits(server: Guarded) -> None:
         check(answer.status_code in (200, 500, 503), f"the queued request got {answer.status_code}", Lost)
 
 
+# ------------------------------------------------------------------------------------------- issue 42: weight groups
+
+
+def _group_body(port: int, **body: Any) -> dict:
+    return {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
+            "group_name": "hostile", "backend": "gloo", "timeout": WAIT, **body}  # fmt: skip
+
+
+def _joined_group(url: str, name: str, timeout: float = WAIT) -> Any:
+    """A weight-update group of this process (rank 0) and the server (rank 1), both joined."""
+    from ...client.weight_group import WeightGroup
+    from ...testing.servers import free_port
+
+    port = free_port()
+    asked = in_thread(call, "POST", url + "/init_weights_update_group",
+                      json=_group_body(port, group_name=name, timeout=timeout))  # fmt: skip
+    group = WeightGroup("127.0.0.1", port, 0, 2, group_name=name, timeout_s=timeout)
+    answer = joined(*asked)
+    check(answer.status_code == 200, f"joining group {name}: {answer.status_code} {answer.text[:200]}")
+    return group
+
+
+def weight_groups_refuse_bad_input_and_are_capped(server: Guarded) -> None:
+    """Issue 42: every bad field of a join is a 400 naming it; a join nobody completes is a 504 once its timeout
+    passed; a fifth group is a 429 (each holds sockets to every member); an update on no group is a 404."""
+    from ...testing.servers import free_port
+
+    port = free_port()
+    for bad in ({"master_port": 0}, {"master_port": "80"}, {"rank_offset": 0}, {"rank_offset": 2},
+                {"world_size": 10**6}, {"rank_offset": True}, {"backend": "mpi"}, {"backend": "nccl"},
+                {"group_name": ""}, {"group_name": "x" * 65}, {"timeout": -1}, {"timeout": 601},
+                {"master_address": None}):  # fmt: skip
+        answer = call("POST", server.url + "/init_weights_update_group", json=_group_body(port, **bad))
+        check(answer.status_code == 400, f"a join with {bad} got {answer.status_code} {answer.text[:200]}")
+    alone = call("POST", server.url + "/init_weights_update_group", json=_group_body(port, timeout=1))
+    check(alone.status_code == 504, f"a join nobody completes got {alone.status_code} {alone.text[:200]}")
+    groups = [_joined_group(server.url, f"g{i}") for i in range(4)]
+    try:
+        fifth = call("POST", server.url + "/init_weights_update_group", json=_group_body(free_port(), group_name="g4"))
+        check(fifth.status_code == 429, f"a fifth group got {fifth.status_code} {fifth.text[:200]}")
+        again = call("POST", server.url + "/init_weights_update_group", json=_group_body(free_port(), group_name="g0"))
+        check(again.status_code == 409, f"a second group g0 got {again.status_code} {again.text[:200]}")
+        none = call("POST", server.url + "/update_weights_from_distributed",
+                    json={"group_name": "nope", "names": ["x"], "dtypes": ["float32"], "shapes": [[1]]})
+        check(none.status_code == 404, f"an update on no group got {none.status_code} {none.text[:200]}")
+    finally:
+        for i, group in enumerate(groups):
+            call("POST", server.url + "/destroy_weights_update_group", json={"group_name": f"g{i}"})
+            group.destroy()
+    gone = call("POST", server.url + "/destroy_weights_update_group", json={"group_name": "g0"})
+    check(gone.status_code == 200 and gone.json() == {"destroyed": False}, f"a second destroy: {gone.text[:200]}")
+
+
+def transfer_cut_while_receiving_keeps_the_weights(server: Guarded) -> None:
+    """Issue 42, R-STAGED-TRANSFER: a trainer votes for its update and then sends nothing (it hung).  The write is cut
+    at its deadline while the server receives: the lease ends, and the weights and their label stay as they were
+    (nothing was copied); the transfer then fails at the group's deadline, and the server serves on."""
+    info = call("GET", server.url + "/weight_info").json()
+    before, text = info["weight_version"], completion(server.url).json()["choices"][0]["text"]
+    name, spec = next(iter(info["parameters"].items()))
+    group = _joined_group(server.url, "hung-trainer", timeout=5)
+    held = lease(server.url, holder="hung-trainer")
+    try:
+        update = in_thread(call, "POST", server.url + "/update_weights_from_distributed",
+                           json={"group_name": "hung-trainer", "names": [name], "dtypes": [spec["dtype"]],
+                                 "shapes": [spec["shape"]], "weight_version": "never", "lease_id": held,
+                                 "write_timeout": 0.5})  # fmt: skip
+        check(group.vote(True), "the server voted no to a valid update")
+        answer = joined(*update)  # no tensor is sent: the write is cut, the receive fails at the group's deadline
+        check(answer.status_code in (410, 502), f"a transfer that never came got {answer.status_code} "
+              f"{answer.text[:200]}")  # fmt: skip
+        renewed = call("POST", server.url + f"/pause/{held}/renew", json={})
+        check(renewed.status_code == 410, f"the cut lease was renewed: {renewed.status_code} {renewed.text[:200]}")
+    finally:
+        group.destroy()
+    after = call("GET", server.url + "/weight_info").json()["weight_version"]
+    check(after == before, f"a transfer cut before any tensor arrived relabelled the weights: {after!r}")
+    check(completion(server.url).json()["choices"][0]["text"] == text, "the weights changed", Wrong)
+
+
 # The lease table's steps the cases before lease_log_is_a_behaviour take, whatever the timing.
 LOGGED = frozenset({"PauseLease", "ResumeLease", "WriteBegin", "WriteEnd", "WriteRefused"})
 
@@ -487,8 +567,9 @@ def lease_log_is_a_behaviour(server: Guarded) -> None:
 CASES: dict[str, Callable[[Guarded], None]] = {case.__name__: case for case in (
     empty_object_is_a_keep_pause, duplicate_request_id, waiting_pauses_hold_no_worker, lease_cap,
     leaver_leaves_no_lease, bad_bodies, symlink_out_of_the_weights_dir, fifo_named_safetensors, strangers_are_refused,
-    openai_conventions, fleet_checks_and_releases, second_trainer_is_fenced, sigterm_answers_and_exits,
-    lease_log_is_a_behaviour,
+    openai_conventions, fleet_checks_and_releases, second_trainer_is_fenced,
+    weight_groups_refuse_bad_input_and_are_capped, transfer_cut_while_receiving_keeps_the_weights,
+    sigterm_answers_and_exits, lease_log_is_a_behaviour,
 )}  # fmt: skip
 
 

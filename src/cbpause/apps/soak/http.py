@@ -5,11 +5,12 @@ Two server processes (a tiny random Llama; one queues requests during a pause, o
 
 * completions from client threads, a share of them from clients that give up early (they disconnect) or send
   bad input (which must get a 4xx);
-* two ``Fleet`` trainers, each pausing both servers in a random mode, writing new weights from disk and resuming,
-  their pauses racing each other (issue 39, point 13): a trainer told its update is complete checks, while it
-  still holds its pause, that every server generates with its version (``NoMixedWhileComplete``: a server that
-  holds another version under a lease this trainer could still renew is a wrong answer); an update the other
-  trainer's lease fences off is reported (``fenced``);
+* two ``Fleet`` trainers, each pausing both servers in a random mode, writing new weights and resuming, their pauses
+  racing each other (issue 39, point 13), one writing from disk and one by broadcast over a weight-update group (issue
+  42: ``broadcasts``, and ``groups`` initialised, again after each transfer that failed): a trainer told its update is
+  complete checks, while it still holds its pause, that every server generates with its version
+  (``NoMixedWhileComplete``: a server that holds another version under a lease this trainer could still renew is a
+  wrong answer); an update the other trainer's lease fences off is reported (``fenced``);
 * abandoned leases (a pause taken and never renewed nor resumed: a trainer that hung) and trainer processes
   killed while they hold leases: their leases must end and the servers run again (within the ttl and the loop's
   ``HOLDER_CHECK_S`` on an idle machine: a figure for ``nox -s bench``, not a check here, where a loaded machine
@@ -29,9 +30,9 @@ replays each server's lease log (``--lease-log``) against ``tla/FleetPause.tla``
 ``--each`` the run goes on past its duration until the trainer has paused, a completion was answered and one was
 not (left early or rejected), a flood of pauses came and a client left while its pause waited.  The last line::
 
-    soak-http: seconds=… pauses=… updates=… checked_complete=… missed=… fenced=… abandoned=… killed=… legacy=…
-               floods=… leavers=… requests=… answered=… rejected=… left=… bad=… duplicates=… lost=0 duplicated=0
-               hangs=0 wrong=0   (on one line)
+    soak-http: seconds=… pauses=… updates=… broadcasts=… groups=… checked_complete=… missed=… fenced=… abandoned=…
+               killed=… legacy=… floods=… leavers=… requests=… answered=… rejected=… left=… bad=… duplicates=…
+               lost=0 duplicated=0 hangs=0 wrong=0   (on one line)
 
 ``missed`` counts the updates the fleet reported some server missed (a lease that ran out on a loaded machine, a
 pause that timed out, a write the other trainer's lease fenced off: ``fenced`` of them): reported, as
@@ -196,22 +197,32 @@ def check_answer(url: str, r: httpx.Response, n: int, ledger: Ledger, waited: fl
 
 
 TRAINERS = 2  # racing each other: their pauses reach the servers in either order (issue 39, point 13)
+GROUP_TIMEOUT_S = 60.0  # each collective's deadline in the broadcasting trainer's weight-update group
 
 
 def trainer(urls: list[str], weights: list[str], ledger: Ledger, stop: threading.Event, rng: random.Random,
-            k: int = 0) -> None:  # fmt: skip
+            k: int = 0, tensors: list[dict] | None = None) -> None:  # fmt: skip
     """Fleet pauses in random modes, each with a weight update, and now and then a second resume of a lease.
-    Trainer ``k`` writes the versions ``k + 1``, ``k + 1 + TRAINERS``, ...: each version names its trainer."""
+    Trainer ``k`` writes the versions ``k + 1``, ``k + 1 + TRAINERS``, ...: each version names its trainer.  With
+    ``tensors`` (the same policies as ``weights``, in memory) it sends its updates by broadcast (issue 42), over a
+    weight-update group it initialises again whenever a failed transfer closed it."""
     version = k + 1 - TRAINERS
     with Fleet(urls, holder=f"soak-trainer-{k}") as fleet:
         while not stop.is_set():
             mode = rng.choice(MODES)
             try:
+                if tensors is not None and fleet.weight_group is None:
+                    fleet.init_weights_update_group("127.0.0.1", timeout=GROUP_TIMEOUT_S)
+                    ledger.count("groups")
                 with fleet.pause(mode=mode, timeout=30, ttl=TTL):
                     version += TRAINERS
                     with ledger.lock:
                         ledger.versions.add(version)
-                    fleet.update_weights_from_disk(weights[version % len(weights)], version)
+                    if tensors is None:
+                        fleet.update_weights_from_disk(weights[version % len(weights)], version)
+                    else:
+                        fleet.update_weights_from_distributed(tensors[version % len(tensors)].items(), version)
+                        ledger.count("broadcasts")
                     leases = dict(fleet.leases)
                     complete_update_stands(fleet, version, ledger)
                 ledger.count("pauses")
@@ -367,12 +378,12 @@ def validate_lease_logs(logs: list[Path], ledger: Ledger) -> None:
 
 
 def exercised(ledger: Ledger) -> bool:
-    """What ``--each`` waits for: the trainer paused, a completion was answered and one was not (left or rejected),
-    a flood of pauses came and a client left while its pause waited."""
+    """What ``--each`` waits for: the trainer paused, an update by broadcast landed, a completion was answered and one
+    was not (left or rejected), a flood of pauses came and a client left while its pause waited."""
     with ledger.lock:
         n = ledger.n
-        return n["pauses"] > 0 and n["answered"] > 0 and n["left"] + n["rejected"] > 0 and n["floods"] > 0 \
-            and n["leavers"] > 0
+        return n["pauses"] > 0 and n["broadcasts"] > 0 and n["answered"] > 0 and n["left"] + n["rejected"] > 0 \
+            and n["floods"] > 0 and n["leavers"] > 0
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -400,7 +411,12 @@ def run(args: argparse.Namespace) -> dict:
 
         threads = [threading.Thread(target=client, args=(urls[i % 2], ledger, stop, rand(), args.bound),
                                     name=f"client-{i}") for i in range(4)]  # fmt: skip
-        threads += [threading.Thread(target=trainer, args=(urls, names, ledger, stop, rand(), k), name=f"trainer-{k}")
+        # Trainer 0 sends its updates by broadcast, trainer 1 from disk: the two kinds of write race each other.
+        from safetensors.torch import load_file
+
+        in_memory = [load_file(str(weights / name)) for name in names]
+        threads += [threading.Thread(target=trainer, args=(urls, names, ledger, stop, rand(), k,
+                                                           in_memory if k == 0 else None), name=f"trainer-{k}")
                     for k in range(TRAINERS)]  # fmt: skip
         threads.append(threading.Thread(target=disturber, args=(urls, ledger, stop, rand()), name="disturber"))
         started = time.monotonic()
@@ -425,8 +441,8 @@ def run(args: argparse.Namespace) -> dict:
         if args.validate_leases:
             validate_lease_logs(logs, ledger)
     n = ledger.n
-    keys = "pauses updates checked_complete missed fenced abandoned killed legacy floods leavers requests".split()
-    keys += "answered rejected left bad".split()
+    keys = "pauses updates broadcasts groups checked_complete missed fenced abandoned killed legacy".split()
+    keys += "floods leavers requests answered rejected left bad".split()
     keys += ["duplicates"] + (["traced", "trace_records", "rejected_logs"] if args.validate_leases else [])
     keys += ["lost", "duplicated", "hangs"]
     return {"seconds": round(seconds), **{k: n[k] for k in keys}, "wrong": len(ledger.wrong)}
