@@ -26,7 +26,9 @@ Per request, on every release:
 * an ``x-request-id`` still in flight is a ``409``, and a refused request leaves nothing registered under its id;
 * an answer carries ``weight_versions`` and ``kv_versions``: ``[first_token_index, version]`` spans over the
   generated tokens (R-VERSIONS, R-KV-VERSIONS), a streamed one in its ``finish_reason`` chunk; a streamed request
-  is counted by outcome in ``/metrics`` as a non-streamed one is;
+  is counted by outcome in ``/metrics`` as a non-streamed one is; a non-streamed one also carries
+  ``prompt_token_ids``, ``token_ids`` and (the server started with ``--return-logprobs``) ``token_logprobs``, what
+  a remote RL worker needs (issue 42: ``cbpause.integrations.trl_fleet``);
 * a stream whose request the staleness bound restarts after it sent tokens ends with an error chunk (tokens sent
   cannot be taken back).
 """
@@ -170,9 +172,15 @@ class ServedRequests:
             self.count("failed")
 
     def _keep_labels(self, request_id: str, result: Any, labelled: bool) -> None:
+        """What a labelled answer carries: the version labels, and the token ids (prompt and completion) and the
+        completion's log-probabilities (with ``--return-logprobs``), which a remote RL worker needs (issue 42)."""
         if labelled:
+            tokens = {"prompt_token_ids": list(getattr(result, "prompt_ids", []) or []),
+                      "token_ids": list(getattr(result, "generated_tokens", []) or []),
+                      "token_logprobs": [float(x) for x in getattr(result, "logprobs", []) or []]}  # fmt: skip
             with self._lock:
-                self.versions[request_id] = (list(result.weight_versions), list(getattr(result, "kv_versions", [])))
+                self.versions[request_id] = (list(result.weight_versions), list(getattr(result, "kv_versions", [])),
+                                             tokens)  # fmt: skip
 
     def _settle(self, request_id: str, result: Any, labelled: bool) -> None:
         """A non-streamed request's terminal output: counted, and an error raised as its HTTP answer (503 with
@@ -392,6 +400,7 @@ def _with_versions(handle: Any, generate: ServedRequests) -> Any:
             return response
         body = json.loads(response.body)
         body["weight_versions"], body["kv_versions"] = (_jsonable(labels[0]), _jsonable(labels[1]))
+        body.update(labels[2])
         return JSONResponse(body, status_code=response.status_code)
 
     return non_streaming
@@ -455,7 +464,7 @@ def _finish_body(chunk: Any) -> dict | None:
     return body if finishes else None
 
 
-def _labelled_chunk(chunk: Any, body: dict, labels: tuple[list, list]) -> Any:
+def _labelled_chunk(chunk: Any, body: dict, labels: tuple) -> Any:
     """The chunk of ``body`` (:func:`_finish_body`) with the version labels added, as bytes or text as it came."""
     import json
 

@@ -31,6 +31,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-stale-restarts", type=int, default=3, help="times one request may be restarted by the "
                    "staleness bound before it ends with a stale error (default 3)")  # fmt: skip
     p.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: transformers' choice)")
+    p.add_argument("--return-logprobs", action="store_true", help="each non-streamed answer carries its tokens' "
+                   "log-probabilities (token_logprobs), as an RL rollout worker needs (cbpause.integrations.trl_fleet)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health "
                    "(default: $CBPAUSE_API_KEY; use one whenever the port is reachable from another machine)")
     p.add_argument("--served-model-name", default=None, help="the model's name for clients, in /v1/models and in "
@@ -55,7 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError as error:  # a transformers whose server is not supported: the message says what to install
         sys.exit(f"cbpause serve: {error}")
 
-    config = None if args.num_blocks is None else ContinuousBatchingConfig(num_blocks=args.num_blocks)
+    fields = {"num_blocks": args.num_blocks, "return_logprobs": True if args.return_logprobs else None}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    config = ContinuousBatchingConfig(**fields) if fields else None
     api_key = args.api_key if args.api_key is not None else os.environ.get("CBPAUSE_API_KEY") or None
     try:
         app = build_app(args.checkpoint, weights_dir=args.weights_dir, default_ttl=args.default_ttl,

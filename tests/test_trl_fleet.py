@@ -1,0 +1,76 @@
+"""TRL's AsyncGRPOTrainer with its engines in other processes (issue 42): two ``cbpause serve`` processes, their
+weights sent by broadcast over gloo at every sync (``FleetWeightSync``), the rollouts generated on them
+(``CBRolloutWorker`` over a ``FleetEngine``).  The trainer trains its steps; every server ends with the trainer's
+weights and version; the servers' log-probabilities are the trainer's."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+if not os.environ.get("CI"):
+    pytest.importorskip("trl")
+
+import httpx  # noqa: E402
+import torch  # noqa: E402
+
+from cbpause.client import Fleet  # noqa: E402
+from cbpause.integrations.trl import AsyncGRPOTrainer, CBRolloutWorker  # noqa: E402
+from cbpause.integrations.trl_fleet import FleetEngine, FleetWeightSync  # noqa: E402
+from cbpause.testing import HANG_S, JOIN_TIMEOUT  # noqa: E402
+from cbpause.testing.servers import serve_process  # noqa: E402
+from cbpause.testing.trl_cpu import tiny_task, trl_on_cpu  # noqa: E402
+
+pytestmark = pytest.mark.layer("system")
+STEPS = 12
+
+
+def logprobs_of(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """The model's log-probabilities of ``tokens`` after ``prompt`` (temperature 1, as the servers sample)."""
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def test_async_grpo_trains_with_its_rollouts_from_two_servers(tmp_path):
+    task = tiny_task(tmp_path, steps=STEPS, max_staleness=1)
+    task.generation_config.save_pretrained(task.model_dir)  # the servers sample as the trainer expects
+    flags = ("--return-logprobs", "--num-blocks", "64", "--default-ttl", str(HANG_S))
+    with serve_process(task.model_dir, *flags) as (a, _), serve_process(task.model_dir, *flags) as (b, _), \
+            Fleet([a, b], request_timeout=HANG_S) as fleet:  # fmt: skip
+        sync = FleetWeightSync(fleet, timeout=HANG_S, ttl=HANG_S, group_timeout=HANG_S)
+        engine = FleetEngine([a, b], task.tokenizer, max_in_flight=8)
+        worker = CBRolloutWorker(engine, task.dataset, task.reward, num_generations=task.num_generations,
+                                 max_new_tokens=task.max_new_tokens, processing_class=task.tokenizer,
+                                 join_timeout=JOIN_TIMEOUT)  # fmt: skip
+        try:
+            with trl_on_cpu():
+                trainer = AsyncGRPOTrainer(model=str(task.model_dir), reward_funcs=task.reward, args=task.args,
+                                           train_dataset=task.dataset, processing_class=task.tokenizer,
+                                           rollout_worker=worker, weight_transfer=sync)  # fmt: skip
+                trainer.train()
+        finally:
+            engine.close()
+        assert trainer.state.global_step == STEPS
+        # the cold sync at train begin, then one per step, each by broadcast to both servers
+        assert trainer.model_version == sync.syncs == STEPS + 1
+        assert fleet.weight_group is None  # TRL's destroy() at the end of train() ended the group
+        from transformers import AutoModelForCausalLM
+
+        trained = AutoModelForCausalLM.from_pretrained(task.model_dir).eval()  # the trainer's runs TRL's attention
+        trained.load_state_dict(trainer.model.state_dict())
+        for url in (a, b):
+            assert httpx.get(url + "/weight_info", timeout=HANG_S).json()["weight_version"] == STEPS + 1
+            answer = httpx.post(url + "/v1/completions", json={"prompt": "t3 t4 t9", "max_tokens": 6},
+                                timeout=HANG_S).json()  # fmt: skip
+            assert answer["weight_versions"] == [[0, STEPS + 1]]
+            # the server generates with the trainer's weights: its log-probabilities are the trained model's
+            mine = logprobs_of(trained, answer["prompt_token_ids"], answer["token_ids"])
+            assert torch.allclose(mine, torch.tensor(answer["token_logprobs"]), atol=1e-4), (mine, answer)
+    # step 1 trains on samples of the policy it scores: the servers' log-probabilities were the trainer's then too
+    ratio = next(h["ratio"] for h in trainer.state.log_history if "ratio" in h)
+    assert abs(ratio - 1.0) < 1e-4
