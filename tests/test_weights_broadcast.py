@@ -119,6 +119,16 @@ def test_a_bad_manifest_is_a_4xx_on_every_server_with_nothing_copied_and_no_hang
             assert set(refused.value.failed) == set(urls) and refused.value.updated == []
             assert all(reason.startswith("400 ") for reason in refused.value.failed.values()), refused.value.failed
             assert fleet.weight_group is not None  # a refusal is a vote: the group stays usable
+        # Not a tensor: refused before any server is asked (it blocked for the group's deadline: review).
+        with fleet.pause(ttl=HANG_S), pytest.raises(ValueError, match="not a tensor"):
+            fleet.update_weights_from_distributed([(name, new[name].detach().numpy())], weight_version=9)
+        # A stray update, naming no lease this server issued, is refused at once, outside the group's collectives (it
+        # voted no, waited for a rank 0 that never came, and broke the group: review).
+        manifest = {"group_name": fleet.weight_group.name, "names": [name], "dtypes": ["float32"], "shapes": [[1]]}
+        for stray in ({}, {"lease_id": "not-a-lease-of-this-server"}):
+            answer = httpx.post(urls[0] + "/update_weights_from_distributed", json={**manifest, **stray},
+                                timeout=HANG_S)  # fmt: skip
+            assert answer.status_code in (400, 404, 409), answer.text
         # ... and the group still carries an update after the refusals.
         with fleet.pause(ttl=HANG_S):
             fleet.update_weights_from_distributed(new.items(), weight_version=3)
@@ -171,3 +181,34 @@ def test_a_server_killed_mid_transfer_is_named_and_the_survivor_keeps_its_old_we
     assert text(urls[1]) == before and info(urls[1])["weight_version"] is None
     actions = replays(logs[1], tmp_path / "survivor")
     assert "Received" not in actions and actions[-2:] == ["WriteFail", "ResumeLease"], actions
+
+
+def test_a_server_that_hangs_mid_transfer_costs_the_trainer_a_deadline_not_the_transfer_s_bound(two_servers_to_kill):
+    """Found by review: a server frozen mid-transfer (SIGSTOP) held the trainer's call until the bound of its HTTP
+    request (the whole transfer's: hours for a large model), the other server kept paused.  The trainer now waits one
+    group timeout past its own collectives' end, then names the server that did not answer."""
+    urls, processes, _, _ = two_servers_to_kill
+    before = text(urls[1])
+    with Fleet(urls, request_timeout=HANG_S) as fleet:
+        fleet.init_weights_update_group("127.0.0.1", timeout=10)
+        group, frozen = fleet.weight_group, []
+        send = group.send
+
+        def send_then_freeze(tensors):
+            half = len(tensors) // 2
+            send(tensors[:half])
+            os.kill(processes[0].pid, signal.SIGSTOP)
+            frozen.append(True)
+            send(tensors[half:])
+
+        group.send = send_then_freeze
+        with fleet.pause(ttl=HANG_S):
+            try:
+                with pytest.raises(FleetError) as failed:
+                    fleet.update_weights_from_distributed(policy(seed=21).named_parameters(), weight_version=7)
+            finally:  # before the pause ends: its resume would wait for the frozen server
+                if frozen:
+                    os.kill(processes[0].pid, signal.SIGCONT)
+        assert "of the transfer's end" in failed.value.failed[urls[0]], failed.value.failed
+        assert failed.value.updated == [] and fleet.weight_group is None
+    assert text(urls[1]) == before and info(urls[1])["weight_version"] is None

@@ -34,6 +34,7 @@ import socket
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from contextlib import contextmanager
 from typing import Any
 
@@ -198,9 +199,13 @@ class Fleet:
             raise RuntimeError("a weight update needs the fleet's pause: call it inside `with fleet.pause(...)`")
         if self.weight_group is None:
             raise RuntimeError("no weight-update group: call init_weights_update_group first")
+        import torch
+
         pairs = list(named_tensors)
         if not pairs or not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in pairs):
             raise ValueError("named_tensors must be (name, tensor) pairs, and not none")
+        if not all(isinstance(t, torch.Tensor) for _, t in pairs):  # checked before any server is asked (review)
+            raise ValueError(f"not a tensor: {next(n for n, t in pairs if not isinstance(t, torch.Tensor))!r}")
         group = self.weight_group
         with self._lock:
             lost = dict(self.lost)
@@ -209,10 +214,13 @@ class Fleet:
         body = {"names": [n for n, _ in pairs], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in pairs],
                 "shapes": [list(t.shape) for _, t in pairs], "group_name": group.name,
                 "weight_version": weight_version}  # fmt: skip
-        # The servers answer once the transfer ended: a deadline for each of its collectives, and one request's.
+        # A server answers once the collectives ended, but for the copy from its buffers: the request's bound is the
+        # whole transfer's, and the trainer waits for the answers one group timeout past its own collectives' end,
+        # so that a server that hangs costs a deadline, not the transfer's bound (found by review: 135 s).
         wait = group.timeout_s * (len(pairs) + 2) + self.request_timeout
         sent: Any = None
-        with ThreadPoolExecutor(max_workers=len(self.urls), thread_name_prefix="cbpause-fleet-write") as pool:
+        pool = ThreadPoolExecutor(max_workers=len(self.urls), thread_name_prefix="cbpause-fleet-write")
+        try:
             asked = {url: pool.submit(self._post, url, "/update_weights_from_distributed",
                                       {**body, "lease_id": self.leases[url]}, timeout=wait)
                      for url in self.urls}  # fmt: skip
@@ -220,16 +228,29 @@ class Fleet:
                 if group.vote(True):
                     group.send([t for _, t in pairs])
                     sent = group.vote(True)
-            except RuntimeError as error:
-                # A collective failed: the group is unusable on every member.  Freed at once, it closes its
-                # connections, so that the members still inside a collective fail now, not at its deadline.
-                sent, self.weight_group = f"{error}", None
+            except BaseException as error:
+                # A collective failed (or the call was interrupted in one): the group is unusable on every member.
+                # Freed at once, it closes its connections, so that the members still inside a collective fail now,
+                # not at its deadline.
+                sent, self.weight_group = f"{type(error).__name__}: {error}", None
                 group.destroy()
-            results = {url: future.result() for url, future in asked.items()}
+                if not isinstance(error, RuntimeError):
+                    raise
+            after = group.timeout_s
+            futures_wait(list(asked.values()), timeout=after)
+            results = {url: f.result() if f.done() else f"no answer within {after:g} s of the transfer's end"
+                       for url, f in asked.items()}  # fmt: skip
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         updated = [url for url, r in results.items() if isinstance(r, dict)]
         failed = {url: r for url, r in results.items() if not isinstance(r, dict)}
         if isinstance(sent, str):
-            self._each(lambda url: self._post(url, "/destroy_weights_update_group", {"group_name": group.name}))
+            # Best effort, and not waited for: each member drops the group when its own collective fails, and a
+            # server that hangs must not hold the trainer for a request's bound (found by a test).
+            def destroy(url: str) -> Any:
+                return self._post(url, "/destroy_weights_update_group", {"group_name": group.name})
+
+            threading.Thread(target=self._each, args=(destroy,), daemon=True, name="cbpause-fleet-destroy").start()
             failed = failed or {"(the group)": sent}
         if failed:
             raise FleetError("missed the update", failed, updated)

@@ -92,19 +92,23 @@ class WeightGroup:
     def destroy(self) -> None:
         """Leave the group: the process group, freed, closes its connections, so that a member still inside a
         collective with this one fails at once ("Connection closed"), not at its deadline (``abort()`` and
-        ``shutdown()`` of torch 2.13's ProcessGroupGloo do not close them: measured)."""
-        self._group, self._store = None, None
+        ``shutdown()`` of torch 2.13's ProcessGroupGloo do not close them: measured).  Freed on a thread of its own:
+        its destructor joins gloo's worker threads, and one stuck sending to a peer that hangs (a stopped process,
+        whose socket no longer drains) would hold the caller for ever (found by a test)."""
+        held = [self._group, self._store]
+        self._group = self._store = None
         self.broken = self.broken or "destroyed"
+        threading.Thread(target=held.clear, name=f"cbpause-group-{self.name}-free", daemon=True).start()
 
     def _collective(self, start: Any) -> None:
-        if self.broken is not None:
+        if self.broken is not None or self._group is None:
             raise RuntimeError(f"the weight-update group can no longer be used ({self.broken}): destroy it and "
                                "initialise it again")  # fmt: skip
         try:
             start().wait()
         except Exception as error:
             # A failed collective leaves gloo's pairs in an unknown state: the group is not trusted again.
-            self.broken = f"{type(error).__name__}: {error}"[:300]
+            self.broken = "destroyed" if self._group is None else f"{type(error).__name__}: {error}"[:300]
             raise RuntimeError(f"a collective of the weight-update group failed: {self.broken}") from error
 
 

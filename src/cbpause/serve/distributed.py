@@ -10,17 +10,20 @@
 * ``POST /destroy_weights_update_group`` ``{group_name}``.
 
 An update is :mod:`cbpause.client.weight_group`'s three collectives: a vote, the tensors, a vote.  A server that
-refuses an update (no lease, a lease gone, the fence, a manifest that does not match the model) still takes part in
-the first vote, with a no: every member learns at once that the update will not happen, and nobody waits in a
-broadcast nobody sends (the refusal is the server's 4xx).  The tensors arrive in staging buffers (R-STAGED-TRANSFER):
-a transfer that fails (a peer lost, a deadline passed, a member that refused) leaves the weights and their label as
-they were; only the copy from the buffers, after the second vote, touches the model.  A collective that fails leaves
-the group unusable (gloo's pairs are in an unknown state): it is dropped, and the trainer initialises a new one.
+refuses an update that names a lease it issued (a lease gone, the fence, a manifest that does not match the model)
+still takes part in the first vote, with a no: every member learns at once that the update will not happen, and nobody
+waits in a broadcast nobody sends (the refusal is the server's 4xx); a request that names no lease this server issued
+is refused at once, outside the group's collectives (the lease id is the trainer's credential: a stray request must
+not break the group).  The tensors arrive in staging buffers (R-STAGED-TRANSFER): a transfer that fails (a peer lost,
+a deadline passed, a member that refused) leaves the weights and their label as they were; only the copy from the
+buffers, after the second vote, touches the model.  A collective that fails leaves the group unusable (gloo's pairs
+are in an unknown state): it is dropped, and the trainer initialises a new one.
 
 Limits on what a caller can make the server hold: :data:`MAX_GROUPS` groups (joining or joined); a join waits
-``timeout`` seconds at most (:data:`MAX_JOIN_S`); one update at a time per group; every collective has the group's
-deadline, pushed on by each tensor that arrives (a transfer that progresses never loses its lease; one that stops ends
-within the deadline).  The routes sit behind :mod:`.guard`'s API key like every other.
+``timeout`` seconds at most (:data:`MAX_JOIN_S`), even for a master that never answers, and :data:`MAX_STUCK` joins at
+most may stay stuck past it; one update at a time per group; every collective has the group's deadline, pushed on by
+each tensor that arrives (a transfer that progresses never loses its lease; one that stops ends within the deadline).
+The routes sit behind :mod:`.guard`'s API key like every other.
 """
 
 from __future__ import annotations
@@ -37,10 +40,13 @@ from ..client.weight_group import BACKENDS, WeightGroup
 from . import weights_io
 from .leases import Fenced, LeaseGone, LeaseTable, Superseded, UnknownLease, WriteBusy, checked_seconds
 
-__all__ = ["MAX_GROUPS", "MAX_JOIN_S", "WeightGroups", "add_distributed_routes", "check_manifest", "dtype_of"]
+__all__ = ["MAX_GROUPS", "MAX_JOIN_S", "MAX_STUCK", "WeightGroups", "add_distributed_routes", "check_manifest",
+           "dtype_of"]
 
 MAX_GROUPS = 4  # weight-update groups joining or joined at once: each holds sockets to every member
 MAX_JOIN_S = 600.0  # the longest a join may wait for the other members
+MAX_STUCK = 16  # joins past their timeout whose thread torch's store still holds (a master that never answers)
+JOIN_GRACE_S = 2.0  # past a join's own timeout, how long its route waits for torch to give up by itself
 DEFAULT_TIMEOUT_S = 60.0  # each collective's deadline, when the trainer names none
 
 
@@ -103,12 +109,19 @@ class Refused(Exception):
 
 
 class WeightGroups:
-    """The weight-update groups of one server, by name.  Thread-safe."""
+    """The weight-update groups of one server, by name.  Thread-safe.
+
+    A join runs in a thread of its own, and the route waits for it ``timeout`` seconds at most: a master that accepts
+    the connection and never answers (a frozen trainer) makes torch's store wait for ever (found by review).  A join
+    past its timeout frees its group's slot at once, and its thread, still stuck, counts among :data:`MAX_STUCK`
+    (then a join is a 429): a stuck join never holds a slot a trainer needs, and the threads are bounded."""
 
     def __init__(self, max_groups: int = MAX_GROUPS) -> None:
         self.max_groups = max_groups
         self._lock = threading.Lock()
         self._groups: dict[str, WeightGroup | None] = {}  # None: joining
+        self.stuck = 0  # joins past their timeout whose thread has not ended
+        self._closed = False
 
     def join(self, body: dict, device: str) -> WeightGroup:
         """Build the group a body describes (``Refused`` 400/409/429, or 504 when the members did not all join)."""
@@ -116,22 +129,52 @@ class WeightGroups:
         if backend == "nccl" and not str(device).startswith("cuda"):
             raise Refused(400, f"backend nccl needs the model on a CUDA device; this server's is on {device}")
         with self._lock:
+            if self._closed:
+                raise Refused(503, "the server is stopping")
             if name in self._groups:
                 raise Refused(409, f"a weight-update group {name!r} exists here (or is being joined): destroy it first")
-            if len(self._groups) >= self.max_groups:
-                raise Refused(429, f"{self.max_groups} weight-update groups exist here: destroy one first")
+            if len(self._groups) >= self.max_groups or self.stuck >= MAX_STUCK:
+                raise Refused(429, f"{len(self._groups)} weight-update groups exist here and {self.stuck} joins are "
+                                   "stuck past their timeout: destroy one first")  # fmt: skip
             self._groups[name] = None
-        try:
-            group = WeightGroup(address, port, rank, world, group_name=name, backend=backend, timeout_s=timeout)
-        except Exception as error:
+        done, out = threading.Event(), {}
+
+        def build() -> None:
+            try:
+                out["group"] = WeightGroup(address, port, rank, world, group_name=name, backend=backend,
+                                           timeout_s=timeout)  # fmt: skip
+            except Exception as error:  # noqa: BLE001 -- the route's 504
+                out["error"] = error
             with self._lock:
-                self._groups.pop(name, None)
-            why = f"{type(error).__name__}: {error}"
+                late = out.get("abandoned", False)
+                if late:
+                    self.stuck -= 1
+                elif "group" in out and not self._closed:
+                    self._groups[name] = out["group"]
+                else:
+                    self._groups.pop(name, None)
+            if (late or self._closed) and "group" in out:
+                out["group"].destroy()  # joined after its route gave up, or after the server began to stop
+            done.set()
+
+        threading.Thread(target=build, name=f"cbpause-join-{name}", daemon=True).start()
+        if not done.wait(timeout + JOIN_GRACE_S):
+            with self._lock:
+                if not done.is_set():
+                    out["abandoned"] = True
+                    self.stuck += 1
+                    if self._groups.get(name, 0) is None:
+                        del self._groups[name]
+            if out.get("abandoned"):
+                raise Refused(504, f"could not join weight-update group {name!r} at {address}:{port} as rank {rank} "
+                                   f"of {world} within {timeout} s: the master did not answer")  # fmt: skip
+        if "group" not in out:
+            why = f"{type(out.get('error')).__name__}: {out.get('error')}"
             raise Refused(504, f"could not join weight-update group {name!r} at {address}:{port} as rank {rank} of "
-                               f"{world} within {timeout} s: {why}"[:600]) from None  # fmt: skip
-        with self._lock:
-            self._groups[name] = group
-        return group
+                               f"{world} within {timeout} s: {why}"[:600])  # fmt: skip
+        if self._closed:
+            raise Refused(503, "the server is stopping")
+        return out["group"]
 
     def get(self, name: Any) -> WeightGroup:
         with self._lock:
@@ -152,6 +195,7 @@ class WeightGroups:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             groups, self._groups = [g for g in self._groups.values() if g is not None], {}
         for group in groups:
             group.destroy()
@@ -219,9 +263,9 @@ def _device(model: Any) -> Any:
 def update_weights_from_distributed(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups) -> dict:
     """The route's work, in a worker thread: ``{"updated": n, "weight_version": v}`` or ``Refused``.
 
-    The first vote is taken whatever the checks found (a refusal votes no), unless the group is unknown or busy with
-    another update (then this request never reaches the group's collectives: the trainer's vote waits for it until
-    the group's deadline)."""
+    The first vote is taken whatever the checks found (a refusal votes no), if the request names a lease this server
+    issued; a request that names none, one on a group unknown here or busy with another update never reaches the
+    group's collectives (the trainer's vote, if a trainer sent it, waits for it until the group's deadline)."""
     group = groups.get(body.get("group_name", "cbpause"))
     if not group.busy.acquire(blocking=False):
         raise Refused(409, "an update over this weight-update group is under way: one at a time")
@@ -235,19 +279,24 @@ def _transfer(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups
     from ..integrations.weights import PartialSync
 
     new = body.get("weight_version")
+    # The lease id is the trainer's credential: only a request that names a lease this server issued takes part in
+    # the group's vote.  Any other is refused at once, outside the group (a stray request voting no waited for a
+    # vote of rank 0 that never came, then broke the group: found by review).
+    member = "lease_id" in body and leases.issued(body["lease_id"])
     with ExitStack() as stack:
         try:
-            manifest = _checked(body, manager)
             if "lease_id" not in body:
                 raise Refused(409, "a weight update needs the lease_id of a pause this server holds")
+            manifest = _checked(body, manager)
             lease = stack.enter_context(leases.write_weights(body["lease_id"], body.get("write_timeout",
                                         3 * group.timeout_s), new, staged=True))  # fmt: skip
-        except Exception as error:  # noqa: BLE001 -- every refusal is a no in the vote, then the answer
+        except Exception as error:  # noqa: BLE001 -- a refusal is a no in the vote (of a member), then the answer
             refusal = _refusal(error)
-            try:
-                _vote(groups, group, False)
-            except Refused:  # the refusal says more than the vote that failed after it
-                pass
+            if member:
+                try:
+                    _vote(groups, group, False)
+                except Refused:  # the refusal says more than the vote that failed after it
+                    pass
             raise refusal from None
         try:
             if not _vote(groups, group, True):
@@ -263,8 +312,13 @@ def _transfer(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups
                 raise Refused(410 if lease.cut else 409, "the update did not reach every member whole: nothing was "
                               "copied; the weights are as they were")  # fmt: skip
             leases.received(lease)  # LeaseGone if the write was cut since the vote: this server does not take it
+
+            def alive() -> bool:  # each tensor copied pushes the deadline on, as each one received did (review)
+                leases.progress(lease, group.timeout_s)
+                return not lease.cut
+
             try:
-                copied = weights_io.copy_in(manager.model, staged, alive=lambda: not lease.cut, lock=leases.copying)
+                copied = weights_io.copy_in(manager.model, staged, alive=alive, lock=leases.copying)
             except weights_io.CopyFailed as error:
                 if lease.cut:
                     raise LeaseGone(lease) from error

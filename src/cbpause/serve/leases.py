@@ -246,6 +246,11 @@ class LeaseTable:
             legacy = [lease.id for lease in self._leases.values() if lease.legacy and lease.state == "held"]
         return sum(self._resume_quietly(lease_id) for lease_id in legacy)
 
+    def issued(self, lease_id: Any) -> bool:
+        """Whether this table issued ``lease_id`` (and still remembers it: ``FORGET_AFTER_S``), whatever its state."""
+        with self._lock:
+            return isinstance(lease_id, str) and lease_id in self._leases
+
     def check_held(self, lease_id: Any, *, locked: bool = False) -> Lease:
         """The lease, if it is held now (a write must come under a held lease); else ``UnknownLease``/``LeaseGone``."""
         if not isinstance(lease_id, str):

@@ -501,6 +501,17 @@ def weight_groups_refuse_bad_input_and_are_capped(server: Guarded) -> None:
         check(answer.status_code == 400, f"a join with {bad} got {answer.status_code} {answer.text[:200]}")
     alone = call("POST", server.url + "/init_weights_update_group", json=_group_body(port, timeout=1))
     check(alone.status_code == 504, f"a join nobody completes got {alone.status_code} {alone.text[:200]}")
+    # A master that accepts and never answers (a frozen trainer): torch's store waited for ever, and four such joins
+    # held every group slot (review).  Now a 504, and the slot is free again.
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        for _ in range(5):  # more than the group slots
+            mute = call("POST", server.url + "/init_weights_update_group",
+                        json=_group_body(silent.getsockname()[1], group_name="silent", timeout=1))  # fmt: skip
+            check(mute.status_code == 504, f"a join to a silent master got {mute.status_code} {mute.text[:200]}")
     groups = [_joined_group(server.url, f"g{i}") for i in range(4)]
     try:
         fifth = call("POST", server.url + "/init_weights_update_group", json=_group_body(free_port(), group_name="g4"))
