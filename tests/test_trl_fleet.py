@@ -18,11 +18,13 @@ import httpx  # noqa: E402
 import torch  # noqa: E402
 
 from cbpause.client import Fleet  # noqa: E402
-from cbpause.integrations.trl import AsyncGRPOTrainer, CBRolloutWorker  # noqa: E402
+from cbpause.integrations.trl import CBRolloutWorker  # noqa: E402
 from cbpause.integrations.trl_fleet import FleetEngine, FleetWeightSync  # noqa: E402
 from cbpause.testing import HANG_S, JOIN_TIMEOUT  # noqa: E402
 from cbpause.testing.servers import serve_process  # noqa: E402
 from cbpause.testing.trl_cpu import tiny_task, trl_on_cpu  # noqa: E402
+
+from .test_trl import trainer_for  # noqa: E402
 
 pytestmark = pytest.mark.layer("system")
 STEPS = 12
@@ -49,9 +51,7 @@ def test_async_grpo_trains_with_its_rollouts_from_two_servers(tmp_path):
                                  join_timeout=JOIN_TIMEOUT)  # fmt: skip
         try:
             with trl_on_cpu():
-                trainer = AsyncGRPOTrainer(model=str(task.model_dir), reward_funcs=task.reward, args=task.args,
-                                           train_dataset=task.dataset, processing_class=task.tokenizer,
-                                           rollout_worker=worker, weight_transfer=sync)  # fmt: skip
+                trainer = trainer_for(task, sync, worker)
                 trainer.train()
         finally:
             engine.close()
