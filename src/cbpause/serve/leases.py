@@ -408,7 +408,8 @@ class LeaseTable:
             self.lease_expires(lease)
 
     def _cut(self, lease: Lease) -> None:
-        """``WriteCut`` (the caller holds the lock): the weights are labelled partial here, in the same locked step that
+        """``WriteCut`` (the caller holds the lock): the weights are labelled partial here (unless the write still
+        receives into its staging buffers: then nothing was copied, R-STAGED-TRANSFER), in the same locked step that
         frees the write slot, as the model's one step does: the next writer's commit comes after the label, never
         before it (found by review: the lease's thread labelled them later, over the next trainer's version)."""
         lease.cut = True

@@ -37,7 +37,7 @@ def read_log(path: Path) -> list[dict]:
             continue
         record = json.loads(line)
         if not (isinstance(record, dict) and record.get("a") in ACTIONS and isinstance(record.get("e"), int)
-                and isinstance(record.get("ver"), int)):  # fmt: skip
+                and isinstance(record.get("ver"), int) and isinstance(record.get("staged", False), bool)):  # fmt: skip
             raise ValueError(f"{path}:{n}: not a lease-log record: {line[:200]!r}")
         records.append(record)
     return records
