@@ -40,6 +40,8 @@ from typing import Any
 
 import httpx
 
+from .weight_group import DEFAULT_GROUP
+
 __all__ = ["Fleet", "FleetError"]
 
 logger = logging.getLogger("cbpause.client")
@@ -151,7 +153,7 @@ class Fleet:
         return self._write("/update_weight_version", {"weight_version": weight_version})
 
     def init_weights_update_group(self, master_address: str, master_port: int | None = None, backend: str = "gloo",
-                                  group_name: str = "cbpause", timeout: float = 60.0) -> None:  # fmt: skip
+                                  group_name: str = DEFAULT_GROUP, timeout: float = 60.0) -> None:  # fmt: skip
         """Join every server and this trainer in a weight-update group: this process is rank 0 and serves the group's
         store at ``master_address:master_port`` (a free port if ``None``), the servers are ranks 1..N in the fleet's
         order.  ``timeout``: seconds to wait for every member, and each collective's deadline after it.  Returns once

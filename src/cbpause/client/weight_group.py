@@ -24,9 +24,10 @@ import datetime
 import threading
 from typing import Any
 
-__all__ = ["BACKENDS", "WeightGroup"]
+__all__ = ["BACKENDS", "DEFAULT_GROUP", "WeightGroup"]
 
 BACKENDS = ("gloo", "nccl")
+DEFAULT_GROUP = "cbpause"  # the group a request or a fleet names when it names none
 
 
 class WeightGroup:
@@ -35,7 +36,7 @@ class WeightGroup:
     each broadcast after it too."""
 
     def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, *,
-                 group_name: str = "cbpause", backend: str = "gloo", timeout_s: float = 60.0) -> None:  # fmt: skip
+                 group_name: str = DEFAULT_GROUP, backend: str = "gloo", timeout_s: float = 60.0) -> None:  # fmt: skip
         import torch.distributed as dist
 
         if backend not in BACKENDS:

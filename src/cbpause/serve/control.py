@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,9 @@ COMPAT: dict[tuple[str, str, bool | None], tuple[str, str]] = {
     ("sglang", "retract", None): ("retract", "requests go back to the waiting queue; their KV is freed"),
     ("sglang", "in_place", None): ("keep", "requests stay in the running batch with their KV"),
 }
+
+
+NEEDS_LEASE = "a weight update needs the lease_id of a pause this server holds"
 
 
 class BadRequest(ValueError):
@@ -213,7 +217,7 @@ async def _pause(request: Request, body: dict, legacy: bool, manager: Any, lease
 def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: Path | None) -> None:
     def under_lease(body: dict) -> JSONResponse | None:
         if "lease_id" not in body:
-            return _error(409, "a weight update needs the lease_id of a pause this server holds")
+            return _error(409, NEEDS_LEASE)
         try:
             leases.check_held(body["lease_id"])
         except UnknownLease as error:
@@ -222,18 +226,12 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
             return _error(410, str(error))
         return None
 
-    def version(body: dict) -> Any:
-        v = body.get("weight_version")
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, str))):
-            raise BadRequest(f"weight_version must be an integer, a string or null, not {v!r}")
-        return v
-
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request) -> JSONResponse:
         body = await _body(request) or {}
         if (refused := under_lease(body)) is not None:
             return refused
-        new = version(body)
+        new = weight_version_of(body)
         try:
             path = weights_io.check_inside(body.get("path"), weights_dir)
             tensors = await run_in_threadpool(weights_io.load_checked, manager.model, path, weights_dir)
@@ -261,7 +259,7 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
         body = await _body(request) or {}
         if (refused := under_lease(body)) is not None:
             return refused
-        new = version(body)
+        new = weight_version_of(body)
         try:
             await run_in_threadpool(_write, leases, body["lease_id"], manager, {}, new, body.get("write_timeout"))
         except ValueError as error:
@@ -304,19 +302,38 @@ def _write(leases: LeaseTable, lease_id: str, manager: Any, tensors: dict, new: 
     cut at its deadline (:meth:`LeaseTable.write_weights`).  A copy that fails half-way labels the weights
     ``PartialSync(new)`` while the pause still holds (the weights are a mix), and the error is raised (``WriteFail``).
     """
+    with leases.write_weights(lease_id, timeout, new) as lease:
+        return copy_and_commit(leases, lease, manager, tensors, new)
+
+
+def copy_and_commit(leases: LeaseTable, lease: Any, manager: Any, tensors: dict, new: Any,
+                    alive: Callable[[], bool] | None = None) -> int:  # fmt: skip
+    """The copy and ``WriteEnd`` of the write under way under ``lease`` (a disk write's, a transfer's once
+    ``Received``): the version is set only if every tensor was copied and the write was not cut.  A copy that fails
+    half-way labels the weights ``PartialSync(new)`` (``WriteFail``) and raises :class:`weights_io.CopyFailed`; one
+    cut at its deadline raises ``LeaseGone`` (the cut labelled them).  ``alive()`` (default: not cut) is asked before
+    each tensor."""
     from ..integrations.weights import PartialSync
 
-    with leases.write_weights(lease_id, timeout, new) as lease:
-        try:
-            copied = weights_io.copy_in(manager.model, tensors, alive=lambda: not lease.cut, lock=leases.copying)
-        except weights_io.CopyFailed as error:
-            if lease.cut:  # labelled by the cut
-                raise LeaseGone(lease) from error
-            # WriteFail: labelled partial if some tensors were copied (a mix), left as it was if none
-            leases.fail_write(lease, (lambda: manager.set_weight_version(PartialSync(new))) if error.copied else None)
-            raise
-        leases.commit_write(lease, lambda: manager.set_weight_version(new))
+    try:
+        copied = weights_io.copy_in(manager.model, tensors, alive=alive or (lambda: not lease.cut),
+                                    lock=leases.copying)  # fmt: skip
+    except weights_io.CopyFailed as error:
+        if lease.cut:  # labelled by the cut
+            raise LeaseGone(lease) from error
+        # WriteFail: labelled partial if some tensors were copied (a mix), left as it was if none
+        leases.fail_write(lease, (lambda: manager.set_weight_version(PartialSync(new))) if error.copied else None)
+        raise
+    leases.commit_write(lease, lambda: manager.set_weight_version(new))
     return copied
+
+
+def weight_version_of(body: dict) -> Any:
+    """The body's ``weight_version``: an integer, a string or ``None``; ``BadRequest`` (a 400) for anything else."""
+    v = body.get("weight_version")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, str))):
+        raise BadRequest(f"weight_version must be an integer, a string or null, not {v!r}")
+    return v
 
 
 def _jsonable(value: Any) -> Any:

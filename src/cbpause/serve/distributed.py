@@ -36,8 +36,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from ..client.weight_group import BACKENDS, WeightGroup
+from ..client.weight_group import BACKENDS, DEFAULT_GROUP, WeightGroup
 from . import weights_io
+from .control import NEEDS_LEASE, _body, _jsonable, copy_and_commit, weight_version_of
 from .leases import Fenced, LeaseGone, LeaseTable, Superseded, UnknownLease, WriteBusy, checked_seconds
 
 __all__ = ["MAX_GROUPS", "MAX_JOIN_S", "MAX_STUCK", "WeightGroups", "add_distributed_routes", "check_manifest",
@@ -202,7 +203,7 @@ class WeightGroups:
 
 
 def _init_args(body: dict) -> tuple[str, int, int, str, int, str, float]:
-    name = body.get("group_name", "cbpause")
+    name = body.get("group_name", DEFAULT_GROUP)
     if not isinstance(name, str) or not name or len(name) > 64 or not name.isprintable():
         raise Refused(400, f"group_name must be a printable string of 1-64 characters, not {name!r}"[:200])
     address, port = body.get("master_address"), body.get("master_port")
@@ -230,8 +231,6 @@ def add_distributed_routes(app: FastAPI, manager: Any, leases: LeaseTable, group
 
     def answer(call: Any) -> Any:
         async def route(request: Request) -> JSONResponse:
-            from .control import _body
-
             body = await _body(request) or {}
             try:
                 return JSONResponse(await run_in_threadpool(call, body))
@@ -242,14 +241,14 @@ def add_distributed_routes(app: FastAPI, manager: Any, leases: LeaseTable, group
 
     def init(body: dict) -> dict:
         group = groups.join(body, str(_device(manager.model)))
-        return {"group_name": body.get("group_name", "cbpause"), "rank": group.rank, "world_size": group.world_size,
+        return {"group_name": group.name, "rank": group.rank, "world_size": group.world_size,
                 "backend": group.backend}  # fmt: skip
 
     def update(body: dict) -> dict:
         return update_weights_from_distributed(body, manager, leases, groups)
 
     def destroy(body: dict) -> dict:
-        return {"destroyed": groups.drop(body.get("group_name", "cbpause"))}
+        return {"destroyed": groups.drop(body.get("group_name", DEFAULT_GROUP))}
 
     app.add_api_route("/init_weights_update_group", answer(init), methods=["POST"])
     app.add_api_route("/update_weights_from_distributed", answer(update), methods=["POST"])
@@ -266,7 +265,7 @@ def update_weights_from_distributed(body: dict, manager: Any, leases: LeaseTable
     The first vote is taken whatever the checks found (a refusal votes no), if the request names a lease this server
     issued; a request that names none, one on a group unknown here or busy with another update never reaches the
     group's collectives (the trainer's vote, if a trainer sent it, waits for it until the group's deadline)."""
-    group = groups.get(body.get("group_name", "cbpause"))
+    group = groups.get(body.get("group_name", DEFAULT_GROUP))
     if not group.busy.acquire(blocking=False):
         raise Refused(409, "an update over this weight-update group is under way: one at a time")
     try:
@@ -276,9 +275,6 @@ def update_weights_from_distributed(body: dict, manager: Any, leases: LeaseTable
 
 
 def _transfer(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups, group: WeightGroup) -> dict:
-    from ..integrations.weights import PartialSync
-
-    new = body.get("weight_version")
     # The lease id is the trainer's credential: only a request that names a lease this server issued takes part in
     # the group's vote.  Any other is refused at once, outside the group (a stray request voting no waited for a
     # vote of rank 0 that never came, then broke the group: found by review).
@@ -286,8 +282,9 @@ def _transfer(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups
     with ExitStack() as stack:
         try:
             if "lease_id" not in body:
-                raise Refused(409, "a weight update needs the lease_id of a pause this server holds")
-            manifest = _checked(body, manager)
+                raise Refused(409, NEEDS_LEASE)
+            new = weight_version_of(body)
+            manifest = check_manifest(manager.model, body.get("names"), body.get("dtypes"), body.get("shapes"))
             lease = stack.enter_context(leases.write_weights(body["lease_id"], body.get("write_timeout",
                                         3 * group.timeout_s), new, staged=True))  # fmt: skip
         except Exception as error:  # noqa: BLE001 -- a refusal is a no in the vote (of a member), then the answer
@@ -318,27 +315,12 @@ def _transfer(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups
                 return not lease.cut
 
             try:
-                copied = weights_io.copy_in(manager.model, staged, alive=alive, lock=leases.copying)
+                copied = copy_and_commit(leases, lease, manager, staged, new, alive)
             except weights_io.CopyFailed as error:
-                if lease.cut:
-                    raise LeaseGone(lease) from error
-                label = (lambda: manager.set_weight_version(PartialSync(new))) if error.copied else None
-                leases.fail_write(lease, label)
                 raise Refused(500, str(error)) from None
-            leases.commit_write(lease, lambda: manager.set_weight_version(new))
         except (UnknownLease, LeaseGone) as error:
             raise _refusal(error) from None
     return {"updated": copied, "weight_version": _jsonable(new)}
-
-
-def _checked(body: dict, manager: Any) -> list:
-    new = body.get("weight_version")
-    if new is not None and (isinstance(new, bool) or not isinstance(new, (int, str))):
-        raise Refused(400, f"weight_version must be an integer, a string or null, not {new!r}"[:200])
-    try:
-        return check_manifest(manager.model, body.get("names"), body.get("dtypes"), body.get("shapes"))
-    except ValueError as error:
-        raise Refused(400, str(error)) from None
 
 
 def _refusal(error: Exception) -> Refused:
@@ -363,7 +345,3 @@ def _vote(groups: WeightGroups, group: WeightGroup, ok: bool) -> bool:
         groups.drop(group.name, group)
         raise Refused(502, f"the weight-update group's vote failed ({error}); nothing was copied; the group was "
                            "closed: initialise it again") from None  # fmt: skip
-
-
-def _jsonable(value: Any) -> Any:
-    return value if value is None or isinstance(value, (int, float, str, bool)) else str(value)
