@@ -79,8 +79,10 @@ def test_modes_and_versions_are_agreed_by_both_ranks(checkpoint, tmp_path):
 @pytest.mark.extended  # CI has TP=2 through the real traces' covering subset: nox -s system
 def test_ranks_that_set_different_versions_agree_on_the_drivers_and_say_so(checkpoint, tmp_path):
     """Issue 26, point 12: set_weight_version is local to a rank; the ranks compare digests at the window's barrier
-    and, when they differ, take the driver's version (with an error logged on each); equal versions log nothing."""
+    and, when they differ, every rank takes PartialSync of the driver's version (with an error logged on each: their
+    weights may differ, issue 42), until one version is set on every rank; equal versions log nothing."""
     r0, r1 = (records := run_group("versions_differ", checkpoint, tmp_path))[0], records[1]
+    assert r0["between"] == r1["between"] == "PartialSync(sync='a')"
     assert r0["after"] == r1["after"] == "c"
     assert len(r0["errors"]) == len(r1["errors"]) == 1 and "'b'" in r1["errors"][0]
     assert sorted(r0["spans"]) == sorted(r0["ids"]) == sorted(r1["spans"])

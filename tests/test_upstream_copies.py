@@ -114,9 +114,10 @@ def overridden() -> set[str]:
 def test_every_override_wrap_and_restatement_of_upstream_has_a_fingerprint():
     from cbpause.integrations import upstream
 
-    callers = {c for cs in upstream.WRAPPED.values() for c in cs}
+    callers = {c for cs in (*upstream.WRAPPED.values(), *upstream.replaced().values()) for c in cs}
     readers = {r for rs in upstream.SETS.values() for r in rs}
-    touched = overridden() | set(upstream.WRAPPED) | callers | set(upstream.RESTATED) | readers
+    touched = overridden() | set(upstream.WRAPPED) | set(upstream.replaced()) | callers | set(upstream.RESTATED)
+    touched |= readers
     touched |= set(upstream.REMOVED_ROUTES.values())
     touched -= upstream.dropped()
     if upstream.release() not in upstream.SERVED:  # the server's are neither overridden nor checked there
@@ -168,7 +169,7 @@ def test_upstream_still_calls_what_the_integration_wraps():
     from cbpause.integrations import upstream
 
     checked = upstream.fingerprints()
-    for wrapped, callers in upstream.WRAPPED.items():
+    for wrapped, callers in (*upstream.WRAPPED.items(), *upstream.replaced().items()):
         method = wrapped.rsplit(".", 1)[1]
         for caller in (c for c in callers if c in checked):
             source = inspect.getsource(upstream.upstream_function(caller))

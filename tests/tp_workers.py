@@ -142,8 +142,9 @@ def modes(rank, world, port, ckpt, backend, record):
 
 
 def versions_differ(rank, world, port, ckpt, backend, record):
-    """Issue 26, point 12: the ranks set different weight versions in one window (rank 0 "a", rank 1 "b"), then the
-    same one ("c"): each rank logs an error for the first, both label every token with the driver's."""
+    """Issue 26, point 12 (issue 42): the ranks set different weight versions in one window (rank 0 "a", rank 1 "b"),
+    then the same one ("c"): each rank logs an error for the first, and both label the tokens between with
+    PartialSync of the driver's, then "c"."""
     import logging
 
     torch, dist, manager, probe = _setup(rank, world, port, ckpt, backend)
@@ -153,17 +154,22 @@ def versions_differ(rank, world, port, ckpt, backend, record):
     logging.getLogger("cbpause").addHandler(handler)
     manager.start()
     ids = _submit(manager, rank)
+    between = None
     for version in ("ab"[rank], "c"):
         with manager.pause(timeout=WAIT):
             manager.set_weight_version(version)
+        if between is None:
+            with manager.pause(timeout=WAIT):  # the window after the barrier that compared the versions
+                between = manager.weight_version
     outs = {}
     for _ in range(N_REQUESTS):
         out = manager.get_result(timeout=WAIT)
         if out is None:
             break
-        outs[out.request_id] = [list(s) for s in out.weight_versions]
+        outs[out.request_id] = [[i, v if v is None or isinstance(v, str) else repr(v)] for i, v in out.weight_versions]
     errors = [e for e in errors if "different weight versions" in e]
-    record.update(ids=ids, spans=outs, after=manager.weight_version, errors=errors)
+    record.update(ids=ids, spans=outs, after=manager.weight_version, errors=errors,
+                  between=repr(between))  # fmt: skip
     manager.stop(block=True, timeout=WAIT)
     dist.barrier()
 

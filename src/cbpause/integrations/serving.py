@@ -56,8 +56,8 @@ from .modes import ABORTED_BY_PAUSE  # noqa: E402
 from .transformers import PausableContinuousBatchingManager  # noqa: E402
 from .weights import STALE  # noqa: E402
 
-__all__ = ["GENERATION_ROUTES", "NEUTRAL", "RETRY_AFTER_S", "RestartWatch", "ServedRequests", "check_generation_body",
-           "openai_app", "openai_error", "sampling_of"]
+__all__ = ["GENERATION_ROUTES", "JoinFailed", "NEUTRAL", "RETRY_AFTER_S", "RestartWatch", "ServedRequests",
+           "TensorParallel", "check_generation_body", "load_sharded", "openai_app", "openai_error", "sampling_of"]
 
 RETRY_AFTER_S = 1  # what a rejected request's Retry-After says: pauses for weight updates last about that long
 
@@ -244,6 +244,83 @@ class Built:
     middleware: tuple[Any, ...] = ()
 
 
+class JoinFailed(RuntimeError):
+    """A rank of a tensor-parallel engine could not join the others (:meth:`TensorParallel.join`)."""
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """This server is rank ``rank`` of an engine of ``size`` tensor-parallel ranks, one ``cbpause serve`` process
+    each (``--tp-size``, ``--tp-rank``, ``--tp-init-method``, ``--tp-backend``; issue 42's relay, docs/serving.md).
+
+    The ranks meet in torch.distributed's default process group at ``init_method`` (``tcp://HOST:PORT``, the same on
+    every rank), before the model loads; the model loads sharded over them (transformers' TP:
+    ``DistributedConfig(tp_size=size)``, each parameter a ``DTensor``).  Rank 0, the driver, takes the generation
+    requests and the group shares them; the others refuse them (409).  Every rank serves the control routes: a
+    trainer pauses every rank (R-SAME-WINDOW: a rank paused alone parks its peers for ``peer_park_timeout``, D3) and
+    each rank receives the whole of each tensor of an update, and copies its shard of it
+    (:func:`cbpause.serve.weights_io.copy_in`)."""
+
+    size: int
+    rank: int
+    init_method: str
+    backend: str = "gloo"
+    timeout: float = 600.0  # the wait for every rank at start-up, and each collective's deadline on the ranks' group
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.size, int) and self.size >= 2):
+            raise ValueError(f"a tensor-parallel engine has 2 ranks or more, not {self.size!r}")
+        if not (isinstance(self.rank, int) and 0 <= self.rank < self.size):
+            raise ValueError(f"the rank must be in 0..{self.size - 1}, not {self.rank!r}")
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"the backend must be 'gloo' or 'nccl', not {self.backend!r}")
+        if not (isinstance(self.init_method, str) and self.init_method.startswith(("tcp://", "file://"))):
+            raise ValueError(f"init_method must be 'tcp://HOST:PORT' (or 'file://PATH'), not {self.init_method!r}")
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not 0 < self.timeout < 1e6:
+            raise ValueError(f"timeout must be a number of seconds above 0, not {self.timeout!r}")
+
+    @property
+    def driver(self) -> bool:
+        return self.rank == 0
+
+    def join(self) -> None:
+        """Join the default process group of the ``size`` ranks: each waits there for the others, ``timeout`` seconds
+        at most (``RuntimeError`` then: the server exits, naming the wait, instead of never answering)."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            if (dist.get_world_size(), dist.get_rank()) != (self.size, self.rank):
+                raise ValueError(f"the process group is rank {dist.get_rank()} of {dist.get_world_size()}, not "
+                                 f"{self.rank} of {self.size}")  # fmt: skip
+            return
+        try:
+            dist.init_process_group(self.backend, init_method=self.init_method, rank=self.rank, world_size=self.size,
+                                    timeout=timedelta(seconds=self.timeout))  # fmt: skip
+        except Exception as error:  # the store's timeout, a refused connection, an address in use...
+            raise JoinFailed(f"rank {self.rank} of {self.size} could not join the other ranks at "
+                               f"{self.init_method} within {self.timeout} s: {error}") from error  # fmt: skip
+
+
+def load_sharded(loader: Any, checkpoint: str, tp: TensorParallel) -> None:
+    """Make transformers serve's model loader (5.23-5.24's ``ModelManager``, 5.25's ``ModelLoader``) load
+    ``checkpoint`` sharded over the ranks of ``tp``: its ``_load_model`` replaced on the instance
+    (:data:`~cbpause.integrations.upstream.REPLACED`), with the loader's dtype, attention and trust settings, as a
+    causal LM (transformers serve has no tensor parallelism of its own)."""
+
+    def _load_model(*_: Any, **__: Any) -> Any:
+        from transformers import AutoModelForCausalLM
+        from transformers.distributed import DistributedConfig
+
+        return AutoModelForCausalLM.from_pretrained(
+            checkpoint, dtype=loader.dtype, attn_implementation=loader.attn_implementation,
+            trust_remote_code=loader.trust_remote_code, distributed_config=DistributedConfig(tp_size=tp.size),
+        )  # fmt: skip
+
+    loader._load_model = _load_model
+
+
 def _refused(generate: ServedRequests, outcome: str, message: str) -> Exception:
     """A 503 with Retry-After: refused during a pause (``rejected``), or ended by an abort pause or the staleness
     bound (``aborted``): nothing of it is delivered, and the client may send it again."""
@@ -316,8 +393,8 @@ class _GenerationChecks:
     what is refused), and ``GET /v1/models`` answered with the served model (transformers serve's lists the Hugging
     Face cache, and fails without one)."""
 
-    def __init__(self, app: Any, **checks: Any) -> None:
-        self.app, self.checks = app, checks
+    def __init__(self, app: Any, follower: TensorParallel | None = None, **checks: Any) -> None:
+        self.app, self.checks, self.follower = app, checks, follower
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         path = scope.get("path")
@@ -336,6 +413,12 @@ class _GenerationChecks:
             return
         if scope.get("method") != "POST":
             await self.app(scope, receive, send)
+            return
+        if self.follower is not None:  # its requests would not be in the batch the driver shares with the group
+            tp = self.follower
+            await _send_json(send, 409, openai_error(
+                f"this server is rank {tp.rank} of a tensor-parallel engine of {tp.size} ranks: generation requests "
+                "go to rank 0, its driver"))  # fmt: skip
             return
         chunks, more = [], True
         while more:  # the Guard in front has bounded the body's size and checked that it is a JSON object
@@ -480,13 +563,15 @@ def _jsonable(spans: list) -> list:
 
 def openai_app(
     checkpoint: str, *, device: str = "cpu", dtype: str = "auto", continuous_batching_config: Any = None,
-    served_model_name: str | None = None, **manager_kwargs: Any,
+    served_model_name: str | None = None, tensor_parallel: TensorParallel | None = None, **manager_kwargs: Any,
 ) -> tuple[Any, PausableContinuousBatchingManager, ServedRequests]:
     """transformers serve's FastAPI app for ``checkpoint`` (a local directory), on a started cbpause manager.
 
     ``served_model_name``: the model's name in ``/v1/models`` and in requests (default: ``checkpoint`` as given);
     requests naming it or ``checkpoint`` are served, others refused.  Generation requests pass
-    :func:`check_generation_body` first.
+    :func:`check_generation_body` first.  ``tensor_parallel``: this server is one rank of a tensor-parallel engine
+    (:class:`TensorParallel`; its process group joined already): the model loads sharded, and a rank other than the
+    driver refuses generation requests (409).
 
     Returns ``(app, manager, generate)``: the app (``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``,
     ``/v1/models`` and ``/health`` are transformers'), the :class:`PausableContinuousBatchingManager` (built with
@@ -499,7 +584,8 @@ def openai_app(
     if not isinstance(served, str) or not served.strip():
         raise ValueError(f"served_model_name must be a non-empty string, not {served!r}")
     config = continuous_batching_config
-    built = _server().build(checkpoint, device=device, dtype=dtype, continuous_batching_config=config, **manager_kwargs)
+    built = _server().build(checkpoint, device=device, dtype=dtype, continuous_batching_config=config,
+                            tensor_parallel=tensor_parallel, **manager_kwargs)  # fmt: skip
     generate, handlers = built.generate, built.handlers
     try:
         for name in ("chat_handler", "completion_handler"):
@@ -514,7 +600,8 @@ def openai_app(
         processor = built.processor
         chat = getattr(processor, "chat_template", None) is not None or getattr(
             getattr(processor, "tokenizer", None), "chat_template", None) is not None  # fmt: skip
-        app.add_middleware(_GenerationChecks, served=served, checkpoint=checkpoint,
+        follower = None if tensor_parallel is None or tensor_parallel.driver else tensor_parallel
+        app.add_middleware(_GenerationChecks, served=served, checkpoint=checkpoint, follower=follower,
                            sampling=sampling_of(built.model.generation_config), chat=chat)  # fmt: skip
         _openai_errors(app)
     except BaseException:

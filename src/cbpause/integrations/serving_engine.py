@@ -37,7 +37,7 @@ from transformers.cli.serving.utils import (
     canonical_model_id,
 )
 
-from .serving import _REQUEST_ID, Built, RestartWatch, ServedRequests, is_labelled
+from .serving import _REQUEST_ID, Built, RestartWatch, ServedRequests, is_labelled, load_sharded
 from .transformers import PausableContinuousBatchingManager, init_continuous_batching
 
 __all__ = ["PausableEngine", "PausableModelManager", "build"]
@@ -214,11 +214,13 @@ class PausableModelManager(ModelManager):
 
 
 def build(checkpoint: str, *, device: str, dtype: str, continuous_batching_config: Any,
-          **manager_kwargs: Any) -> Built:  # fmt: skip
+          tensor_parallel: Any = None, **manager_kwargs: Any) -> Built:  # fmt: skip
     """The model loaded by transformers serve's loader, a started cbpause manager on it, and the handlers on a
     :class:`PausableEngine` (the wiring of upstream's ``Serve.__init__``, restated, with no worker process)."""
     loader = ModelLoader(device=device, dtype=dtype, continuous_batching=True)
     model_id = canonical_model_id(checkpoint)
+    if tensor_parallel is not None:  # one rank of a TP engine: the model sharded (serving.load_sharded)
+        load_sharded(loader, checkpoint, tensor_parallel)
     model, processor = loader.load_model_and_processor(model_id)
     manager = init_continuous_batching(model, model.generation_config, continuous_batching_config, **manager_kwargs)
     manager.start()

@@ -23,7 +23,7 @@ from transformers.cli.serving.systemone import SystemOneHandler
 from transformers.cli.serving.transcription import TranscriptionHandler
 
 from ..core.errors import LoopPausedError
-from .serving import Built, RestartWatch, ServedRequests, _refused, is_labelled
+from .serving import Built, RestartWatch, ServedRequests, _refused, is_labelled, load_sharded
 from .transformers import PausableContinuousBatchingManager, init_continuous_batching
 
 __all__ = ["PausableCBGenerateManager", "build"]
@@ -147,10 +147,13 @@ async def _disconnect(receive: Any) -> None:
 
 
 def build(checkpoint: str, *, device: str, dtype: str, continuous_batching_config: Any,
-          **manager_kwargs: Any) -> Built:  # fmt: skip
+          tensor_parallel: Any = None, **manager_kwargs: Any) -> Built:  # fmt: skip
     """The model loaded by transformers serve's model manager, a started cbpause manager on it, and the handlers on
     a :class:`PausableCBGenerateManager` (the wiring of upstream's ``Serve.__init__``, restated)."""
-    models = ModelManager(device=device, dtype=dtype, continuous_batching=True, force_model=checkpoint)
+    models = ModelManager.__new__(ModelManager)
+    if tensor_parallel is not None:  # one rank of a TP engine: the model sharded (serving.load_sharded), in place
+        load_sharded(models, checkpoint, tensor_parallel)  # before __init__, which loads force_model
+    models.__init__(device=device, dtype=dtype, continuous_batching=True, force_model=checkpoint)
     model_id = models.process_model_name(checkpoint)
     model, processor = models.load_model_and_processor(model_id)
     manager = init_continuous_batching(model, model.generation_config, continuous_batching_config, **manager_kwargs)

@@ -10,7 +10,7 @@ cbpause manager, through :mod:`~cbpause.integrations.serving_manager` on 5.23-5.
   which the manager swaps in with ``__class__``, ``TrackingRouter``, ``RetractedRequestState``,
   ``PausableCBGenerateManager`` on 5.23-5.24, ``PausableEngine`` and ``PausableModelManager`` on 5.25);
 * methods wrapped on an instance (:data:`WRAPPED`: the wrapper calls upstream's, and upstream's own caller must still
-  call it);
+  call it), or replaced on one (:data:`REPLACED`: the model loader of a tensor-parallel rank);
 * the ``_cbpause_*`` attributes those wrappers keep on the instance (:data:`STAMPS`);
 * upstream's own private attributes that the integration sets (:data:`SETS`: the server's generation manager, built
   at start-up where upstream builds one lazily), with the upstream functions that read them;
@@ -46,9 +46,10 @@ from typing import Any
 from . import admission, modes, weights
 
 __all__ = [
-    "CANCELLED", "CHANGED_IN", "CHECKED_WITH", "FINGERPRINTS", "REMOVED_ROUTES", "RESTATED", "SERVED",
+    "CANCELLED", "CHANGED_IN", "CHECKED_WITH", "FINGERPRINTS", "REMOVED_ROUTES", "REPLACED", "RESTATED", "SERVED",
     "SERVER_WITH_MANAGER", "SETS", "STAMPS", "WRAPPED", "dropped",
-    "deliver_cancellations", "fingerprint", "fingerprints", "hold_admission", "release", "never_share_stale_blocks",
+    "deliver_cancellations", "fingerprint", "fingerprints", "hold_admission", "release", "replaced",
+    "never_share_stale_blocks",
     "patch_processor", "refuse_what_cannot_fit",
     "upstream_function", "upstream_name",
 ]  # fmt: skip
@@ -91,6 +92,19 @@ WRAPPED = {
         "continuous_api.ContinuousBatchProcessor.update_batch",
     ),
 }  # fmt: skip
+
+# Methods replaced on an instance (the replacement does not call upstream's: it restates it, changed), and the upstream
+# functions that call them (they must still).  serving.load_sharded: a rank of a tensor-parallel engine loads its
+# shard (from_pretrained with a DistributedConfig), where transformers serve loads the whole model; on 5.23-5.24 the
+# model manager's __init__ loads the forced model through load_model_and_processor, so the replacement is made first.
+REPLACED = {
+    "cli.serving.model_manager.ModelManager._load_model": (
+        "cli.serving.model_manager.ModelManager.load_model_and_processor",
+    ),
+    "cli.serving.model_manager.ModelLoader._load_model": (
+        "cli.serving.model_manager.ModelLoader.load_model_and_processor",
+    ),
+}
 
 # Upstream functions whose behaviour the integration restates in its own words without overriding them.
 RESTATED = {
@@ -182,6 +196,8 @@ FINGERPRINTS = {
     "scheduler.Scheduler._get_waiting_candidates": "43968829acdd62e8",
     "scheduler.Scheduler.add_waiting_request": "9ef098f71ace6777",
     "scheduler.Scheduler.clear_cancelled_requests": "c3c5dd503929ae64",
+    "cli.serving.model_manager.ModelManager._load_model": "52f50cb891309a25",
+    "cli.serving.model_manager.ModelManager.load_model_and_processor": "cf98e1475fcdab8e",
 }
 
 
@@ -241,6 +257,12 @@ _SERVER_REBUILT = {
     "cli.serving.model_manager.ModelManager.get_engine": "861642d75206df92",
     "cli.serving.model_manager.ModelManager.is_dead": "16e7e2c0358cd098",
     "cli.serving.model_manager.ModelManager.shutdown": "8bd32cd5ff57643c",
+    # The loading moved to a ModelLoader (the worker process's): serving.load_sharded replaces its _load_model, which
+    # its load_model_and_processor still calls; the model manager's no longer exist.
+    "cli.serving.model_manager.ModelManager._load_model": None,
+    "cli.serving.model_manager.ModelManager.load_model_and_processor": None,
+    "cli.serving.model_manager.ModelLoader._load_model": "716e4f2cee6e4a5c",
+    "cli.serving.model_manager.ModelLoader.load_model_and_processor": "4ceedaa5e81ff9f5",
 }
 CHANGED_IN = {
     "5.24": {
@@ -248,9 +270,25 @@ CHANGED_IN = {
         # GET /v1/models lists model_manager.list_models(): the serving module answers /v1/models itself (the served
         # name, serving._GenerationChecks), so upstream's listing is never reached.
         "cli.serving.server.build_server": "a040a6af921a70e0",
+        # A local checkpoint's model loads as on 5.23 (the change: a decision model's class is found by name; the
+        # replacement of serving.load_sharded loads a causal LM, as it did).
+        "cli.serving.model_manager.ModelManager._load_model": "841a401c221409f5",
     },
     "5.25": {**_LOOP_IN_CALLERS_INFERENCE_MODE, **_SERVER_REBUILT},
 }
+
+
+def replaced() -> dict[str, tuple[str, ...]]:
+    """The entries of :data:`REPLACED` that the installed release has (5.23-5.24 load with the model manager, 5.25
+    with a model loader)."""
+    found = {}
+    for name, callers in REPLACED.items():
+        try:
+            upstream_function(name)
+        except (AttributeError, ModuleNotFoundError):
+            continue
+        found[name] = callers
+    return found
 
 
 def release(version: str | None = None) -> str:

@@ -286,18 +286,24 @@ def version_digest(version: Hashable) -> int:
 
 def agree_versions(versions: WeightVersions, helper: Any, top: int, bottom: int, changed: bool) -> bool:
     """At a TP window's barrier, after the all-reduce of the ranks' version digests (MAX ``top``, MIN ``bottom``): when
-    the ranks set different versions (``set_weight_version`` is local to a rank), every rank logs an error naming
-    its own and adopts the driver's, broadcast from it, so that the group labels every token alike (issue 26,
-    point 12).  Returns ``changed``, or True when the versions differed (the KV of before may be stale)."""
+    the ranks hold different versions, every rank logs an error naming its own and takes ``PartialSync`` of the
+    driver's (broadcast from it), so that the group labels every token alike and never with a policy's version: ranks
+    whose versions differ may hold different weights (a write that landed on some ranks only: an update from disk
+    that failed on one rank of a served TP engine, a sync that failed half-way on one rank), and a label must not claim
+    a policy the engine may not hold (issue 26, point 12; issue 42).  A full update that sets one version on every
+    rank ends it.  Returns ``changed``, or True when the versions differed (the KV of before may be stale)."""
     if top == bottom:
         return changed
     driver = helper.tp_broadcast_object_from_rank_0(versions.current)
     logger.error(
-        "the ranks of this TP group set different weight versions in the same pause (this rank: %r): every rank "
-        "takes the driver's, %r; call set_weight_version() with the same value on every rank", versions.current, driver,
+        "the ranks of this TP group hold different weight versions after a pause (this rank: %r, the driver: %r): "
+        "their weights may differ, so every rank labels its tokens PartialSync(%r) until an update sets one version "
+        "on every rank (set_weight_version() with the same value on each rank, after each copied its shard)",
+        versions.current, driver, driver,
     )  # fmt: skip
-    if not _equal(driver, versions.current):
-        versions.current, versions.changed = driver, True
+    label = driver if isinstance(driver, PartialSync) else PartialSync(driver)
+    if not _equal(label, versions.current):
+        versions.current, versions.changed = label, True
     return True
 
 

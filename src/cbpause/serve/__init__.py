@@ -25,7 +25,7 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
               device: str = "cpu", dtype: str = "auto", continuous_batching_config: Any = None,
               api_key: str | None = None, served_model_name: str | None = None, max_leases: int = MAX_LEASES,
               max_body_bytes: int = MAX_BODY_BYTES, lease_log: str | Path | None = None,
-              **manager_kwargs: Any) -> Any:  # fmt: skip
+              tensor_parallel: Any = None, **manager_kwargs: Any) -> Any:  # fmt: skip
     """The FastAPI app serving ``checkpoint`` (a local model directory), its manager started.
 
     ``weights_dir``: the directory ``/update_weights_from_disk`` may read from (``None``: that route answers 403).
@@ -35,6 +35,9 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     waiting or held at once; ``max_body_bytes``: the longest request body.  ``lease_log``: a file the lease table
     appends its actions to, one JSON record a line (``tla/TraceFleetPause.tla`` validates it:
     ``python -m cbpause.tlc.fleet_traces FILE``).
+    ``tensor_parallel``: this server is one rank of a tensor-parallel engine
+    (:class:`cbpause.integrations.serving.TensorParallel`): it joins the ranks' process group first, then loads its
+    shard of the model; only rank 0 takes generation requests (docs/serving.md, "An engine of TP ranks").
     ``manager_kwargs`` go to :func:`cbpause.integrations.transformers.init_continuous_batching` (``while_paused``,
     ``max_staleness``, ``on_stale``, ``peer_park_timeout``, ``trace``).  ``app.state.manager`` and
     ``app.state.leases`` are the manager and the lease table; ``app.state.shutdown()`` ends the leases and stops the
@@ -52,8 +55,11 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
         raise ValueError(f"weights_dir {str(weights_dir)!r} is not a directory")
     Guard(None, api_key=api_key, max_body_bytes=max_body_bytes)  # its arguments checked before the model loads
     config = continuous_batching_config
+    if tensor_parallel is not None:
+        tensor_parallel.join()
     app, manager, generate = openai_app(checkpoint, device=device, dtype=dtype, continuous_batching_config=config,
-                                        served_model_name=served_model_name, **manager_kwargs)  # fmt: skip
+                                        served_model_name=served_model_name, tensor_parallel=tensor_parallel,
+                                        **manager_kwargs)  # fmt: skip
     try:
         log = None if lease_log is None else _log_writer(Path(lease_log))
         leases = LeaseTable(manager, default_ttl=default_ttl, max_leases=max_leases, log=log)

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import threading
+from typing import Any
 
 from .guard import MAX_BODY_BYTES
 from .leases import MAX_LEASES
@@ -43,6 +44,15 @@ def parser() -> argparse.ArgumentParser:
                    f"{MAX_BODY_BYTES}); longer is a 413")  # fmt: skip
     p.add_argument("--lease-log", default=None, help="append every action of the lease table to this file, one JSON "
                    "record a line (python -m cbpause.tlc.fleet_traces FILE validates it against tla/FleetPause.tla)")
+    p.add_argument("--tp-size", type=int, default=None, help="this server is one rank of a tensor-parallel engine "
+                   "of this many ranks, one cbpause serve each; only rank 0 takes generation requests")
+    p.add_argument("--tp-rank", type=int, default=None, help="this server's rank in the engine (with --tp-size)")
+    p.add_argument("--tp-init-method", default=None, help="where the ranks meet: tcp://HOST:PORT, the same on every "
+                   "rank (with --tp-size)")
+    p.add_argument("--tp-backend", choices=("gloo", "nccl"), default="gloo", help="the ranks' process group (gloo on "
+                   "the CPU, nccl on CUDA devices)")
+    p.add_argument("--tp-timeout", type=float, default=600.0, help="seconds a rank waits for the others at start-up, "
+                   "and each collective's deadline on the ranks' group (with --tp-size)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -62,20 +72,44 @@ def main(argv: list[str] | None = None) -> None:
     config = ContinuousBatchingConfig(**fields) if fields else None
     api_key = args.api_key if args.api_key is not None else os.environ.get("CBPAUSE_API_KEY") or None
     try:
+        tensor_parallel = _tensor_parallel(args)
         app = build_app(args.checkpoint, weights_dir=args.weights_dir, default_ttl=args.default_ttl,
                         device=args.device, dtype=args.dtype, continuous_batching_config=config,
                         while_paused=args.while_paused, max_staleness=args.max_staleness, on_stale=args.on_stale,
                         max_stale_restarts=args.max_stale_restarts,
                         api_key=api_key, served_model_name=args.served_model_name, max_leases=args.max_leases,
-                        max_body_bytes=args.max_body_bytes, lease_log=args.lease_log)  # fmt: skip
+                        max_body_bytes=args.max_body_bytes, lease_log=args.lease_log,
+                        tensor_parallel=tensor_parallel)  # fmt: skip
     except ValueError as error:
         sys.exit(f"cbpause serve: {error}")
+    except RuntimeError as error:
+        from ..integrations.serving import JoinFailed
+
+        if not isinstance(error, JoinFailed):
+            raise
+        sys.exit(f"cbpause serve: {error}")  # a rank whose peers never came
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"cbpause serve: warning: listening on {args.host} without --api-key: anyone who reaches the port can "
               "pause this server and load weights into it", file=sys.stderr)  # fmt: skip
     server = StoppingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=GRACE_S))  # fmt: skip
     server.run()
+
+
+def _tensor_parallel(args: Any) -> Any:
+    """The ``--tp-*`` options as a :class:`~cbpause.integrations.serving.TensorParallel`, or None without
+    ``--tp-size``; ``ValueError`` for a partial or bad set."""
+    given = [name for name in ("tp_rank", "tp_init_method") if getattr(args, name) is not None]
+    if args.tp_size is None:
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} needs --tp-size")
+        return None
+    if len(given) < 2:
+        raise ValueError("--tp-size needs --tp-rank and --tp-init-method")
+    from ..integrations.serving import TensorParallel
+
+    return TensorParallel(size=args.tp_size, rank=args.tp_rank, init_method=args.tp_init_method,
+                          backend=args.tp_backend, timeout=args.tp_timeout)  # fmt: skip
 
 
 GRACE_S = 10  # after a signal, the longest uvicorn waits for the connections it has before it closes them

@@ -15,7 +15,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CopyFailed", "check_inside", "copy_in", "load_checked", "weight_files", "weight_info"]
+__all__ = ["CopyFailed", "check_inside", "copy_in", "copy_whole_or_shard", "load_checked", "weight_files",
+           "weight_info"]
 
 
 def check_inside(path: Any, root: Path | None) -> Path:
@@ -131,11 +132,25 @@ def copy_in(model: Any, tensors: dict[str, Any], alive: Any = None, lock: Any = 
                 if alive is not None and not alive():
                     raise CopyFailed(copied, len(tensors), "the write passed its deadline and was cut off")
                 try:
-                    own[name].copy_(tensor.to(own[name].device))
+                    copy_whole_or_shard(own[name], tensor)
                 except Exception as error:  # noqa: BLE001 -- reported with how far the copy went
                     raise CopyFailed(copied, len(tensors), f"{type(error).__name__}: {error}") from error
             copied += 1
     return copied
+
+
+def copy_whole_or_shard(target: Any, tensor: Any) -> None:
+    """Copy the whole tensor ``tensor`` into ``target``, in place: all of it, or, where ``target`` is a ``DTensor`` (a
+    parameter of a tensor-parallel engine, whose shape is the whole tensor's), this rank's shard of it, cut by the
+    target's own placements on this rank, with no collective (``src_data_rank=None``)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(target, DTensor):
+        whole = tensor.to(target.to_local().device)
+        target.to_local().copy_(distribute_tensor(whole, target.device_mesh, target.placements,
+                                                  src_data_rank=None).to_local())  # fmt: skip
+    else:
+        target.copy_(tensor.to(target.device))
 
 
 def weight_info(model: Any) -> dict[str, Any]:

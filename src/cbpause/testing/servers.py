@@ -15,7 +15,7 @@ from pathlib import Path
 from .threads import HANG_S
 from .tp import free_port
 
-__all__ = ["free_port", "serve_process", "wait_healthy"]
+__all__ = ["free_port", "serve_process", "serve_tp_processes", "wait_healthy"]
 
 
 def wait_healthy(url: str, process: subprocess.Popen | None = None, timeout: float = HANG_S) -> None:
@@ -35,6 +35,45 @@ def wait_healthy(url: str, process: subprocess.Popen | None = None, timeout: flo
     raise RuntimeError(f"{url} did not answer /health within {timeout} s")
 
 
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def serve_tp_processes(checkpoint: Path, size: int, *args: str, rank_args: list[tuple[str, ...]] | None = None,
+                       logs: list[Path] | None = None) -> Iterator[list[tuple[str, subprocess.Popen]]]:  # fmt: skip
+    """An engine of ``size`` tensor-parallel ranks, one ``python -m cbpause.serve checkpoint --tp-size size --tp-rank
+    r *args *rank_args[r]`` each, meeting over gloo at a free port; yields ``[(base_url, process)]`` in rank order
+    once every rank answers ``/health`` (all start at once: each rank waits for the others before it loads its
+    shard).  ``logs``: a file per rank for its output."""
+    init = f"tcp://127.0.0.1:{free_port()}"
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    outs = [open(log, "w") if log is not None else subprocess.DEVNULL for log in (logs or [None] * size)]  # noqa: SIM115
+    ranks = []
+    try:
+        for rank in range(size):
+            port = free_port()
+            command = [sys.executable, "-m", "cbpause.serve", str(checkpoint), "--port", str(port), "--tp-size",
+                       str(size), "--tp-rank", str(rank), "--tp-init-method", init, *args,
+                       *(rank_args[rank] if rank_args else ())]  # fmt: skip
+            process = subprocess.Popen(command, stdout=outs[rank], stderr=subprocess.STDOUT, env=env)
+            ranks.append((f"http://127.0.0.1:{port}", process))
+        for url, process in ranks:
+            wait_healthy(url, process)
+        yield ranks
+    finally:
+        for _, process in ranks:
+            _stop(process)
+        for out in outs:
+            if out is not subprocess.DEVNULL:
+                out.close()
+
+
 @contextlib.contextmanager
 def serve_process(checkpoint: Path, *args: str, log: Path | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
     """``python -m cbpause.serve checkpoint --port P *args``; yields ``(base_url, process)`` once healthy."""
@@ -48,11 +87,6 @@ def serve_process(checkpoint: Path, *args: str, log: Path | None = None) -> Iter
         wait_healthy(url, process)
         yield url, process
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=30)
+        _stop(process)
         if log is not None:
             out.close()

@@ -556,6 +556,51 @@ def transfer_cut_while_receiving_keeps_the_weights(server: Guarded) -> None:
     check(completion(server.url).json()["choices"][0]["text"] == text, "the weights changed", Wrong)
 
 
+def tp_engine_refuses_what_would_part_its_ranks(server: Guarded) -> None:
+    """Issue 42's relay: an engine of two TP ranks, one ``cbpause serve`` each (an engine of its own).  A partial or
+    bad set of ``--tp-*`` options exits at once with a message; a rank whose peer never comes exits within its
+    ``--tp-timeout``, naming the wait, instead of never answering; a generation request to the rank that is not the
+    driver is a 409 (its request would not be in the batch the group shares); an update from disk that lands on one
+    rank only (the file outside the other's ``--weights-dir``) labels every rank ``PartialSync``, never the new
+    version: the ranks' weights differ."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    from ...testing.servers import free_port, serve_tp_processes
+
+    base = [sys.executable, "-m", "cbpause.serve", str(server.checkpoint), "--port", str(free_port())]
+    # (Each start imports torch and transformers: three, the rest of TensorParallel's checks are unit tests.)
+    for bad in (["--tp-size", "2"], ["--tp-size", "2", "--tp-rank", "2", "--tp-init-method", "tcp://h:1"],
+                ["--tp-size", "2", "--tp-rank", "0", "--tp-init-method", f"tcp://127.0.0.1:{free_port()}",
+                 "--tp-timeout", "2"]):  # fmt: skip
+        done = subprocess.run(base + bad, capture_output=True, text=True, timeout=WAIT)
+        check(done.returncode != 0 and done.stderr.strip().splitlines()[-1].startswith("cbpause serve: "),
+              f"cbpause serve {' '.join(bad)} exited {done.returncode}: {done.stderr[-300:]}")  # fmt: skip
+    both = server.scratch / "tp-weights" / "both"
+    both.mkdir(parents=True)
+    rank_args = [("--weights-dir", str(both.parent)), ("--weights-dir", str(both))]
+    with serve_tp_processes(server.checkpoint, 2, "--num-blocks", "64", "--default-ttl", str(WAIT),
+                            rank_args=rank_args) as ranks:  # fmt: skip
+        (driver, _), (peer, _) = ranks
+        refused = httpx.post(peer + "/v1/completions", json={"prompt": "t3 t4", "max_tokens": 2}, timeout=WAIT)
+        check(refused.status_code == 409, f"rank 1 took a generation request: {refused.status_code}")
+        from ...client import Fleet, FleetError
+        from ...testing.trl_cpu import save_tiny_policy
+
+        save_tiny_policy(both.parent / "new", vocab_size=VOCAB, seed=5)  # in the driver's reach only
+        with Fleet([driver, peer], request_timeout=WAIT) as fleet, fleet.pause(ttl=WAIT):
+            try:
+                fleet.update_weights_from_disk(str(both.parent / "new" / "model.safetensors"), weight_version="v1")
+                raise Wrong("an update one rank refused was reported whole")
+            except FleetError as error:
+                check(error.updated == [driver], f"updated {error.updated}, failed {list(error.failed)}")
+        label = httpx.post(driver + "/v1/completions", json={"prompt": "t3 t4", "max_tokens": 2},
+                           timeout=WAIT).json().get("weight_versions")  # fmt: skip
+        check(label == [[0, "PartialSync(sync='v1')"]], f"tokens of an engine whose ranks differ labelled {label}")
+
+
 # The lease table's steps the cases before lease_log_is_a_behaviour take, whatever the timing.
 LOGGED = frozenset({"PauseLease", "ResumeLease", "WriteBegin", "WriteEnd", "WriteRefused"})
 
@@ -580,7 +625,7 @@ CASES: dict[str, Callable[[Guarded], None]] = {case.__name__: case for case in (
     leaver_leaves_no_lease, bad_bodies, symlink_out_of_the_weights_dir, fifo_named_safetensors, strangers_are_refused,
     openai_conventions, fleet_checks_and_releases, second_trainer_is_fenced,
     weight_groups_refuse_bad_input_and_are_capped, transfer_cut_while_receiving_keeps_the_weights,
-    sigterm_answers_and_exits, lease_log_is_a_behaviour,
+    sigterm_answers_and_exits, tp_engine_refuses_what_would_part_its_ranks, lease_log_is_a_behaviour,
 )}  # fmt: skip
 
 
