@@ -216,7 +216,9 @@ COMMANDS = {
     },
     "soak_http": {
         "full": lambda a: _py("-m", "cbpause.apps.soak.http", *a),
-        "brief": lambda tmp: _py("-m", "cbpause.apps.soak.http", "--seconds", "4", "--seed", "29"),
+        # two servers, then the two ranks of one TP engine (issue 42's relay)
+        "brief": lambda tmp: _py("-m", "cbpause.apps.soak.http", "--seconds", "4", "--seed", "29")
+        + _py("-m", "cbpause.apps.soak.http", "--seconds", "4", "--seed", "31", "--tp"),
     },
 }
 

@@ -36,7 +36,8 @@ class WeightGroup:
     each broadcast after it too."""
 
     def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, *,
-                 group_name: str = DEFAULT_GROUP, backend: str = "gloo", timeout_s: float = 60.0) -> None:  # fmt: skip
+                 group_name: str = DEFAULT_GROUP, backend: str = "gloo", timeout_s: float = 60.0,
+                 device: str | None = None) -> None:  # fmt: skip
         import torch.distributed as dist
 
         if backend not in BACKENDS:
@@ -54,7 +55,9 @@ class WeightGroup:
             self._group = dist.ProcessGroupGloo(store, rank, world_size, self.timeout)
         else:  # pragma: no cover -- needs GPUs on two processes
             self._group = dist.ProcessGroupNCCL(store, rank, world_size)
-        self.device = "cpu" if backend == "gloo" else "cuda"
+        # gloo moves host tensors; NCCL this member's own device (a server's model's: two servers on two devices of one
+        # machine would otherwise both use the current one), the current one by default
+        self.device = "cpu" if backend == "gloo" else str(device or "cuda")
         self.timeout_s = float(timeout_s)
         # One update at a time: two routes' collectives interleaved on one group would pair the wrong messages.
         self.busy = threading.Lock()

@@ -283,12 +283,18 @@ class TensorParallel:
     def driver(self) -> bool:
         return self.rank == 0
 
-    def join(self) -> None:
+    def join(self, device: str = "cpu") -> None:
         """Join the default process group of the ``size`` ranks: each waits there for the others, ``timeout`` seconds
-        at most (``RuntimeError`` then: the server exits, naming the wait, instead of never answering)."""
+        at most (:class:`JoinFailed` then: the server exits, naming the wait, instead of never answering).  On a CUDA
+        ``device`` (``cuda:R``) that device becomes the process's current one first, where NCCL and the sharded
+        model's loading look for it."""
         from datetime import timedelta
 
+        import torch
         import torch.distributed as dist
+
+        if str(device).startswith("cuda"):
+            torch.cuda.set_device(torch.device(device))
 
         if dist.is_initialized():
             if (dist.get_world_size(), dist.get_rank()) != (self.size, self.rank):

@@ -56,7 +56,7 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     Guard(None, api_key=api_key, max_body_bytes=max_body_bytes)  # its arguments checked before the model loads
     config = continuous_batching_config
     if tensor_parallel is not None:
-        tensor_parallel.join()
+        tensor_parallel.join(device)
     app, manager, generate = openai_app(checkpoint, device=device, dtype=dtype, continuous_batching_config=config,
                                         served_model_name=served_model_name, tensor_parallel=tensor_parallel,
                                         **manager_kwargs)  # fmt: skip

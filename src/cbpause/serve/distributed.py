@@ -143,7 +143,7 @@ class WeightGroups:
         def build() -> None:
             try:
                 out["group"] = WeightGroup(address, port, rank, world, group_name=name, backend=backend,
-                                           timeout_s=timeout)  # fmt: skip
+                                           timeout_s=timeout, device=device)  # fmt: skip
             except Exception as error:  # noqa: BLE001 -- the route's 504
                 out["error"] = error
             with self._lock:

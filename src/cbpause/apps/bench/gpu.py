@@ -6,6 +6,9 @@ On a machine with a CUDA device it runs, in under 8 minutes on one device:
    ``cuda``, with a tiny random model built from a config; no download);
 2. ``python -m cbpause.apps.bench --device cuda --quick``, every case but TLC's (case 7's and case 10's TP groups stay
    on the CPU over gloo: one device cannot hold two NCCL ranks);
+3. the weight update of ``nox -s bench -- --weights`` (issue 42) with the two servers on CUDA: over NCCL where three
+   devices hold the trainer and the servers, one each, else over gloo (the tensors through the host: NCCL takes no two
+   ranks on one device), which the report says;
 
 and writes ``gpu.json`` (the device, the versions, the tests' outcome, the bench's rows) and ``gpu.md`` (the same
 as Markdown, ready for ``docs/benchmarks.md``) into ``--out``, with the bench's own ``bench.json``, ``bench.md``
@@ -90,7 +93,20 @@ def run_bench(cuda: bool, cases: str | None, out: Path) -> dict:
             "rows": report["rows"], "markdown": (bench_out / "bench.md").read_text()}  # fmt: skip
 
 
-def markdown(info: dict, tests: dict, bench: dict) -> str:
+def run_weights(info: dict) -> dict:
+    """Step 3: a full weight update to two servers on CUDA, by broadcast and from disk (``weights_side.measure``)."""
+    if not info["cuda"]:
+        return {"skipped": "no CUDA device (the CPU figure: nox -s bench -- --weights)"}
+    from .weights_side import measure, report
+
+    nccl = info.get("devices", 1) >= 3
+    devices = ("cuda:0", "cuda:1", "cuda:2") if nccl else ("cpu", "cuda:0", f"cuda:{min(1, info['devices'] - 1)}")
+    started = time.perf_counter()
+    result = measure(1024, 3, devices=devices, backend="nccl" if nccl else "gloo")
+    return {**result, "seconds": round(time.perf_counter() - started, 1), "markdown": report(result)}
+
+
+def markdown(info: dict, tests: dict, bench: dict, weights: dict | None = None) -> str:
     if info["cuda"]:
         head = (f"GPU check: {info['name']} ({info['memory_gib']} GiB, CUDA {info['cuda_version']}), torch "
                 f"{info['torch']}, transformers {info['transformers']}, Python {info['python']}")
@@ -101,6 +117,12 @@ def markdown(info: dict, tests: dict, bench: dict) -> str:
     lines = [head, "", f"CUDA tests (`{tests['command']}`): {counts}, exit {tests['exit']}, {tests['seconds']} s.", ""]
     what = "CPU stand-in (the bench's overhead case)" if bench["stand_in"] else "`python -m cbpause.apps.bench`"
     lines += [f"Bench, {what} (`{' '.join(bench['argv'])}`), {bench['seconds']} s:", "", bench["markdown"]]
+    if weights is not None:
+        if "skipped" in weights:
+            lines += ["", f"Weight update: skipped, {weights['skipped']}."]
+        else:
+            lines += ["", f"Weight update, trainer and servers on {', '.join(weights['devices'])} "
+                      f"({weights['seconds']} s):", "", weights["markdown"]]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -111,8 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu-check: {info.get('name') or info['why']}", flush=True)
     tests = run_tests(args.tests, args.out)
     bench = run_bench(info["cuda"], args.cases, args.out)
-    (args.out / "gpu.json").write_text(json.dumps({"device": info, "tests": tests, "bench": bench}, indent=1))
-    (args.out / "gpu.md").write_text(markdown(info, tests, bench))
+    weights = run_weights(info)
+    (args.out / "gpu.json").write_text(json.dumps({"device": info, "tests": tests, "bench": bench, "weights": weights},
+                                                  indent=1))  # fmt: skip
+    (args.out / "gpu.md").write_text(markdown(info, tests, bench, weights))
     print(f"gpu-check: wrote {args.out / 'gpu.json'} and {args.out / 'gpu.md'}")
     return 0 if tests["exit"] == 0 else 1  # 5, no test collected, is a broken check too
 

@@ -11,7 +11,9 @@ servers.  For each of ``--repeats`` interleaved rounds, under one ``Fleet.pause(
 For each: the update's seconds and GB/s (the bytes of one copy of the model over the update's seconds), and the pause
 from the call that enters it to the end of the resume.  The model is a random Llama whose size ``--weights-hidden``
 sets (stated in the output).  Writes ``weights.json`` and ``weights.md`` under ``--out``.  No GPU figure is claimed
-here: ``cbpause.apps.bench.gpu`` runs the NCCL side where a device is lent.
+here: ``cbpause.apps.bench.gpu`` runs :func:`measure` where a device is lent, with the servers on it (over NCCL where
+three devices hold the trainer and the two servers, one each: NCCL takes no two ranks on one device; over gloo, the
+tensors through the host, on a machine of one or two).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def figures(samples: list[float]) -> dict:
             "max_s": round(max(samples), 4)}  # fmt: skip
 
 
-def rounds(fleet: object, model: object, weights_dir: Path, repeats: int) -> dict:
+def rounds(fleet: object, model: object, weights_dir: Path, repeats: int, backend: str = "gloo") -> dict:
     """The interleaved rounds on ``fleet`` (its servers started with ``--weights-dir weights_dir`` and a checkpoint
     of ``model``'s shapes, its weight-update group initialised): the figures of each kind, and the model's size."""
     import torch
@@ -76,27 +78,32 @@ def rounds(fleet: object, model: object, weights_dir: Path, repeats: int) -> dic
         runs["disk_pause"].append(time.perf_counter() - started)
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     result = {"parameters": sum(p.numel() for p in model.parameters()), "bytes": nbytes, "servers": len(fleet.urls),
-              "repeats": repeats, "backend": "gloo", **{k: figures(v) for k, v in runs.items()}}  # fmt: skip
+              "repeats": repeats, "backend": backend, **{k: figures(v) for k, v in runs.items()}}  # fmt: skip
     for kind in ("broadcast", "disk"):
         result[kind]["gb_per_s"] = round(nbytes / 1e9 / result[kind]["median_s"], 3)
     return result
 
 
-def measure(hidden: int, repeats: int) -> dict:
+def measure(hidden: int, repeats: int, devices: tuple[str, str, str] = ("cpu", "cpu", "cpu"),
+            backend: str = "gloo") -> dict:  # fmt: skip
+    """The rounds with the trainer's model on ``devices[0]`` and the two servers on ``devices[1:]``, over
+    ``backend``."""
     from ...client import Fleet
     from ...testing.servers import serve_process
 
     with tempfile.TemporaryDirectory(prefix="cbpause-bench-weights-") as tmp:
         checkpoint, model = checkpoint_of(hidden, Path(tmp) / "ckpt")
+        model.to(devices[0])
         weights_dir = Path(tmp) / "weights"
         weights_dir.mkdir()
         flags = ("--weights-dir", str(weights_dir), "--num-blocks", "64", "--default-ttl", "300")
-        with serve_process(checkpoint, *flags) as (a, _), serve_process(checkpoint, *flags) as (b, _), \
+        with serve_process(checkpoint, *flags, "--device", devices[1]) as (a, _), \
+                serve_process(checkpoint, *flags, "--device", devices[2]) as (b, _), \
                 Fleet([a, b], request_timeout=300) as fleet:  # fmt: skip
-            fleet.init_weights_update_group("127.0.0.1", timeout=300)
-            result = rounds(fleet, model, weights_dir, repeats)
+            fleet.init_weights_update_group("127.0.0.1", backend=backend, timeout=300)
+            result = rounds(fleet, model, weights_dir, repeats, backend)
             fleet.destroy_weights_update_group()
-    return {"hidden": hidden, **result}
+    return {"hidden": hidden, "devices": list(devices), **result}
 
 
 def report(result: dict) -> str:
@@ -104,7 +111,8 @@ def report(result: dict) -> str:
     rows = [f"A full update of a random Llama ({size}) to {result['servers']} `cbpause serve` processes on this "
             f"machine's CPU, {result['repeats']} interleaved rounds (median, min-max):", "",
             "| update | seconds | GB/s | pause entry to resume, s |", "|---|---:|---:|---:|"]  # fmt: skip
-    for kind, name in (("broadcast", "by broadcast (gloo)"), ("disk", "from disk (`/update_weights_from_disk`)")):
+    broadcast = f"by broadcast ({result.get('backend', 'gloo')})"
+    for kind, name in (("broadcast", broadcast), ("disk", "from disk (`/update_weights_from_disk`)")):
         f, p = result[kind], result[f"{kind}_pause"]
         rows.append(f"| {name} | {f['median_s']} ({f['min_s']}-{f['max_s']}) | {f['gb_per_s']} | "
                     f"{p['median_s']} ({p['min_s']}-{p['max_s']}) |")  # fmt: skip

@@ -21,6 +21,10 @@ Two server processes (a tiny random Llama; one queues requests during a pause, o
   pauses at once (each answered: ``floods``), and clients that leave while their pause waits (withdrawn, never
   held for good: ``leavers``).
 
+With ``--tp`` the two servers are the two ranks of one tensor-parallel engine (issue 42's relay): the clients send to
+the driver, the trainers pause and update both ranks, and the disturbances are those that pause every rank (abandoned
+leases, killed trainers).
+
 The ledger, per server: every completion a client waited for is answered exactly once, with a 200 (its tokens and
 its version labels, each a version the trainer wrote) or, on the rejecting server during a pause, a 503; the
 server's own count of requests by outcome (``/metrics``) equals what the clients sent (nothing lost, nothing run
@@ -31,12 +35,13 @@ replays each server's lease log (``--lease-log``) against ``tla/FleetPause.tla``
 not (left early or rejected), a flood of pauses came and a client left while its pause waited.  The last line::
 
     soak-http: seconds=… pauses=… updates=… broadcasts=… groups=… checked_complete=… missed=… fenced=… abandoned=…
-               killed=… legacy=… floods=… leavers=… requests=… answered=… rejected=… left=… bad=… duplicates=…
+               killed=… legacy=… floods=… leavers=… requests=… answered=… rejected=… left=… bad=… duplicates=… partial=…
                lost=0 duplicated=0 hangs=0 wrong=0   (on one line)
 
-``missed`` counts the updates the fleet reported some server missed (a lease that ran out on a loaded machine, a
-pause that timed out, a write the other trainer's lease fenced off: ``fenced`` of them): reported, as
-R-FLEET-ALL-OR-NOTHING and R-WRITE-FENCE require, and not an error.
+``partial`` counts the answers labelled ``PartialSync`` (a write that failed half-way; on a TP engine, one that landed
+on some ranks only: R-TP-PARTIAL-WRITE).  ``missed`` counts the updates the fleet reported some server missed (a
+lease that ran out on a loaded machine, a pause that timed out, a write the other trainer's lease fenced off:
+``fenced`` of them): reported, as R-FLEET-ALL-OR-NOTHING and R-WRITE-FENCE require, and not an error.
 
 and the exit status is 1 unless lost, duplicated and hangs are 0 (or an answer was wrong: ``wrong=``).
 """
@@ -52,6 +57,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -59,7 +65,7 @@ import httpx
 
 from ...client import Fleet, FleetError
 from ...testing import HANG_S
-from ...testing.servers import serve_process
+from ...testing.servers import serve_process, serve_tp_processes
 from ...testing.trl_cpu import save_tiny_policy
 
 TTL = 2.0  # the leases' ttl, short so that expiries happen often
@@ -189,6 +195,11 @@ def check_answer(url: str, r: httpx.Response, n: int, ledger: Ledger, waited: fl
     labels = {v for _, v in body.get("weight_versions", [])}
     with ledger.lock:
         known = set(ledger.versions)
+    # A write that failed half-way, or (a TP engine) landed on some ranks only, labels PartialSync of its version:
+    # never a policy's, and a label of a version some trainer wrote all the same.
+    known |= {f"PartialSync(sync={v!r})" for v in known}
+    if any(str(v).startswith("PartialSync(") for v in labels):
+        ledger.count("partial")
     if tokens != n and not body["choices"][0].get("finish_reason") == "stop":
         ledger.problem(f"{url}: {tokens} tokens for max_tokens={n}")
     if not labels or not labels <= known:
@@ -254,22 +265,28 @@ def complete_update_stands(fleet: Fleet, version: int, ledger: Ledger) -> None:
     ledger.count("checked_complete")
 
 
-def disturber(urls: list[str], ledger: Ledger, stop: threading.Event, rng: random.Random) -> None:
+def disturber(urls: list[str], ledger: Ledger, stop: threading.Event, rng: random.Random, tp: bool = False) -> None:
     """Abandoned leases, killed trainer processes, floods of pauses, clients that leave while their pause waits and
     vLLM/SGLang-style pauses, one at a time: each kind once in every round of five, in a shuffled order (so that a
-    short run sees every kind), the roll within a kind random."""
+    short run sees every kind), the roll within a kind random.  With ``tp`` (``urls`` are the ranks of one TP engine)
+    only the kinds that pause every rank, as a TP engine must be paused (a pause on one rank parks the others, D3):
+    abandoned leases (one on each rank, in one mode) and killed trainers."""
     kinds: list[float] = []
     while not stop.wait(rng.uniform(0.5, 2.0)):
         if not kinds:
-            kinds = [0.2, 0.5, 0.6, 0.68, 0.9]  # one roll inside each kind's band below
+            kinds = [0.2, 0.5] if tp else [0.2, 0.5, 0.6, 0.68, 0.9]  # one roll inside each kind's band below
             rng.shuffle(kinds)
         roll, url = kinds.pop(), rng.choice(urls)
-        if roll < 0.4:  # a trainer that hangs: a lease never renewed nor resumed
-            r = httpx.post(url + "/pause", json={"mode": rng.choice(MODES), "ttl": TTL, "timeout": 30,
-                                                 "holder": "hung-trainer"}, timeout=HANG_S)  # fmt: skip
-            if r.status_code == 200:
+        if roll < 0.4:  # a trainer that hangs: a lease never renewed nor resumed (on every rank of a TP engine)
+            body = {"mode": rng.choice(MODES), "ttl": TTL, "timeout": 30, "holder": "hung-trainer"}
+            targets = urls if tp else [url]
+            with ThreadPoolExecutor(len(targets)) as pool:
+                asked = [pool.submit(httpx.post, u + "/pause", json=body, timeout=HANG_S) for u in targets]
+                answers = [a.result() for a in asked]
+            if any(r.status_code == 200 for r in answers):
                 ledger.count("abandoned")
-                expect_running(url, time.monotonic(), ledger, stop)
+                for u in targets:
+                    expect_running(u, time.monotonic(), ledger, stop)
         elif roll < 0.55:
             trainer_process = subprocess.Popen([sys.executable, "-c", KILLED_TRAINER % TTL, *urls],
                                                stdout=subprocess.PIPE, text=True)  # fmt: skip
@@ -377,13 +394,14 @@ def validate_lease_logs(logs: list[Path], ledger: Ledger) -> None:
             ledger.problem(f"TLC rejected the lease log {path.name} ({len(records)} records)")
 
 
-def exercised(ledger: Ledger) -> bool:
+def exercised(ledger: Ledger, tp: bool = False) -> bool:
     """What ``--each`` waits for: the trainer paused, an update by broadcast landed, a completion was answered and one
-    was not (left or rejected), a flood of pauses came and a client left while its pause waited."""
+    was not (left or rejected), a flood of pauses came and a client left while its pause waited (with ``tp``: a lease
+    abandoned on every rank in place of the last two, which a TP engine is not given)."""
     with ledger.lock:
         n = ledger.n
-        return n["pauses"] > 0 and n["broadcasts"] > 0 and n["answered"] > 0 and n["left"] + n["rejected"] > 0 \
-            and n["floods"] > 0 and n["leavers"] > 0
+        done = n["pauses"] > 0 and n["broadcasts"] > 0 and n["answered"] > 0 and n["left"] + n["rejected"] > 0
+        return done and (n["abandoned"] > 0 if tp else n["floods"] > 0 and n["leavers"] > 0)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -400,17 +418,26 @@ def run(args: argparse.Namespace) -> dict:
             (model / "model.safetensors").rename(weights / f"w{seed}.safetensors")
             names.append(f"w{seed}.safetensors")
         urls, logs = [], []
-        for rule in ("queue", "reject"):
+        if args.tp:  # one engine of two TP ranks (issue 42's relay): the clients send to the driver only
+            logs = [tmp / "leases-rank0.jsonl", tmp / "leases-rank1.jsonl"]
+            ranks = stack.enter_context(serve_tp_processes(
+                checkpoint, 2, "--weights-dir", str(weights), "--default-ttl", str(TTL), "--num-blocks", "128",
+                rank_args=[("--lease-log", str(log)) for log in logs]))  # fmt: skip
+            urls = [url for url, _ in ranks]
+        for rule in () if args.tp else ("queue", "reject"):
             logs.append(tmp / f"leases-{rule}.jsonl")
             options = ("--weights-dir", str(weights), "--default-ttl", str(TTL), "--while-paused", rule,
                        "--lease-log", str(logs[-1]))  # fmt: skip
             url, _ = stack.enter_context(serve_process(checkpoint, *options, "--num-blocks", "128"))
             urls.append(url)
+        generating = urls[:1] if args.tp else urls
+
         def rand() -> random.Random:
             return random.Random(rng.random())
 
-        threads = [threading.Thread(target=client, args=(urls[i % 2], ledger, stop, rand(), args.bound),
-                                    name=f"client-{i}") for i in range(4)]  # fmt: skip
+        threads = [threading.Thread(target=client, name=f"client-{i}",
+                                    args=(generating[i % len(generating)], ledger, stop, rand(), args.bound))
+                   for i in range(4)]  # fmt: skip
         # Trainer 0 sends its updates by broadcast, trainer 1 from disk: the two kinds of write race each other.
         from safetensors.torch import load_file
 
@@ -418,12 +445,13 @@ def run(args: argparse.Namespace) -> dict:
         threads += [threading.Thread(target=trainer, args=(urls, names, ledger, stop, rand(), k,
                                                            in_memory if k == 0 else None), name=f"trainer-{k}")
                     for k in range(TRAINERS)]  # fmt: skip
-        threads.append(threading.Thread(target=disturber, args=(urls, ledger, stop, rand()), name="disturber"))
+        threads.append(threading.Thread(target=disturber, args=(urls, ledger, stop, rand(), args.tp),
+                                        name="disturber"))  # fmt: skip
         started = time.monotonic()
         for t in threads:
             t.start()
         stop.wait(args.duration)
-        while args.each and not exercised(ledger):
+        while args.each and not exercised(ledger, args.tp):
             if time.monotonic() - started > args.duration + HANG_S:  # not even after the bound: a hang
                 ledger.count("hangs")
                 ledger.problem(f"--each: no pause, answer or unanswered completion after {HANG_S} s more: {ledger.n}")
@@ -443,7 +471,7 @@ def run(args: argparse.Namespace) -> dict:
     n = ledger.n
     keys = "pauses updates broadcasts groups checked_complete missed fenced abandoned killed legacy".split()
     keys += "floods leavers requests answered rejected left bad".split()
-    keys += ["duplicates"] + (["traced", "trace_records", "rejected_logs"] if args.validate_leases else [])
+    keys += ["duplicates", "partial"] + (["traced", "trace_records", "rejected_logs"] if args.validate_leases else [])
     keys += ["lost", "duplicated", "hangs"]
     return {"seconds": round(seconds), **{k: n[k] for k in keys}, "wrong": len(ledger.wrong)}
 
@@ -457,6 +485,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bound", type=float, default=HANG_S, help="no HTTP call may wait longer: a hang (default 300 s)")
     p.add_argument("--each", action="store_true", help="go on past the duration until the trainer paused, a completion "
                    "was answered and one was not (left or rejected)")  # fmt: skip
+    p.add_argument("--tp", action="store_true", help="the servers are the two ranks of one tensor-parallel engine "
+                   "(cbpause serve --tp-size 2): completions go to the driver, every pause to both ranks")
     p.add_argument("--no-validate-leases", dest="validate_leases", action="store_false", help="skip TLC's "
                    "validation of the servers' lease logs at the end (default: validated)")  # fmt: skip
     args = p.parse_args(argv)
