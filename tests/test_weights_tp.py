@@ -69,15 +69,21 @@ def test_a_bad_set_of_tensor_parallel_options_is_refused_before_anything_starts(
     assert TensorParallel(**good).driver is False and TensorParallel(**{**good, "rank": 0}).driver
     for bad, match in ((dict(size=1), "2 ranks or more"), (dict(size=True), "2 ranks or more"),
                        (dict(rank=2), "rank must be"), (dict(rank=-1), "rank must be"),
-                       (dict(init_method="127.0.0.1:29500"), "tcp://"), (dict(backend="mpi"), "backend"),
+                       (dict(init_method="127.0.0.1:29500"), "tcp://"), (dict(init_method="file:///no/dir/f"), "tcp://"),
+                       (dict(backend="mpi"), "backend"),
                        (dict(timeout=0), "timeout"), (dict(timeout=float("nan")), "timeout")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             TensorParallel(**{**good, **bad})
     for argv, match in ((["--tp-size", "2"], "needs --tp-rank"), (["--tp-rank", "1"], "needs --tp-size"),
-                        (["--tp-init-method", "tcp://h:1"], "needs --tp-size")):  # fmt: skip
+                        (["--tp-init-method", "tcp://h:1"], "needs --tp-size"),
+                        (["--tp-timeout", "5"], "needs --tp-size"),
+                        (["--tp-backend", "gloo"], "needs --tp-size")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             _tensor_parallel(parser().parse_args(["ckpt", *argv]))
     assert _tensor_parallel(parser().parse_args(["ckpt"])) is None
+    given = _tensor_parallel(parser().parse_args(["ckpt", "--tp-size", "2", "--tp-rank", "0", "--tp-init-method",
+                                                  "tcp://h:1", "--tp-timeout", "7"]))  # fmt: skip
+    assert (given.backend, given.timeout) == ("gloo", 7.0)
 
 
 def test_the_driver_serves_and_the_other_rank_refuses_generation(tp_engine, checkpoint):
@@ -137,6 +143,14 @@ def test_an_update_that_lands_on_one_rank_only_labels_the_engine_partial_until_a
     urls, _, _, dirs = tp_engine
     write_weights(policy(seed=9), dirs[0] / "model.safetensors")  # in rank 0's reach only
     with Fleet(urls, request_timeout=HANG_S) as fleet:
+        # A write that lands on rank 0 only and names the version both ranks hold already (a retry's, or None): the
+        # labels alone would not differ (found by review); that a rank set one and the other did not does.
+        held = info(urls[0])["weight_version"]
+        assert info(urls[1])["weight_version"] == held
+        with fleet.pause(ttl=HANG_S):
+            with pytest.raises(FleetError):
+                fleet.update_weights_from_disk(str(dirs[0] / "model.safetensors"), weight_version=held)
+        assert [info(url)["weight_version"] for url in urls] == [f"PartialSync(sync={held!r})"] * 2
         with fleet.pause(ttl=HANG_S):
             with pytest.raises(FleetError) as failed:
                 fleet.update_weights_from_disk(str(dirs[0] / "model.safetensors"), weight_version="half")

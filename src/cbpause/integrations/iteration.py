@@ -169,7 +169,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
                     # ranks must forget their shared prefixes alike, or their batches would part).
                     # and whether the ranks set the same weight version (a digest and its complement, in the same MAX)
                     versions = self.output_router.versions
-                    digest = weights.version_digest(versions.current)
+                    digest = weights.barrier_digest(versions)
                     top, low, changed = self.distributed_helper.tp_all_reduce_state(digest, -digest, int(changed))
                     changed = weights.agree_versions(versions, self.distributed_helper, top, -low, bool(changed))
                     # P-BARRIER's collective, on the group's CPU channel, bounded by its timeout (None: for ever);

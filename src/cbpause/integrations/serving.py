@@ -265,7 +265,7 @@ class TensorParallel:
     rank: int
     init_method: str
     backend: str = "gloo"
-    timeout: float = 600.0  # the wait for every rank at start-up, and each collective's deadline on the ranks' group
+    timeout: float = 600.0  # the wait for every rank at start-up, and each collective's deadline on the ranks' groups
 
     def __post_init__(self) -> None:
         if not (isinstance(self.size, int) and self.size >= 2):
@@ -274,8 +274,9 @@ class TensorParallel:
             raise ValueError(f"the rank must be in 0..{self.size - 1}, not {self.rank!r}")
         if self.backend not in ("gloo", "nccl"):
             raise ValueError(f"the backend must be 'gloo' or 'nccl', not {self.backend!r}")
-        if not (isinstance(self.init_method, str) and self.init_method.startswith(("tcp://", "file://"))):
-            raise ValueError(f"init_method must be 'tcp://HOST:PORT' (or 'file://PATH'), not {self.init_method!r}")
+        # (not file://: torch waits for ever on a file whose folder is missing; review)
+        if not (isinstance(self.init_method, str) and self.init_method.startswith("tcp://")):
+            raise ValueError(f"init_method must be 'tcp://HOST:PORT', not {self.init_method!r}")
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not 0 < self.timeout < 1e6:
             raise ValueError(f"timeout must be a number of seconds above 0, not {self.timeout!r}")
 
@@ -285,7 +286,8 @@ class TensorParallel:
 
     def join(self, device: str = "cpu") -> None:
         """Join the default process group of the ``size`` ranks: each waits there for the others, ``timeout`` seconds
-        at most (:class:`JoinFailed` then: the server exits, naming the wait, instead of never answering).  On a CUDA
+        (:class:`JoinFailed` then: the server exits, naming the wait, instead of never answering; torch's own
+        connection retries may make it take longer, not for ever).  On a CUDA
         ``device`` (``cuda:R``) that device becomes the process's current one first, where NCCL and the sharded
         model's loading look for it."""
         from datetime import timedelta
@@ -306,7 +308,7 @@ class TensorParallel:
                                     timeout=timedelta(seconds=self.timeout))  # fmt: skip
         except Exception as error:  # the store's timeout, a refused connection, an address in use...
             raise JoinFailed(f"rank {self.rank} of {self.size} could not join the other ranks at "
-                               f"{self.init_method} within {self.timeout} s: {error}") from error  # fmt: skip
+                               f"{self.init_method} (timeout {self.timeout} s): {error}") from error  # fmt: skip
 
 
 def load_sharded(loader: Any, checkpoint: str, tp: TensorParallel) -> None:

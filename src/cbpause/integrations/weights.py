@@ -38,7 +38,7 @@ from typing import Any
 __all__ = [
     "PartialSync",
     "MAX_STALE_RESTARTS", "STALE", "VersionedManager", "WeightVersions", "checked_staleness", "check_model_unchanged",
-    "forget_shared_prefixes", "set_new_version", "agree_versions", "ModelLayout", "version_digest",
+    "forget_shared_prefixes", "set_new_version", "agree_versions", "barrier_digest", "ModelLayout", "version_digest",
     "window_changed_weights", "engine_name",
 ]  # fmt: skip
 
@@ -81,6 +81,10 @@ class WeightVersions:
         self.stale = 0  # requests the bound restarted or ended so far
         self.current: Hashable = None
         self.changed = False  # the version changed since the last window's end (read and reset there)
+        # set_weight_version was called since the TP group's last barrier, to any version, the same one included: part
+        # of what the ranks compare there (R-TP-PARTIAL-WRITE: a write that landed on one rank only and set the
+        # version in force, a retry's or None, leaves the labels equal and the weights not)
+        self.set_since_barrier = False
         self.unchanged_entries = 0  # holders that entered the current window saying the weights stay as they are
         self.entries_seen = 0  # the protocol's pauses_taken at the last window's end
         self.launched: deque = deque()  # the version of each step launched and not read back yet, oldest first
@@ -107,6 +111,7 @@ class WeightVersions:
 
     def assign(self, version: Hashable) -> bool:
         """:meth:`set` for a checked ``version``; whether it changed the version in force."""
+        self.set_since_barrier = True
         if _equal(version, self.current):
             return False
         self.current, self.changed = version, True
@@ -284,19 +289,28 @@ def version_digest(version: Hashable) -> int:
     return zlib.crc32(repr(version).encode()) & 0x7FFFFFFF
 
 
+def barrier_digest(versions: WeightVersions) -> int:
+    """What a rank sends to the TP window's barrier (:func:`agree_versions`): a digest of its version in force and of
+    whether it set one since the last barrier (a write that sets the same version on one rank only still differs)."""
+    return version_digest((versions.current, versions.set_since_barrier))
+
+
 def agree_versions(versions: WeightVersions, helper: Any, top: int, bottom: int, changed: bool) -> bool:
-    """At a TP window's barrier, after the all-reduce of the ranks' version digests (MAX ``top``, MIN ``bottom``): when
-    the ranks hold different versions, every rank logs an error naming its own and takes ``PartialSync`` of the
-    driver's (broadcast from it), so that the group labels every token alike and never with a policy's version: ranks
-    whose versions differ may hold different weights (a write that landed on some ranks only: an update from disk
-    that failed on one rank of a served TP engine, a sync that failed half-way on one rank), and a label must not claim
-    a policy the engine may not hold (issue 26, point 12; issue 42).  A full update that sets one version on every
-    rank ends it.  Returns ``changed``, or True when the versions differed (the KV of before may be stale)."""
+    """At a TP window's barrier, after the all-reduce of the ranks' :func:`barrier_digest` (MAX ``top``, MIN
+    ``bottom``): when the ranks hold different versions, or some set one in the window and others did not, every rank
+    logs an error naming its own and takes ``PartialSync`` of the driver's (broadcast from it), so that the group
+    labels every token alike and never with a policy's version: such ranks may hold different weights (a write that
+    landed on some ranks only: an update from disk that failed on one rank of a served TP engine, a sync that failed
+    half-way on one rank), and a label must not claim a policy the engine may not hold (issue 26, point 12; issue
+    42).  A full update that sets one version on every rank ends it.  Returns ``changed``, or True when the versions
+    differed (the KV of before may be stale)."""
+    versions.set_since_barrier = False
     if top == bottom:
         return changed
     driver = helper.tp_broadcast_object_from_rank_0(versions.current)
     logger.error(
-        "the ranks of this TP group hold different weight versions after a pause (this rank: %r, the driver: %r): "
+        "the ranks of this TP group hold different weight versions after a pause, or set one on some ranks only "
+        "(this rank: %r, the driver: %r): "
         "their weights may differ, so every rank labels its tokens PartialSync(%r) until an update sets one version "
         "on every rank (set_weight_version() with the same value on each rank, after each copied its shard)",
         versions.current, driver, driver,

@@ -49,10 +49,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tp-rank", type=int, default=None, help="this server's rank in the engine (with --tp-size)")
     p.add_argument("--tp-init-method", default=None, help="where the ranks meet: tcp://HOST:PORT, the same on every "
                    "rank (with --tp-size)")
-    p.add_argument("--tp-backend", choices=("gloo", "nccl"), default="gloo", help="the ranks' process group (gloo on "
-                   "the CPU, nccl on CUDA devices)")
-    p.add_argument("--tp-timeout", type=float, default=600.0, help="seconds a rank waits for the others at start-up, "
-                   "and each collective's deadline on the ranks' group (with --tp-size)")
+    p.add_argument("--tp-backend", choices=("gloo", "nccl"), default=None, help="the ranks' process group (gloo, the "
+                   "default, on the CPU; nccl on CUDA devices)")
+    p.add_argument("--tp-timeout", type=float, default=None, help="seconds a rank waits for the others at start-up "
+                   "(at least: torch's own connection retries may take longer), and each collective's deadline on the "
+                   "ranks' groups, the loop's included (with --tp-size; default 600)")
+    p.add_argument("--peer-park-timeout", type=float, default=300.0, help="seconds a TP rank parked for a peer's "
+                   "pause waits for a holder of its own before every rank fails (D3; default 300)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -67,19 +70,26 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError as error:  # a transformers whose server is not supported: the message says what to install
         sys.exit(f"cbpause serve: {error}")
 
-    fields = {"num_blocks": args.num_blocks, "return_logprobs": True if args.return_logprobs else None}
+    try:
+        tensor_parallel = _tensor_parallel(args)
+    except ValueError as error:
+        sys.exit(f"cbpause serve: {error}")
+    # With TP, --tp-timeout bounds the loop's own collectives too (the CPU group's all-reduce, broadcast and barrier)
+    fields = {"num_blocks": args.num_blocks, "return_logprobs": True if args.return_logprobs else None,
+              "cpu_group_timeout": None if tensor_parallel is None else tensor_parallel.timeout}  # fmt: skip
     fields = {k: v for k, v in fields.items() if v is not None}
     config = ContinuousBatchingConfig(**fields) if fields else None
     api_key = args.api_key if args.api_key is not None else os.environ.get("CBPAUSE_API_KEY") or None
+    if args.served_model_name is not None and not args.served_model_name.strip():  # before a TP rank joins its peers
+        sys.exit(f"cbpause serve: served_model_name must be a non-empty string, not {args.served_model_name!r}")
     try:
-        tensor_parallel = _tensor_parallel(args)
         app = build_app(args.checkpoint, weights_dir=args.weights_dir, default_ttl=args.default_ttl,
                         device=args.device, dtype=args.dtype, continuous_batching_config=config,
                         while_paused=args.while_paused, max_staleness=args.max_staleness, on_stale=args.on_stale,
                         max_stale_restarts=args.max_stale_restarts,
                         api_key=api_key, served_model_name=args.served_model_name, max_leases=args.max_leases,
                         max_body_bytes=args.max_body_bytes, lease_log=args.lease_log,
-                        tensor_parallel=tensor_parallel)  # fmt: skip
+                        tensor_parallel=tensor_parallel, peer_park_timeout=args.peer_park_timeout)  # fmt: skip
     except ValueError as error:
         sys.exit(f"cbpause serve: {error}")
     except RuntimeError as error:
@@ -99,17 +109,18 @@ def main(argv: list[str] | None = None) -> None:
 def _tensor_parallel(args: Any) -> Any:
     """The ``--tp-*`` options as a :class:`~cbpause.integrations.serving.TensorParallel`, or None without
     ``--tp-size``; ``ValueError`` for a partial or bad set."""
-    given = [name for name in ("tp_rank", "tp_init_method") if getattr(args, name) is not None]
+    given = [n for n in ("tp_rank", "tp_init_method", "tp_backend", "tp_timeout") if getattr(args, n) is not None]
     if args.tp_size is None:
         if given:
             raise ValueError(f"--{given[0].replace('_', '-')} needs --tp-size")
         return None
-    if len(given) < 2:
+    if args.tp_rank is None or args.tp_init_method is None:
         raise ValueError("--tp-size needs --tp-rank and --tp-init-method")
     from ..integrations.serving import TensorParallel
 
+    optional = {"backend": args.tp_backend, "timeout": args.tp_timeout}
     return TensorParallel(size=args.tp_size, rank=args.tp_rank, init_method=args.tp_init_method,
-                          backend=args.tp_backend, timeout=args.tp_timeout)  # fmt: skip
+                          **{k: v for k, v in optional.items() if v is not None})  # fmt: skip
 
 
 GRACE_S = 10  # after a signal, the longest uvicorn waits for the connections it has before it closes them
