@@ -27,8 +27,8 @@ from .test_serve import VOCAB, complete, policy  # noqa: E402
 from .test_weights_broadcast import PROMPT, expected_text, info, text  # noqa: E402
 
 pytestmark = pytest.mark.layer("system")
-# The ranks' bounds on each other: a peer that dies ends the survivor's loop within these (a healthy peer is only
-# ever slow, and the tests that kill one wait for the error, not for a time).
+# Every rank's flags: leases no slow machine lets expire (HANG_S).  A rank killed is seen by its peer at once (gloo's
+# connection closes): the test that kills one waits for the error, not for a time.
 FLAGS = ("--default-ttl", str(HANG_S), "--num-blocks", "64", "--served-model-name", "tiny")
 
 
@@ -163,6 +163,26 @@ def test_an_update_that_lands_on_one_rank_only_labels_the_engine_partial_until_a
             assert sorted(fleet.update_weights_from_disk(str(dirs[1]), weight_version="whole")) == sorted(urls)
     assert text(urls[0]) == expected_text(policy(seed=10), PROMPT, 6).strip()
     assert [info(url)["weight_version"] for url in urls] == ["whole", "whole"]
+
+
+def test_a_fleet_pause_refused_on_one_rank_does_not_lose_the_engine(checkpoint, tmp_path):
+    """Found by review: a fleet pause granted on the driver and refused on rank 1 (a key only rank 1 asks for) was
+    released on the driver, but rank 1 stayed parked for the driver's pause with no holder of its own, and both
+    failed at peer_park_timeout (300 s), requests waiting meanwhile.  Rank 1 now joins the pause with an empty window
+    of its own after serve.PEER_JOIN_GRACE_S, and the engine serves on."""
+    rank_args = [(), ("--api-key", "only-rank-1")]
+    with serve_tp_processes(checkpoint, 2, *FLAGS, rank_args=rank_args,
+                            logs=[tmp_path / "rank0.out", tmp_path / "rank1.out"]) as ranks:  # fmt: skip
+        (driver, _), (peer, _) = ranks
+        before = text(driver)
+        with Fleet([driver, peer], request_timeout=HANG_S) as fleet:
+            with pytest.raises(FleetError) as refused:
+                with fleet.pause(ttl=HANG_S):
+                    pass
+        assert list(refused.value.failed) == [peer] and "401" in refused.value.failed[peer], refused.value.failed
+        assert text(driver) == before  # answered once rank 1 joined, not a 503 at peer_park_timeout
+        answer = httpx.get(peer + "/health", timeout=HANG_S)
+        assert answer.status_code == 200, answer.text
 
 
 def test_a_rank_killed_mid_transfer_is_named_and_the_engine_serves_no_mix(tp_engine_to_kill):

@@ -8,7 +8,9 @@ CHECKPOINT`` or ``cbpause serve CHECKPOINT`` runs it; ``docs/serving.md`` is its
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -16,9 +18,12 @@ from typing import Any
 from .guard import MAX_BODY_BYTES
 from .leases import MAX_LEASES
 
-__all__ = ["FLUSH_S", "build_app", "shutdown"]
+__all__ = ["FLUSH_S", "PEER_JOIN_GRACE_S", "build_app", "join_parked_peer_pauses", "shutdown"]
 
 FLUSH_S = 4.0  # how long a stopping server lets the requests in flight finish, before it ends them with an error
+# How long a rank of a TP engine stays parked for a peer's pause with no holder of its own before it joins that pause
+# with an empty window of its own (join_parked_peer_pauses): far longer than a fleet takes to pause every rank.
+PEER_JOIN_GRACE_S = 10.0
 
 
 def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default_ttl: float = 30.0,
@@ -73,6 +78,9 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     app.state.manager, app.state.leases, app.state.generate = manager, leases, generate
     app.state.weight_groups = groups
     app.state.shutdown = lambda: shutdown(leases, manager, groups=groups)
+    if tensor_parallel is not None:
+        threading.Thread(target=join_parked_peer_pauses, args=(manager,), daemon=True,
+                         name="cbpause-tp-peer-join").start()  # fmt: skip
     upstream = app.router.lifespan_context
 
     @asynccontextmanager
@@ -85,6 +93,36 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
 
     app.router.lifespan_context = lifespan
     return app
+
+
+def join_parked_peer_pauses(manager: Any, grace: float = PEER_JOIN_GRACE_S) -> None:
+    """A rank of a TP engine parked for a peer's pause (P-PARK-FOR-PEER) with no holder of its own for ``grace``
+    seconds joins it with an empty window (a holder that enters and leaves at once: P-JOIN-PEER-PAUSE), so that a
+    pause that reached some ranks only (a fleet pause refused on one rank, a client that paused the driver alone)
+    does not lose the engine at ``peer_park_timeout`` (D3; found by issue 42's hostile review).  The weights of this
+    rank do not change in that window: if the peer's holder writes, the ranks' versions differ at the barrier and every
+    rank labels ``PartialSync`` (R-TP-PARTIAL-WRITE).  The rank then waits at the barrier for the peer's window to
+    end, within the group's timeout.  Ends with the loop (the server stops, or the loop failed).  Polls the protocol's
+    phase, a few times a grace: nothing here waits on the loop."""
+    status = manager.background_thread_status
+    parked_since = None
+    pace = threading.Event()  # never set: a bounded wait between looks
+    while manager.is_running():
+        pace.wait(min(1.0, grace / 4))
+        state = status.state
+        if state.phase != "peer" or state.count:
+            parked_since = None
+            continue
+        now = time.monotonic()
+        parked_since = parked_since or now
+        if now - parked_since < grace:
+            continue
+        parked_since = None
+        try:
+            with manager.pause(timeout=grace, weights_changed=False):
+                pass
+        except Exception as error:  # noqa: BLE001 -- the loop stopped, or the window passed: logged, looked at again
+            logger.warning("a parked TP rank could not join its peer's pause: %s", error)
 
 
 def _log_writer(path: Path) -> Any:
@@ -100,6 +138,7 @@ def _log_writer(path: Path) -> Any:
     return write
 
 
+logger = logging.getLogger("cbpause")
 _SHUTTING = threading.Lock()  # a signal's thread and the app's lifespan both stop the server: one after the other
 
 

@@ -558,11 +558,11 @@ def transfer_cut_while_receiving_keeps_the_weights(server: Guarded) -> None:
 
 def tp_engine_refuses_what_would_part_its_ranks(server: Guarded) -> None:
     """Issue 42's relay: an engine of two TP ranks, one ``cbpause serve`` each (an engine of its own).  A partial or
-    bad set of ``--tp-*`` options exits at once with a message; a rank whose peer never comes exits within its
-    ``--tp-timeout``, naming the wait, instead of never answering; a generation request to the rank that is not the
-    driver is a 409 (its request would not be in the batch the group shares); an update from disk that lands on one
-    rank only (the file outside the other's ``--weights-dir``) labels every rank ``PartialSync``, never the new
-    version: the ranks' weights differ."""
+    bad set of ``--tp-*`` options exits at once with a message; a rank whose peer never comes exits once its
+    ``--tp-timeout`` has passed, naming the wait, instead of never answering; a generation request to the rank that is
+    not the driver is a 409 (its request would not be in the batch the group shares); an update from disk that lands
+    on one rank only (the file outside the other's ``--weights-dir``) labels every rank ``PartialSync``, never the
+    new version: the ranks' weights differ."""
     import subprocess
     import sys
 
