@@ -53,6 +53,8 @@ HOT = [
         prelude=("tp_pause = int(tp_pause)", "busy = bool(busy) and tp_pause == t.DRAIN"),
         keys=("tp_status", "tp_pause", "busy"), slow=True),
     Hot("no_pause", "P-NO-PAUSE (``NoPause``)."),
+    # Not taken every iteration, but on the resume's path: between the last holder's exit and the next forward step.
+    Hot("barrier", "P-BARRIER (``Barrier``), this rank's part: the group left the pause window together."),
     Hot("start_step", '''P-START-STEP (``StartStep``): a forward step is about to run.
 
         Enforces ExclusionInv where the step runs: with a holder inside (which the invariants rule out) it
@@ -123,6 +125,8 @@ def generate(text: str, hot: list[Hot] = HOT, inherited: str = "") -> str:
     widths = ", ".join([f"**{inherited}._MEMO_WIDTHS"] * bool(inherited) + own)
     comment = "    # The hot steps, and the width of one memo of each: (before, *keys, after).\n"
     table = f"{comment}    _MEMO_WIDTHS = {{{widths}}}\n"
+    if len(table.splitlines()[-1]) > 120:  # one entry a line
+        table = comment + "    _MEMO_WIDTHS = {\n" + "".join(f"        {w},\n" for w in widths.split(", ")) + "    }\n"
     body = "\n".join(method(h) for h in hot)
     return head + BEGIN + table + "\n" + body + "\n" + END + tail
 

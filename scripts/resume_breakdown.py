@@ -2,10 +2,11 @@
 
 A resume is case 3 of the bench: from the last holder's exit to the loop's next forward step.  Split here, per
 pause, into: the holder's exit to the end of the loop's window (``wake``), to the end of the group step (``to
-group end``: for cbpause, the barrier, the model check at the resume and the forgetting of shared prefixes, D6),
-to the end of ``prepare_next_batch`` (the scheduler's batch), to the forward step.  Medians in microseconds over
-3 interleaved repetitions of 60 pauses on a busy loop.  ``--no-check`` and ``--no-forget`` replace the model check
-and the forgetting with no-ops (to see their share; never in production)::
+group end``: for cbpause, the barrier and the forgetting of shared prefixes, D6; since issue 38 the model check
+runs once the forward step is launched, outside the resume), to the end of ``prepare_next_batch`` (the scheduler's
+batch), to the forward step.  Medians in microseconds over 3 interleaved repetitions of 60 pauses on a busy loop.
+``--no-check`` and ``--no-forget`` replace the model check and the forgetting with no-ops (to see their share;
+never in production)::
 
     python scripts/resume_breakdown.py [--no-check] [--no-forget]
 """

@@ -281,6 +281,46 @@ def test_generated_request_ids_skip_the_ids_a_caller_chose(manager):
     still_usable(manager)
 
 
+def test_a_model_change_the_step_survives_is_caught_before_any_of_its_tokens_is_read_back():
+    """The check after a window runs once the next forward step is launched (issue 38: on a GPU it overlaps the
+    step).  A change the forward step does not trip over (a parameter it never reads, moved to float64) still ends
+    the loop with the check's error, and the step computed after the window hands no token to any request: the
+    batch is never read back, and each request fails with exactly the tokens it had before the window (one in
+    flight, and one queued in the pause, which makes sure a step follows the window)."""
+    from cbpause.testing import tiny_llama
+
+    model = tiny_llama("cpu", 0)
+    model.unused = torch.nn.Linear(2, 2)  # in the snapshot of the loop's layout; no forward step reads it
+    manager = cbt.init_continuous_batching(model, greedy_config(480), batching_config())
+    manager.start()
+    try:
+        request = manager.add_request(list(PROMPT), max_new_tokens=480, streaming=True)
+        first = manager.get_result(request_id=request, timeout=WAIT)
+        assert first is not None and first.status != RequestStatus.FAILED
+        processor = manager.batch_processor
+        read_back = []
+        with manager.pause(timeout=WAIT):
+            model.unused.to(torch.float64)
+            queued = manager.add_request(list(PROMPT), max_new_tokens=4)
+            state = processor.scheduler.active_requests[request]  # 480 tokens: still in flight
+            before = {request: list(state.generated_tokens), queued: []}
+            original = processor.update_batch
+            processor.update_batch = lambda: (read_back.append(1), original())[1]
+        manager._generation_thread.join(WAIT)
+        assert not manager._generation_thread.is_alive()
+        error = manager.background_thread_status.fatal_error
+        assert error is not None and "'unused.weight' became torch.float64" in str(error)
+        assert read_back == []  # the step after the window was launched, and its tokens never read back
+        last = {}
+        while (out := manager.get_result(timeout=0)) is not None:
+            last[out.request_id] = out
+        assert {i: list(o.generated_tokens) for i, o in last.items()} == before
+        assert all(o.status == RequestStatus.FAILED for o in last.values())
+    finally:
+        if manager.is_running():
+            manager.stop(block=True, timeout=WAIT)
+
+
 @pytest.mark.parametrize("how", ["to", "load_state_dict(assign=True)"])
 def test_a_model_moved_to_another_dtype_inside_a_pause_fails_the_loop_with_a_clear_error(manager, how):
     """Upstream: the next forward step fails with index_copy_'s dtype error.  Stop and start builds a new cache.

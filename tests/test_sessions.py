@@ -107,9 +107,20 @@ CHECKS = {
 }
 
 
-def brief(name: str):
+# The sessions whose brief runs are tests of their own, one a command, each output checked alone: the HTTP soak's two
+# (two servers, then a TP engine: half a minute each, mostly the servers' start), which CI's two processes then share.
+SEPARATE = {"soak_http"}
+
+
+def brief(name: str, part: int | None = None):
     layer = noxfile.ENV_LAYER[noxfile.SESSION_ENV[name]]
-    return pytest.param(name, id=name, marks=[pytest.mark.layer(layer)])
+    return pytest.param(name, part, id=name if part is None else f"{name}-{part}", marks=[pytest.mark.layer(layer)])
+
+
+def briefs() -> list:
+    """One parameter a session, or one a command of its brief run for those of :data:`SEPARATE`."""
+    return [brief(n, part) for n in sorted(noxfile.COMMANDS)
+            for part in (range(len(noxfile.COMMANDS[n]["brief"](""))) if n in SEPARATE else [None])]  # fmt: skip
 
 
 def test_every_named_session_has_a_brief_run_and_an_environment():
@@ -129,12 +140,13 @@ def test_the_light_environment_has_no_torch():
     assert not any(req.split("[")[0].split(">")[0].split("=")[0].strip() in ("torch", "transformers") for req in dev)
 
 
-@pytest.mark.parametrize("name", [brief(n) for n in sorted(noxfile.COMMANDS)])
-def test_the_session_runs_briefly(name, tmp_path):
+@pytest.mark.parametrize(("name", "part"), briefs())
+def test_the_session_runs_briefly(name, part, tmp_path):
     if shutil.which("java") is None and name in ("tlc_deep", "traces", "traces_real"):
         pytest.skip("java is not installed")
     out = []
-    for argv, env in noxfile.COMMANDS[name]["brief"](str(tmp_path)):
+    commands = noxfile.COMMANDS[name]["brief"](str(tmp_path))
+    for argv, env in commands if part is None else [commands[part]]:
         exe = shutil.which(argv[0], path=os.path.dirname(sys.executable)) or shutil.which(argv[0])
         command = [sys.executable, *argv[1:]] if argv[0] == "python" else [exe or argv[0], *argv[1:]]
         done = subprocess.run(command, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True,
@@ -160,7 +172,7 @@ def test_what_ci_leaves_out_of_its_ci_session_the_same_run_makes_elsewhere():
     assert all((ROOT / f).is_file() for f in ignored)
     assert noxfile.NEWEST in noxfile.SERVED or "tests/test_serve.py" not in ignored  # skipped there: kept here
     assert left[-2:] == ["--deselect", "tests/test_sessions.py::test_the_session_runs_briefly[traces_real]"]
-    assert noxfile.RELEASE_CAMPAIGN("") == noxfile.COMMANDS["traces_real"]["brief"]("")
+    assert noxfile.RELEASE_CAMPAIGN == f"tests/test_sessions.py::{test_the_session_runs_briefly.__name__}[traces_real]"
     assert "traces_real" in noxfile.COMMANDS  # the id deselected is one of test_the_session_runs_briefly's
 
 

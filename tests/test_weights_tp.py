@@ -77,13 +77,19 @@ def test_a_bad_set_of_tensor_parallel_options_is_refused_before_anything_starts(
     for argv, match in ((["--tp-size", "2"], "needs --tp-rank"), (["--tp-rank", "1"], "needs --tp-size"),
                         (["--tp-init-method", "tcp://h:1"], "needs --tp-size"),
                         (["--tp-timeout", "5"], "needs --tp-size"),
-                        (["--tp-backend", "gloo"], "needs --tp-size")):  # fmt: skip
+                        (["--tp-backend", "gloo"], "needs --tp-size"),
+                        (["--peer-join-grace", "1"], "needs --tp-size")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             _tensor_parallel(parser().parse_args(["ckpt", *argv]))
     assert _tensor_parallel(parser().parse_args(["ckpt"])) is None
     given = _tensor_parallel(parser().parse_args(["ckpt", "--tp-size", "2", "--tp-rank", "0", "--tp-init-method",
                                                   "tcp://h:1", "--tp-timeout", "7"]))  # fmt: skip
     assert (given.backend, given.timeout) == ("gloo", 7.0)
+    from cbpause.serve import build_app  # a grace the peers' park would outlast, refused before the model loads
+
+    for grace, park in ((0, 300.0), (-1, 300.0), (float("nan"), 300.0), (True, 300.0), ("5", 300.0), (300, 300.0)):
+        with pytest.raises(ValueError, match="peer_join_grace"):
+            build_app("no-such-checkpoint", peer_join_grace=grace, peer_park_timeout=park)
 
 
 def test_the_driver_serves_and_the_other_rank_refuses_generation(tp_engine, checkpoint):
@@ -169,8 +175,9 @@ def test_a_fleet_pause_refused_on_one_rank_does_not_lose_the_engine(checkpoint, 
     """Found by review: a fleet pause granted on the driver and refused on rank 1 (a key only rank 1 asks for) was
     released on the driver, but rank 1 stayed parked for the driver's pause with no holder of its own, and both
     failed at peer_park_timeout (300 s), requests waiting meanwhile.  Rank 1 now joins the pause with an empty window
-    of its own after serve.PEER_JOIN_GRACE_S, and the engine serves on."""
-    rank_args = [(), ("--api-key", "only-rank-1")]
+    of its own after its --peer-join-grace (serve.PEER_JOIN_GRACE_S by default; 1 s here), and the engine serves
+    on."""
+    rank_args = [("--peer-join-grace", "1"), ("--peer-join-grace", "1", "--api-key", "only-rank-1")]
     with serve_tp_processes(checkpoint, 2, *FLAGS, rank_args=rank_args,
                             logs=[tmp_path / "rank0.out", tmp_path / "rank1.out"]) as ranks:  # fmt: skip
         (driver, _), (peer, _) = ranks

@@ -203,9 +203,12 @@ class PauseProtocol(RankProtocol):
 
     def pause_window(self) -> None:
         """:meth:`RankProtocol.pause_window <cbpause.core.loop.LoopSteps.pause_window>`, after the AllReduce a
-        drop-in ``update_with_tp_status()`` deferred (its decision: pause)."""
-        with self._lock:
-            self._apply_deferred(True)
+        drop-in ``update_with_tp_status()`` deferred (its decision: pause).  Only the loop's thread sets or applies
+        ``_deferred``, so the loop (the caller) reads it without the lock: none taken on the resume's path when none
+        is deferred (issue 38)."""
+        if self._deferred is not None:
+            with self._lock:
+                self._apply_deferred(True)
         super().pause_window()
 
     def fail_loop(self, error: BaseException) -> None:

@@ -89,12 +89,33 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             status.record_request("PeerDrop", request_id)
 
     def _generation_step(self, model: Any) -> None:
-        """Upstream's forward step, its version noted (R-VERSIONS: async batching reads it back after a window)."""
+        """Upstream's forward step, its version noted (R-VERSIONS: async batching reads it back after a window).
+
+        The first step after a window of a loop without peers checks that the holders left the model's dtype and
+        device alone (:func:`~cbpause.integrations.weights.check_model_unchanged`) once the step is launched: on a
+        GPU the check runs while the device computes, instead of between the last holder's exit and the step (issue
+        38); on the CPU it runs after the step.  Either way before the step's tokens are read back (``update_batch``,
+        or the next iteration's under async batching): a check that fails ends the loop with its clear error and no
+        token of that step reaches a request.  A step that fails because the model changed gets the check's error,
+        the kernel's as its cause.  A rank with peers checks before the step instead (``_group_decision``): its
+        forward step's collectives would mix its model with the peers'."""
         self.output_router.versions.launch()
         status = self.background_thread_status
         if status.tracing:  # RequestVersions' Launch, with the requests the step computes
             status.record_labels("Launch", ids=_batch_ids(self))
-        super()._generation_step(model)
+        if not self._cbpause_check_due:
+            super()._generation_step(model)
+            return
+        self._cbpause_check_due = False
+        try:
+            super()._generation_step(model)
+        except Exception as error:
+            try:
+                weights.check_model_unchanged(self)
+            except RuntimeError as clear:
+                raise clear from error
+            raise
+        weights.check_model_unchanged(self)
 
     def update_batch(self) -> None:
         """Upstream's read-back of a step's tokens, labelled with that step's version.  Traced: RequestVersions' Land,
@@ -181,7 +202,10 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
                     _collective_failed(status, error)
                     raise
             status.barrier()  # P-BARRIER: the group leaves the window together
-            weights.check_model_unchanged(self, changed)
+            if self.distributed_helper.cpu_comm_group is None:
+                self._cbpause_check_due = True  # checked once the next forward step is launched (_generation_step)
+            else:
+                weights.check_model_unchanged(self)
             if changed:
                 weights.forget_shared_prefixes(self)  # D6: no new request reads KV from before the pause
             versions = self.output_router.versions

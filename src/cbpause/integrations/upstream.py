@@ -142,6 +142,7 @@ STAMPS = {
     "_cbpause_stale": "the cache (weights.never_share_stale_blocks)",
     "_cbpause_model": "the batch processor (PausableContinuousBatchingManager._create_batch_processor)",
     "_cbpause_layout": "the batch processor (the same; weights.check_model_unchanged renews it)",
+    "_cbpause_check_due": "the batch processor (the same; the window sets it, the next forward step's launch checks)",
     "_cbpause_inference_mode": "the batch processor (the same): the inference mode its tensors were made in",
 }
 
@@ -337,12 +338,13 @@ def dropped(minor: str | None = None) -> set[str]:
 def patch_processor(processor: Any, cls: type, model: Any, versions: weights.WeightVersions, status: Any) -> Any:
     """Every change the integration makes to a batch processor upstream built (``_create_batch_processor``), in one
     place: its class becomes ``cls`` (the integration's ``PausableBatchProcessor``, which adds no state, so that
-    upstream's constructor is not copied), the stamps the resume check reads, and the wraps of :data:`WRAPPED`.
-    A processor reused for the next session keeps its wraps (each is idempotent)."""
+    upstream's constructor is not copied), the stamps the model check after a window reads, and the wraps of
+    :data:`WRAPPED`.  A processor reused for the next session keeps its wraps (each is idempotent)."""
     if type(processor) is cls.__base__:
         processor.__class__ = cls
-    processor._cbpause_model = model  # for the check at the resume (weights.check_model_unchanged)
+    processor._cbpause_model = model  # for the check after a window (weights.check_model_unchanged)
     processor._cbpause_layout = weights.ModelLayout(model)  # each parameter's dtype and device, now
+    processor._cbpause_check_due = False  # no window yet (a new cache is built for the model as it is)
     never_share_stale_blocks(processor, versions)
     hold_admission(processor.scheduler, status)
     scheduler = processor.scheduler

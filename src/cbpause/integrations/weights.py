@@ -349,17 +349,18 @@ class ModelLayout:
         return True
 
 
-def check_model_unchanged(processor: Any, changed: bool = True) -> None:
-    """At the resume: a holder that moved the model to another dtype or device inside the pause gets a clear error
-    (the loop's fatal error, every request in flight failed with it) instead of a low-level one from the first
-    kernel that mixes the model with the KV cache, which keeps the dtype and device it was built with.
+def check_model_unchanged(processor: Any) -> None:
+    """After a window, before any token of a later step is read back: a holder that moved the model to another dtype
+    or device inside the pause gets a clear error (the loop's fatal error, every request in flight failed with it)
+    instead of a low-level one from the first kernel that mixes the model with the KV cache, which keeps the dtype
+    and device it was built with (where it runs: ``PausableBatchProcessor._generation_step``).
 
     The module tree is compared with the snapshot taken when the loop was built (:class:`ModelLayout`); only a
     difference pays for the full check: every parameter against the layout (a module swapped for one of another
     dtype, a ``float64`` ``lm_head``: issue 26, point 13), and the model's dtype and device against the cache's.  A
     difference that passes (parameters replaced by others of the same dtype and device) becomes the new snapshot.
-    ``changed`` (whether the window may have changed the weights) is kept for the callers: the snapshot makes the
-    check as cheap either way."""
+    It runs after every window, whether or not its holders said they changed the weights: a holder that said
+    ``weights_changed=False`` can still move the model, and the snapshot makes the check as cheap either way."""
     cache, model = processor.cache, getattr(processor, "_cbpause_model", None)
     layout = getattr(processor, "_cbpause_layout", None)
     if model is None or layout is None or layout.unchanged():

@@ -9,6 +9,7 @@ CHECKPOINT`` or ``cbpause serve CHECKPOINT`` runs it; ``docs/serving.md`` is its
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -30,7 +31,8 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
               device: str = "cpu", dtype: str = "auto", continuous_batching_config: Any = None,
               api_key: str | None = None, served_model_name: str | None = None, max_leases: int = MAX_LEASES,
               max_body_bytes: int = MAX_BODY_BYTES, lease_log: str | Path | None = None,
-              tensor_parallel: Any = None, **manager_kwargs: Any) -> Any:  # fmt: skip
+              tensor_parallel: Any = None, peer_join_grace: float = PEER_JOIN_GRACE_S,
+              **manager_kwargs: Any) -> Any:  # fmt: skip
     """The FastAPI app serving ``checkpoint`` (a local model directory), its manager started.
 
     ``weights_dir``: the directory ``/update_weights_from_disk`` may read from (``None``: that route answers 403).
@@ -43,6 +45,9 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     ``tensor_parallel``: this server is one rank of a tensor-parallel engine
     (:class:`cbpause.integrations.serving.TensorParallel`): it joins the ranks' process group first, then loads its
     shard of the model; only rank 0 takes generation requests (docs/serving.md, "An engine of TP ranks").
+    ``peer_join_grace``: how long such a rank stays parked for a peer's pause with no holder of its own before it
+    joins it (:func:`join_parked_peer_pauses`); positive, and below ``peer_park_timeout`` (or the peers would fail
+    first).
     ``manager_kwargs`` go to :func:`cbpause.integrations.transformers.init_continuous_batching` (``while_paused``,
     ``max_staleness``, ``on_stale``, ``peer_park_timeout``, ``trace``).  ``app.state.manager`` and
     ``app.state.leases`` are the manager and the lease table; ``app.state.shutdown()`` ends the leases and stops the
@@ -59,6 +64,11 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     if root is not None and not root.is_dir():
         raise ValueError(f"weights_dir {str(weights_dir)!r} is not a directory")
     Guard(None, api_key=api_key, max_body_bytes=max_body_bytes)  # its arguments checked before the model loads
+    park = manager_kwargs.get("peer_park_timeout", 300.0)
+    number = isinstance(peer_join_grace, (int, float)) and not isinstance(peer_join_grace, bool)
+    if not (number and 0 < peer_join_grace < (math.inf if park is None else park)):
+        raise ValueError(f"peer_join_grace must be a positive number of seconds below peer_park_timeout ({park}), "
+                         f"not {peer_join_grace!r}")  # fmt: skip
     config = continuous_batching_config
     if tensor_parallel is not None:
         tensor_parallel.join(device)
@@ -79,7 +89,7 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     app.state.weight_groups = groups
     app.state.shutdown = lambda: shutdown(leases, manager, groups=groups)
     if tensor_parallel is not None:
-        threading.Thread(target=join_parked_peer_pauses, args=(manager,), daemon=True,
+        threading.Thread(target=join_parked_peer_pauses, args=(manager, peer_join_grace), daemon=True,
                          name="cbpause-tp-peer-join").start()  # fmt: skip
     upstream = app.router.lifespan_context
 

@@ -56,6 +56,9 @@ def parser() -> argparse.ArgumentParser:
                    "ranks' groups, the loop's included (with --tp-size; default 600)")
     p.add_argument("--peer-park-timeout", type=float, default=300.0, help="seconds a TP rank parked for a peer's "
                    "pause waits for a holder of its own before every rank fails (D3; default 300)")
+    p.add_argument("--peer-join-grace", type=float, default=None, help="seconds a TP rank parked for a peer's "
+                   "pause with no holder of its own waits before it joins that pause with an empty window (with "
+                   "--tp-size; default 10, below --peer-park-timeout)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -82,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     api_key = args.api_key if args.api_key is not None else os.environ.get("CBPAUSE_API_KEY") or None
     if args.served_model_name is not None and not args.served_model_name.strip():  # before a TP rank joins its peers
         sys.exit(f"cbpause serve: served_model_name must be a non-empty string, not {args.served_model_name!r}")
+    grace = {} if args.peer_join_grace is None else {"peer_join_grace": args.peer_join_grace}
     try:
         app = build_app(args.checkpoint, weights_dir=args.weights_dir, default_ttl=args.default_ttl,
                         device=args.device, dtype=args.dtype, continuous_batching_config=config,
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
                         max_stale_restarts=args.max_stale_restarts,
                         api_key=api_key, served_model_name=args.served_model_name, max_leases=args.max_leases,
                         max_body_bytes=args.max_body_bytes, lease_log=args.lease_log,
-                        tensor_parallel=tensor_parallel, peer_park_timeout=args.peer_park_timeout)  # fmt: skip
+                        tensor_parallel=tensor_parallel, peer_park_timeout=args.peer_park_timeout,
+                        **grace)  # fmt: skip
     except ValueError as error:
         sys.exit(f"cbpause serve: {error}")
     except RuntimeError as error:
@@ -109,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
 def _tensor_parallel(args: Any) -> Any:
     """The ``--tp-*`` options as a :class:`~cbpause.integrations.serving.TensorParallel`, or None without
     ``--tp-size``; ``ValueError`` for a partial or bad set."""
-    given = [n for n in ("tp_rank", "tp_init_method", "tp_backend", "tp_timeout") if getattr(args, n) is not None]
+    given = [n for n in ("tp_rank", "tp_init_method", "tp_backend", "tp_timeout", "peer_join_grace")
+             if getattr(args, n) is not None]  # fmt: skip
     if args.tp_size is None:
         if given:
             raise ValueError(f"--{given[0].replace('_', '-')} needs --tp-size")

@@ -3,7 +3,7 @@ stale requests in every mode."""
 
 from __future__ import annotations
 
-from .support import WAIT, Silent, Wrong, _expect, _manager, _nothing_held, _outputs, _serves
+from .support import WAIT, Lost, Silent, Wrong, _expect, _manager, _nothing_held, _outputs, _serves
 
 
 def bad_weight_versions() -> None:
@@ -53,6 +53,43 @@ def float64_lm_head() -> None:
     error = manager.background_thread_status.fatal_error
     if error is None or "lm_head.weight" not in str(error):
         raise Wrong(f"the loop's error does not name the parameter: {error!r}")
+
+
+def model_change_the_step_survives() -> None:
+    """A parameter no forward step reads, moved to float64 inside a pause, with a request in flight and one queued
+    in the pause: the first step after the window runs without an error of its own, and the check after its launch
+    (issue 38) must still end the loop naming the parameter, each request failed with the tokens it had before the
+    window: none of that step's reaches either."""
+    import torch
+
+    from cbpause.integrations import transformers as cbt
+    from cbpause.testing import batching_config, greedy_config, tiny_llama
+
+    model = tiny_llama()
+    model.unused = torch.nn.Linear(2, 2)  # in the loop's snapshot of the model; no forward step reads it
+    manager = cbt.init_continuous_batching(model, greedy_config(400), batching_config())
+    manager.start()
+    rid = manager.add_request([1, 2, 3], streaming=True)
+    if manager.get_result(request_id=rid, timeout=WAIT) is None:
+        raise Lost("no first token")
+    with manager.pause(timeout=WAIT):
+        model.unused.to(torch.float64)
+        queued = manager.add_request([4, 5, 6], streaming=True)  # so that a step follows the window in any case
+        state = manager.batch_processor.scheduler.active_requests.get(rid)
+        before = {queued: [], **({} if state is None else {rid: list(state.generated_tokens)})}
+    manager._generation_thread.join(WAIT)
+    error = manager.background_thread_status.fatal_error
+    if error is None or "unused.weight" not in str(error):
+        raise Wrong(f"the loop's error does not name the parameter: {error!r}")
+    last = {}
+    while (out := manager.get_result(timeout=0)) is not None:  # the loop has ended: every output is queued
+        last[out.request_id] = out
+    for request, tokens in before.items():
+        if request not in last:
+            raise Lost(request)
+        if list(last[request].generated_tokens) != tokens:
+            got = len(last[request].generated_tokens) - len(tokens)
+            raise Wrong(f"{request} got {got} tokens of the step after the window")
 
 
 def weight_sync_misuse() -> None:
