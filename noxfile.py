@@ -66,18 +66,24 @@ def _pip_values(pip_config: str) -> dict[str, str]:
 
 def uv_settings_from_pip(pip_config: str) -> dict[str, str]:
     """uv's variables for ``pip config list``'s output ``pip_config`` (:func:`_pip_values`), with pip's choice among
-    indexes (the best version on any of them), pip's bytecode compiled at install, and no download of a Python
-    interpreter (only the registries are reachable).  ``no-index`` is a flag of the install instead
-    (:func:`install`)."""
-    # pip compiles what it installs to bytecode; uv does not unless asked, and where PYTHONDONTWRITEBYTECODE is set
-    # (as on CI's machine) every process then compiled transformers and torch again at import: CI's tests ran 90 s
-    # longer.
-    settings = {"UV_INDEX_STRATEGY": "unsafe-best-match", "UV_PYTHON_DOWNLOADS": "never", "UV_COMPILE_BYTECODE": "1"}
+    indexes (the best version on any of them) and no download of a Python interpreter (only the registries are
+    reachable).  ``no-index`` is a flag of the install instead (:func:`install`).  Bytecode is written at import,
+    not compiled at install (the comment above :func:`pip_flags`)."""
+    settings = {"UV_INDEX_STRATEGY": "unsafe-best-match", "UV_PYTHON_DOWNLOADS": "never"}
     for name, value in _pip_values(pip_config).items():
         variable, separator = PIP_TO_UV[name]
         if variable:
             settings[variable] = separator.join(value.split())
     return settings
+
+
+# Bytecode is written by the sessions' processes as they import, not compiled at install.  pip compiles all it
+# installs; uv does not unless asked (UV_COMPILE_BYTECODE), and where PYTHONDONTWRITEBYTECODE is set, as on CI's
+# machine, every process then compiled transformers and torch again at import (CI's tests ran 90 s longer).  Compiling
+# at install costs 26 s of CPU for each environment with torch (all of torch, transformers and TRL, 14 s of a CI run
+# each); the first import that compiles what a process needs costs 5 s once.  So the sessions' processes, which
+# inherit nox's environment, write the bytecode of what they import, whatever the caller's PYTHONDONTWRITEBYTECODE.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def pip_flags(pip_config: str) -> list[str]:

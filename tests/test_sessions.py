@@ -191,13 +191,13 @@ def test_uv_takes_what_pip_would_take():
     ])  # fmt: skip
     settings = noxfile.uv_settings_from_pip(listed)
     assert settings == {
-        "UV_INDEX_STRATEGY": "unsafe-best-match", "UV_PYTHON_DOWNLOADS": "never", "UV_COMPILE_BYTECODE": "1",
+        "UV_INDEX_STRATEGY": "unsafe-best-match", "UV_PYTHON_DOWNLOADS": "never",
         "UV_FIND_LINKS": "/opt/wheels", "UV_CONSTRAINT": "/etc/xdg/pip/constraints.txt",
         "UV_EXTRA_INDEX_URL": "file:///a/simple file:///b/simple", "UV_INDEX_URL": "https://mirror.example/simple",
         "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt",
     }  # fmt: skip
     assert noxfile.uv_settings_from_pip("global.find-links='/x /y'")["UV_FIND_LINKS"] == "/x,/y"
-    assert set(noxfile.uv_settings_from_pip("")) == {"UV_INDEX_STRATEGY", "UV_PYTHON_DOWNLOADS", "UV_COMPILE_BYTECODE"}
+    assert set(noxfile.uv_settings_from_pip("")) == {"UV_INDEX_STRATEGY", "UV_PYTHON_DOWNLOADS"}
 
 
 def test_uv_reads_pip_s_values_as_pip_prints_them():
