@@ -305,8 +305,8 @@ RELEASES = {"5.23": "5.23.0", "5.24": "5.24.0", "5.25": "5.25.0"}
 SERVED = ("5.23", "5.24", "5.25")
 # On each release: the integration's real-loop tests, the TP=2 gloo tests, the serve tests (where it runs), TRL, the
 # upstream defect tests (D1-D11, strict xfails: a release that fixes one fails here) and the drop-in fidelity tests
-# (transformers' own pause scenarios through cbpause), the fingerprints and the staleness bound; and the real-loop
-# campaign's covering subset (RELEASE_CAMPAIGN).
+# (transformers' own pause scenarios through cbpause), the fingerprints and the staleness bound; then the real-loop
+# campaign's covering subset.
 RELEASE_TESTS = (
     "tests/test_integration_transformers.py", "tests/test_integration_tp.py", "tests/test_upstream_copies.py",
     "tests/test_dropin_fidelity.py", "tests/test_protocol_threads.py", "tests/test_staleness.py",
@@ -319,19 +319,20 @@ SERVE_TESTS = ("tests/test_serve.py", "tests/test_serve_hostile.py", "tests/test
                "tests/test_weights_tp.py", "tests/test_trl_fleet.py")  # fmt: skip
 NEWEST = max(RELEASES, key=lambda minor: tuple(int(x) for x in minor.split(".")))
 # The real-loop campaign's covering subset (every mode, the TP=2 plans, collective faults), its traces validated by
-# TLC: each release's session runs it (the loop's behaviour on that release is the spec's).  It is the brief run of
-# traces_real, run as the test that runs that brief, among the release's tests: pytest-xdist's other process goes on
-# with them meanwhile (run after them, it added its whole minute to CI).
-RELEASE_CAMPAIGN = "tests/test_sessions.py::test_the_session_runs_briefly[traces_real]"
+# TLC: each release's session ends with it (the loop's behaviour on that release is the spec's), and it is the brief
+# run of traces_real.  After the tests, not among them: it computes as much as they do, and run as one of them
+# (pytest-xdist sharing the two cores) it took 83 s instead of 47 and CI's run of the release session grew by 23 s.
+RELEASE_CAMPAIGN = COMMANDS["traces_real"]["brief"]
 
 
 def left_to_the_newest_release() -> list[str]:
     """The ``ci`` session's pytest arguments in CI: leave out the tests that CI's run of the newest release's session
     (``transformers-<NEWEST>``, in the same ``.ci/run``) runs, on the release users upgrade to, and the brief run of
-    ``traces_real``, which that session runs too (:data:`RELEASE_CAMPAIGN`); the serve tests would stay if that
+    ``traces_real``, which that session ends with (:data:`RELEASE_CAMPAIGN`); the serve tests would stay if that
     release had no ``cbpause serve`` (they would be skipped there).  The matrix sessions run them on every release."""
     files = [f for f in RELEASE_TESTS if NEWEST in SERVED or f not in SERVE_TESTS]
-    return [*(f"--ignore={f}" for f in files), "--deselect", RELEASE_CAMPAIGN]
+    campaign = "tests/test_sessions.py::test_the_session_runs_briefly[traces_real]"
+    return [*(f"--ignore={f}" for f in files), "--deselect", campaign]
 
 
 def _release_session(minor: str, version: str) -> None:
@@ -342,8 +343,9 @@ def _release_session(minor: str, version: str) -> None:
         # In CI (.ci/run sets CI), the newest release's session runs CI's selection of these tests (--ci: not those
         # marked `extended`); run by hand, every one.
         selection = ("--ci",) if os.environ.get("CI") else ()
-        session.run("pytest", "-p", "no:cacheprovider", *XDIST, *selection, *RELEASE_TESTS, RELEASE_CAMPAIGN,
-                    *session.posargs, env=TLC_CACHE)  # fmt: skip
+        session.run("pytest", "-p", "no:cacheprovider", *XDIST, *selection, *RELEASE_TESTS, *session.posargs,
+                    env=TLC_CACHE)  # fmt: skip
+        _run(session, RELEASE_CAMPAIGN(""))
 
     session_fn.__doc__ = f"The integration's checks on transformers {version} (its own virtual environment)."
     nox.session(python=PYTHON, name=f"transformers-{minor}")(session_fn)
