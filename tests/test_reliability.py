@@ -321,6 +321,28 @@ def test_a_model_change_the_step_survives_is_caught_before_any_of_its_tokens_is_
             manager.stop(block=True, timeout=WAIT)
 
 
+def test_a_model_moved_in_a_pause_of_an_idle_loop_fails_it_at_once(manager):
+    """Found by review: with the check after the next step's launch, an idle loop (no request after the window)
+    served on, and the moved model was reported only at its next request, or never before a ``stop()``.  A window
+    with no step after it checks at once: the loop ends with the clear error and the next pause is refused."""
+    manager.start()
+    model = manager.model
+    try:
+        with manager.pause(timeout=WAIT):
+            model.to(torch.float64)
+        manager._generation_thread.join(WAIT)
+        assert not manager._generation_thread.is_alive()
+        error = manager.background_thread_status.fatal_error
+        assert error is not None and "inside a pause" in str(error) and "float64" in str(error)
+        with pytest.raises(RuntimeError):
+            with manager.pause(timeout=WAIT):
+                pass
+    finally:
+        if manager.is_running():
+            manager.stop(block=True, timeout=WAIT)
+        model.to(torch.float32)
+
+
 @pytest.mark.parametrize("how", ["to", "load_state_dict(assign=True)"])
 def test_a_model_moved_to_another_dtype_inside_a_pause_fails_the_loop_with_a_clear_error(manager, how):
     """Upstream: the next forward step fails with index_copy_'s dtype error.  Stop and start builds a new cache.

@@ -85,11 +85,16 @@ def test_a_bad_set_of_tensor_parallel_options_is_refused_before_anything_starts(
     given = _tensor_parallel(parser().parse_args(["ckpt", "--tp-size", "2", "--tp-rank", "0", "--tp-init-method",
                                                   "tcp://h:1", "--tp-timeout", "7"]))  # fmt: skip
     assert (given.backend, given.timeout) == ("gloo", 7.0)
-    from cbpause.serve import build_app  # a grace the peers' park would outlast, refused before the model loads
+    from cbpause.serve import _peer_join_grace, build_app
 
-    for grace, park in ((0, 300.0), (-1, 300.0), (float("nan"), 300.0), (True, 300.0), ("5", 300.0), (300, 300.0)):
-        with pytest.raises(ValueError, match="peer_join_grace"):
-            build_app("no-such-checkpoint", peer_join_grace=grace, peer_park_timeout=park)
+    for grace in (0, -1, 0.1, float("nan"), True, "5", 300, float("inf")):  # refused before the model loads
+        with pytest.raises(ValueError, match="peer_join_grace must be at least"):
+            _peer_join_grace(grace, 300.0, True)
+    with pytest.raises(ValueError, match="TP engine only"):
+        build_app("no-such-checkpoint", peer_join_grace=5)
+    # Found by review: the default grace was checked against a --peer-park-timeout given alone, TP or not.
+    assert _peer_join_grace(None, 5.0, True) == 2.5 and _peer_join_grace(None, 5.0, False) == 10.0
+    assert _peer_join_grace(None, None, True) == 10.0 and _peer_join_grace(2, None, True) == 2.0
 
 
 def test_the_driver_serves_and_the_other_rank_refuses_generation(tp_engine, checkpoint):

@@ -97,8 +97,9 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         38); on the CPU it runs after the step.  Either way before the step's tokens are read back (``update_batch``,
         or the next iteration's under async batching): a check that fails ends the loop with its clear error and no
         token of that step reaches a request.  A step that fails because the model changed gets the check's error,
-        the kernel's as its cause.  A rank with peers checks before the step instead (``_group_decision``): its
-        forward step's collectives would mix its model with the peers'."""
+        the kernel's as its cause.  A loop with no step after the window checks at once (``_loop_body``).  A rank with
+        peers checks before the step instead (``_group_decision``): its forward step's collectives would mix its
+        model with the peers'."""
         self.output_router.versions.launch()
         status = self.background_thread_status
         if status.tracing:  # RequestVersions' Launch, with the requests the step computes
@@ -272,6 +273,9 @@ class LoopIteration:
             status.end_step()
             modes.record_first_steps(batch_processor)  # a trace's FirstStep records (nothing without a recorder)
             return not bootstrapping
+        if batch_processor._cbpause_check_due:  # a window and no step after it: nothing to overlap, check now, so
+            batch_processor._cbpause_check_due = False  # that an idle loop fails at once, not at its next request
+            weights.check_model_unchanged(batch_processor)
         if status.tp_status == status.HARD_STOP:
             return False  # P-EXIT-LOOP was taken in the group step
         if status.tp_status == status.FLUSH_AND_STOP and not batch_processor.has_pending_requests():

@@ -19,19 +19,22 @@ from typing import Any
 from .guard import MAX_BODY_BYTES
 from .leases import MAX_LEASES
 
-__all__ = ["FLUSH_S", "PEER_JOIN_GRACE_S", "build_app", "join_parked_peer_pauses", "shutdown"]
+__all__ = ["FLUSH_S", "MIN_PEER_JOIN_GRACE_S", "PEER_JOIN_GRACE_S", "build_app", "join_parked_peer_pauses",
+           "shutdown"]
 
 FLUSH_S = 4.0  # how long a stopping server lets the requests in flight finish, before it ends them with an error
 # How long a rank of a TP engine stays parked for a peer's pause with no holder of its own before it joins that pause
 # with an empty window of its own (join_parked_peer_pauses): far longer than a fleet takes to pause every rank.
 PEER_JOIN_GRACE_S = 10.0
+# The shortest grace (a shorter one would have the joining thread poll the protocol hundreds of times a second).
+MIN_PEER_JOIN_GRACE_S = 0.5
 
 
 def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default_ttl: float = 30.0,
               device: str = "cpu", dtype: str = "auto", continuous_batching_config: Any = None,
               api_key: str | None = None, served_model_name: str | None = None, max_leases: int = MAX_LEASES,
               max_body_bytes: int = MAX_BODY_BYTES, lease_log: str | Path | None = None,
-              tensor_parallel: Any = None, peer_join_grace: float = PEER_JOIN_GRACE_S,
+              tensor_parallel: Any = None, peer_join_grace: float | None = None,
               **manager_kwargs: Any) -> Any:  # fmt: skip
     """The FastAPI app serving ``checkpoint`` (a local model directory), its manager started.
 
@@ -46,8 +49,9 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     (:class:`cbpause.integrations.serving.TensorParallel`): it joins the ranks' process group first, then loads its
     shard of the model; only rank 0 takes generation requests (docs/serving.md, "An engine of TP ranks").
     ``peer_join_grace``: how long such a rank stays parked for a peer's pause with no holder of its own before it
-    joins it (:func:`join_parked_peer_pauses`); positive, and below ``peer_park_timeout`` (or the peers would fail
-    first).
+    joins it (:func:`join_parked_peer_pauses`): at least ``MIN_PEER_JOIN_GRACE_S``, and below ``peer_park_timeout``
+    (or the peers would fail first); ``None``: :data:`PEER_JOIN_GRACE_S`, or half the ``peer_park_timeout`` where
+    that is shorter.  Without ``tensor_parallel`` it must be None.
     ``manager_kwargs`` go to :func:`cbpause.integrations.transformers.init_continuous_batching` (``while_paused``,
     ``max_staleness``, ``on_stale``, ``peer_park_timeout``, ``trace``).  ``app.state.manager`` and
     ``app.state.leases`` are the manager and the lease table; ``app.state.shutdown()`` ends the leases and stops the
@@ -64,11 +68,8 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     if root is not None and not root.is_dir():
         raise ValueError(f"weights_dir {str(weights_dir)!r} is not a directory")
     Guard(None, api_key=api_key, max_body_bytes=max_body_bytes)  # its arguments checked before the model loads
-    park = manager_kwargs.get("peer_park_timeout", 300.0)
-    number = isinstance(peer_join_grace, (int, float)) and not isinstance(peer_join_grace, bool)
-    if not (number and 0 < peer_join_grace < (math.inf if park is None else park)):
-        raise ValueError(f"peer_join_grace must be a positive number of seconds below peer_park_timeout ({park}), "
-                         f"not {peer_join_grace!r}")  # fmt: skip
+    peer_join_grace = _peer_join_grace(peer_join_grace, manager_kwargs.get("peer_park_timeout", 300.0),
+                                       tensor_parallel is not None)  # fmt: skip
     config = continuous_batching_config
     if tensor_parallel is not None:
         tensor_parallel.join(device)
@@ -105,6 +106,22 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     return app
 
 
+def _peer_join_grace(grace: float | None, park: float | None, tensor_parallel: bool) -> float:
+    """``build_app``'s ``peer_join_grace``, checked (``ValueError``), or its default."""
+    if not tensor_parallel:
+        if grace is not None:
+            raise ValueError("peer_join_grace applies to a rank of a TP engine only (with tensor_parallel)")
+        return PEER_JOIN_GRACE_S
+    bound = math.inf if park is None else park
+    if grace is None:
+        return min(PEER_JOIN_GRACE_S, bound / 2)
+    number = isinstance(grace, (int, float)) and not isinstance(grace, bool)
+    if not (number and MIN_PEER_JOIN_GRACE_S <= grace < bound):
+        raise ValueError(f"peer_join_grace must be at least {MIN_PEER_JOIN_GRACE_S} s and below peer_park_timeout "
+                         f"({park}), not {grace!r}")  # fmt: skip
+    return float(grace)
+
+
 def join_parked_peer_pauses(manager: Any, grace: float = PEER_JOIN_GRACE_S) -> None:
     """A rank of a TP engine parked for a peer's pause (P-PARK-FOR-PEER) with no holder of its own for ``grace``
     seconds joins it with an empty window (a holder that enters and leaves at once: P-JOIN-PEER-PAUSE), so that a
@@ -118,7 +135,7 @@ def join_parked_peer_pauses(manager: Any, grace: float = PEER_JOIN_GRACE_S) -> N
     parked_since = None
     pace = threading.Event()  # never set: a bounded wait between looks
     while manager.is_running():
-        pace.wait(min(1.0, grace / 4))
+        pace.wait(max(MIN_PEER_JOIN_GRACE_S / 4, min(1.0, grace / 4)))
         state = status.state
         if state.phase != "peer" or state.count:
             parked_since = None

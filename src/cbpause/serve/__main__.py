@@ -58,7 +58,8 @@ def parser() -> argparse.ArgumentParser:
                    "pause waits for a holder of its own before every rank fails (D3; default 300)")
     p.add_argument("--peer-join-grace", type=float, default=None, help="seconds a TP rank parked for a peer's "
                    "pause with no holder of its own waits before it joins that pause with an empty window (with "
-                   "--tp-size; default 10, below --peer-park-timeout)")
+                   "--tp-size; at least 0.5 and below --peer-park-timeout; default 10, or half of "
+                   "--peer-park-timeout where that is shorter)")
     p.add_argument("--log-level", default="info")
     return p
 
