@@ -43,6 +43,7 @@ from . import transitions as t
 from .arguments import check_mode, check_timeout
 from .loop import not_enabled
 from .protocol import PauseHold, RankProtocol
+from .rank import PEER_PARK_TIMEOUT_S
 from .transitions import DONT_STOP, FLUSH_AND_STOP, HARD_STOP, STOPPED, RankState
 
 if TYPE_CHECKING:
@@ -165,7 +166,7 @@ class PauseProtocol(RankProtocol):
     def __init__(
         self,
         *,
-        peer_park_timeout: float | None = 300.0,
+        peer_park_timeout: float | None = PEER_PARK_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
         trace: TraceRecorder | None = None,
     ):

@@ -43,6 +43,10 @@ _HOLD_AFTER = {python_name(action): after for action, (_, after) in HOLDER_ACTIO
 # (they take the modes of the queued holds, in queue order, as their last argument; RankCore._settle).
 _DROPS = frozenset({"leave_pause", "pause_fails", "interrupt", "pause_timeout", "release_dead_holder"})
 
+# How long a rank parked for a peer's pause waits for a holder of its own before it fails (D3), by default: the one
+# value every layer's default reads (the explicit and drop-in protocols, the integration, ``cbpause serve``).
+PEER_PARK_TIMEOUT_S = 300.0
+
 
 class PauseHold:
     """One holder's pause on one rank, from :meth:`RankProtocol.request_pause` to its end.
@@ -87,7 +91,7 @@ class RankCore:
     def __init__(
         self,
         *,
-        peer_park_timeout: float | None = 300.0,
+        peer_park_timeout: float | None = PEER_PARK_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
         trace: TraceRecorder | None = None,
     ):

@@ -43,6 +43,7 @@ from typing import Any
 from ..core.condition import SafeEvent, thread_alive
 from ..core.dropin import PauseProtocol
 from ..core.protocol import PauseHold
+from ..core.rank import PEER_PARK_TIMEOUT_S
 
 # The minor releases of transformers the integration is checked on (docs/transformers-releases.md: how a new one is
 # taken in).  cbpause.integrations.upstream keeps the fingerprints of each.
@@ -180,7 +181,7 @@ class PausableContinuousBatchingManager(
         continuous_batching_config: ContinuousBatchingConfig,
         workload_hints: Any = None,
         *,
-        peer_park_timeout: float | None = 300.0,
+        peer_park_timeout: float | None = PEER_PARK_TIMEOUT_S,
         trace: Any = None,
         while_paused: str = "queue",
         max_staleness: int | None = None,
@@ -493,7 +494,7 @@ def init_continuous_batching(
         gen_config,
         continuous_batching_config,
         kwargs.get("workload_hints"),
-        peer_park_timeout=kwargs.get("peer_park_timeout", 300.0),
+        peer_park_timeout=kwargs.get("peer_park_timeout", PEER_PARK_TIMEOUT_S),
         trace=kwargs.get("trace"),
         while_paused=kwargs.get("while_paused", "queue"),
         max_staleness=kwargs.get("max_staleness"),

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from ..core.rank import PEER_PARK_TIMEOUT_S
 from .guard import MAX_BODY_BYTES
 from .leases import MAX_LEASES
 
@@ -68,7 +69,7 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     if root is not None and not root.is_dir():
         raise ValueError(f"weights_dir {str(weights_dir)!r} is not a directory")
     Guard(None, api_key=api_key, max_body_bytes=max_body_bytes)  # its arguments checked before the model loads
-    peer_join_grace = _peer_join_grace(peer_join_grace, manager_kwargs.get("peer_park_timeout", 300.0),
+    peer_join_grace = _peer_join_grace(peer_join_grace, manager_kwargs.get("peer_park_timeout", PEER_PARK_TIMEOUT_S),
                                        tensor_parallel is not None)  # fmt: skip
     config = continuous_batching_config
     if tensor_parallel is not None:

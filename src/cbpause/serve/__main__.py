@@ -8,6 +8,7 @@ import sys
 import threading
 from typing import Any
 
+from ..core.rank import PEER_PARK_TIMEOUT_S
 from .guard import MAX_BODY_BYTES
 from .leases import MAX_LEASES
 
@@ -54,8 +55,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tp-timeout", type=float, default=None, help="seconds a rank waits for the others at start-up "
                    "(at least: torch's own connection retries may take longer), and each collective's deadline on the "
                    "ranks' groups, the loop's included (with --tp-size; default 600)")
-    p.add_argument("--peer-park-timeout", type=float, default=300.0, help="seconds a TP rank parked for a peer's "
-                   "pause waits for a holder of its own before every rank fails (D3; default 300)")
+    p.add_argument("--peer-park-timeout", type=float, default=PEER_PARK_TIMEOUT_S, help="seconds a TP rank parked "
+                   f"for a peer's pause waits for a holder of its own before every rank fails (D3; default "
+                   f"{PEER_PARK_TIMEOUT_S:g})")
     p.add_argument("--peer-join-grace", type=float, default=None, help="seconds a TP rank parked for a peer's "
                    "pause with no holder of its own waits before it joins that pause with an empty window (with "
                    "--tp-size; at least 0.5 and below --peer-park-timeout; default 10, or half of "
