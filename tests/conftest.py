@@ -133,6 +133,22 @@ def pytest_collection_modifyitems(config, items):
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup (CI's)
+        _group_for_xdist(items)
+
+
+def _group_for_xdist(items) -> None:
+    """What pytest-xdist 3.8 does for ``--dist loadgroup``, which has no effect under pytest 9: a test marked
+    ``xdist_group(name)`` gets ``@name`` after its id, and the scheduler sends the tests of one name to one process.
+    xdist renames ``item._nodeid``, which pytest 9 no longer reads (the id is ``item._id``, a ``NodeId``).  Without it,
+    a module's servers (a module-scoped fixture) started once in each of CI's two processes."""
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})  # fmt: skip
+        if names and "@" not in item.nodeid:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
 
 
 def _tlc_available() -> str | None:

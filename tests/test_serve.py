@@ -27,7 +27,8 @@ from cbpause.testing.servers import free_port, serve_process  # noqa: E402
 
 from .conftest import ROOT  # noqa: E402
 
-pytestmark = pytest.mark.layer("system")
+# One process of CI's two runs the module, which starts its servers once (tests/conftest.py, _group_for_xdist).
+pytestmark = [pytest.mark.layer("system"), pytest.mark.xdist_group("serve")]
 VOCAB = 32
 # The servers' default ttl: no lease a test takes may expire under it, however slow the machine (a vLLM- or SGLang-style
 # pause cannot name a ttl); the tests that see an expiry name their own.

@@ -25,7 +25,8 @@ from cbpause.testing.servers import serve_process  # noqa: E402
 from .conftest import TLA_DIR  # noqa: E402
 from .test_serve import VOCAB, complete, policy  # noqa: E402
 
-pytestmark = pytest.mark.layer("system")
+# One process of CI's two runs the module, which starts its servers once (tests/conftest.py, _group_for_xdist).
+pytestmark = [pytest.mark.layer("system"), pytest.mark.xdist_group("weights_broadcast")]
 PROMPT = [3, 4, 5]
 
 

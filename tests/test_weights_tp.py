@@ -26,7 +26,8 @@ from .conftest import TLA_DIR  # noqa: E402
 from .test_serve import VOCAB, complete, policy  # noqa: E402
 from .test_weights_broadcast import PROMPT, expected_text, info, text  # noqa: E402
 
-pytestmark = pytest.mark.layer("system")
+# One process of CI's two runs the module, which starts its servers once (tests/conftest.py, _group_for_xdist).
+pytestmark = [pytest.mark.layer("system"), pytest.mark.xdist_group("weights_tp")]
 # Every rank's flags: leases no slow machine lets expire (HANG_S).  A rank killed is seen by its peer at once (gloo's
 # connection closes): the test that kills one waits for the error, not for a time.
 FLAGS = ("--default-ttl", str(HANG_S), "--num-blocks", "64", "--served-model-name", "tiny")
