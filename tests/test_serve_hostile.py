@@ -15,8 +15,9 @@ from cbpause.client import MODES as CLIENT_MODES  # noqa: E402
 from cbpause.serve.control import MODES  # noqa: E402
 
 # Every case runs in one test, in order, on one server: the last case replays the lease log of all the others.  (As
-# one test per case they were split between CI's two pytest-xdist workers, each with a server of its own, whatever
-# xdist_group said under pytest 9: the lease log then lacked the other worker's writes, a flaky failure.)
+# one test per case they were split between CI's two pytest-xdist workers, each with a server of its own, while
+# xdist_group had no effect under pytest 9 (tests/conftest.py, _group_for_xdist, mends that now): the lease log then
+# lacked the other worker's writes, a flaky failure.)
 pytestmark = pytest.mark.layer("system")
 
 

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from ..core.arguments import check_timeout
 from ..core.rank import PEER_PARK_TIMEOUT_S
 from .guard import MAX_BODY_BYTES
 from .leases import MAX_LEASES
@@ -116,11 +117,14 @@ def _peer_join_grace(grace: float | None, park: float | None, tensor_parallel: b
     bound = math.inf if park is None else park
     if grace is None:
         return min(PEER_JOIN_GRACE_S, bound / 2)
-    number = isinstance(grace, (int, float)) and not isinstance(grace, bool)
-    if not (number and MIN_PEER_JOIN_GRACE_S <= grace < bound):
+    try:
+        seconds = check_timeout(grace, "peer_join_grace")  # the protocol's own check of a number of seconds
+    except ValueError:
+        seconds = None
+    if seconds is None or not MIN_PEER_JOIN_GRACE_S <= seconds < bound:
         raise ValueError(f"peer_join_grace must be at least {MIN_PEER_JOIN_GRACE_S} s and below peer_park_timeout "
                          f"({park}), not {grace!r}")  # fmt: skip
-    return float(grace)
+    return seconds
 
 
 def join_parked_peer_pauses(manager: Any, grace: float = PEER_JOIN_GRACE_S) -> None:

@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 from ..core.rank import PEER_PARK_TIMEOUT_S
+from . import MIN_PEER_JOIN_GRACE_S, PEER_JOIN_GRACE_S
 from .guard import MAX_BODY_BYTES
 from .leases import MAX_LEASES
 
@@ -60,8 +61,8 @@ def parser() -> argparse.ArgumentParser:
                    f"{PEER_PARK_TIMEOUT_S:g})")
     p.add_argument("--peer-join-grace", type=float, default=None, help="seconds a TP rank parked for a peer's "
                    "pause with no holder of its own waits before it joins that pause with an empty window (with "
-                   "--tp-size; at least 0.5 and below --peer-park-timeout; default 10, or half of "
-                   "--peer-park-timeout where that is shorter)")
+                   f"--tp-size; at least {MIN_PEER_JOIN_GRACE_S:g} and below --peer-park-timeout; default "
+                   f"{PEER_JOIN_GRACE_S:g}, or half of --peer-park-timeout where that is shorter)")
     p.add_argument("--log-level", default="info")
     return p
 
