@@ -15,11 +15,29 @@ from .conftest import TLA_DIR
 pytestmark = pytest.mark.layer("verify")
 
 
+class _Requests(TraceRecorder):
+    """A recorder that says when ``n`` RequestPause records have come in."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+        self.requested = threading.Event()
+
+    def record(self, *args, **kwargs):
+        super().record(*args, **kwargs)
+        if sum(e.action == "RequestPause" for e in self.events) >= self.n:
+            self.requested.set()
+
+
 def paused_group_trace():
-    """Two ranks, a holder pausing each, then a hard stop: a small trace with a pause window.  (A rank whose holder
-    comes later than its peer's parks for it: ``peer_park_timeout`` must not run out however slow the machine.)"""
-    recorder = TraceRecorder()
-    group = Group(2, peer_park_timeout=HANG_S, trace=recorder).start()
+    """Two ranks, a holder pausing each, then a hard stop: a small trace with a pause window.
+
+    The same trace however slow the machine: the holders ask before the loops start and the stop is asked while they
+    are inside, so no rank steps freely while a thread is scheduled (under load, free-running loops made traces of
+    thousands of steps, and TLC took minutes on one).  A rank whose holder comes later than its peer's parks for it:
+    ``peer_park_timeout`` must not run out however slow the machine."""
+    recorder = _Requests(2)
+    group = Group(2, peer_park_timeout=HANG_S, trace=recorder)
     inside = threading.Barrier(3)
     done = threading.Event()
 
@@ -32,11 +50,13 @@ def paused_group_trace():
     threads = [threading.Thread(target=holder, args=(p,), daemon=True) for p in group.ranks]
     for th in threads:
         th.start()
+    assert recorder.requested.wait(HANG_S)
+    group.start()
     inside.wait(HANG_S)
+    group.ranks[0].request_stop(PauseProtocol.HARD_STOP, 0)
     done.set()
     for th in threads:
         th.join(JOIN_TIMEOUT)
-    group.ranks[0].request_stop(PauseProtocol.HARD_STOP, 0)
     assert group.join()
     return recorder
 
