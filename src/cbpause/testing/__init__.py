@@ -12,7 +12,9 @@ Standard library only, importable without torch:
   there; wait for a phase, or for a holder queued at a closing window;
 * :class:`Traffic` and its :class:`Ledger`: requests flowing through a manager, each output counted;
 * :class:`Watchdog`: fails a long run (the soak) when an operation or the requests make no progress within a bound;
-* :func:`percentile`, :func:`free_port`.
+* :func:`percentile`, :func:`free_port`;
+* :mod:`cbpause.testing.forks`: ``python -m module`` as a child of a fork server that imported torch, transformers
+  and the server once (the TP ranks and the ``cbpause serve`` processes of the tests, the soak and the bench).
 
 With the ``transformers`` extra (imported on first use): the tiny random Llama and its configs
 (:func:`tiny_llama`, :func:`tiny_llama_config`, :func:`greedy_config`, :func:`greedy_reference`,

@@ -1,24 +1,27 @@
 """``cbpause serve`` processes for tests, the soak and the bench (issue 29): started on a free local port, waited for
-until ``/health`` answers, stopped (SIGTERM, then SIGKILL) on the way out.  Launches ``python -m cbpause.serve`` in a
-subprocess, so that this module imports nothing of the server."""
+until ``/health`` answers, stopped (SIGTERM, then SIGKILL) on the way out.  Each is ``python -m cbpause.serve``'s
+``main`` in a child of a preloaded fork server (:mod:`cbpause.testing.forks`: torch and the server's stack imported
+once, not once a server), so that this module imports nothing of the server.  ``cbpause serve`` as a command of its
+own is tests/test_serve.py's (the console script)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from . import forks
 from .threads import HANG_S
 from .tp import free_port
 
 __all__ = ["free_port", "serve_process", "serve_tp_processes", "wait_healthy"]
 
 
-def wait_healthy(url: str, process: subprocess.Popen | None = None, timeout: float = HANG_S) -> None:
+def wait_healthy(url: str, process: forks.ForkedProcess | subprocess.Popen | None = None,
+                 timeout: float = HANG_S) -> None:  # fmt: skip
     """Return once ``url/health`` answers 200; ``RuntimeError`` if ``process`` exits first or ``timeout`` runs out (a
     hang: the server imports torch and transformers, which a loaded machine may make take minutes).
     (Polling: the server is another process, with nothing to wait on but its port.)"""
@@ -35,7 +38,7 @@ def wait_healthy(url: str, process: subprocess.Popen | None = None, timeout: flo
     raise RuntimeError(f"{url} did not answer /health within {timeout} s")
 
 
-def _stop(process: subprocess.Popen) -> None:
+def _stop(process: forks.ForkedProcess) -> None:
     process.terminate()
     try:
         process.wait(timeout=30)
@@ -46,47 +49,43 @@ def _stop(process: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def serve_tp_processes(checkpoint: Path, size: int, *args: str, rank_args: list[tuple[str, ...]] | None = None,
-                       logs: list[Path] | None = None) -> Iterator[list[tuple[str, subprocess.Popen]]]:  # fmt: skip
+                       logs: list[Path] | None = None) -> Iterator[list[tuple[str, forks.ForkedProcess]]]:  # fmt: skip
     """An engine of ``size`` tensor-parallel ranks, one ``python -m cbpause.serve checkpoint --tp-size size --tp-rank
     r *args *rank_args[r]`` each, meeting over gloo at a free port; yields ``[(base_url, process)]`` in rank order
     once every rank answers ``/health`` (all start at once: each rank waits for the others before it loads its
     shard).  ``logs``: a file per rank for its output."""
     init = f"tcp://127.0.0.1:{free_port()}"
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    outs = [open(log, "w") if log is not None else subprocess.DEVNULL for log in (logs or [None] * size)]  # noqa: SIM115
     ranks = []
     try:
         for rank in range(size):
             port = free_port()
-            command = [sys.executable, "-m", "cbpause.serve", str(checkpoint), "--port", str(port), "--tp-size",
-                       str(size), "--tp-rank", str(rank), "--tp-init-method", init, *args,
-                       *(rank_args[rank] if rank_args else ())]  # fmt: skip
-            process = subprocess.Popen(command, stdout=outs[rank], stderr=subprocess.STDOUT, env=env)
-            ranks.append((f"http://127.0.0.1:{port}", process))
+            argv = [str(checkpoint), "--port", str(port), "--tp-size", str(size), "--tp-rank", str(rank),
+                    "--tp-init-method", init, *args, *(rank_args[rank] if rank_args else ())]  # fmt: skip
+            ranks.append((f"http://127.0.0.1:{port}", _start(argv, env, logs[rank] if logs else None)))
         for url, process in ranks:
             wait_healthy(url, process)
         yield ranks
     finally:
         for _, process in ranks:
             _stop(process)
-        for out in outs:
-            if out is not subprocess.DEVNULL:
-                out.close()
 
 
 @contextlib.contextmanager
-def serve_process(checkpoint: Path, *args: str, log: Path | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+def serve_process(checkpoint: Path, *args: str, log: Path | None = None) -> Iterator[tuple[str, forks.ForkedProcess]]:
     """``python -m cbpause.serve checkpoint --port P *args``; yields ``(base_url, process)`` once healthy."""
     port = free_port()
-    out = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115 -- closed below
-    command = [sys.executable, "-m", "cbpause.serve", str(checkpoint), "--port", str(port), *args]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    process = _start([str(checkpoint), "--port", str(port), *args], env, log)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, process)
         yield url, process
     finally:
         _stop(process)
-        if log is not None:
-            out.close()
+
+
+def _start(argv: list[str], env: dict[str, str], log: Path | None) -> forks.ForkedProcess:
+    if log is not None:
+        Path(log).write_text("")  # the log of this server alone, as a file opened for writing had
+    return forks.start("cbpause.serve.__main__", argv, env, str(log) if log is not None else os.devnull)

@@ -1,7 +1,8 @@
 """Tensor parallelism in worker processes on one machine: ports, the process group, the model, the spawn.
 
-Each rank is a process (``torch.multiprocessing``, spawned); ranks meet over gloo on the CPU (NCCL on CUDA
-devices) at a port chosen free on this host.  The parent joins every rank within a deadline and kills what
+Each rank is a process (``torch.multiprocessing``, forked by the preloaded fork server of
+:mod:`cbpause.testing.forks` where the platform has one, else spawned); ranks meet over gloo on the CPU (NCCL on
+CUDA devices) at a port chosen free on this host.  The parent joins every rank within a deadline and kills what
 outlives it, so a hang fails a test or a benchmark instead of freezing it.
 """
 
@@ -55,7 +56,9 @@ def spawn_ranks(fn: Callable[..., None], args: tuple, world: int, timeout: float
     """
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(fn, args=args, nprocs=world, join=False, start_method="spawn")
+    from .forks import context
+
+    ctx = mp.start_processes(fn, args=args, nprocs=world, join=False, start_method=context().get_start_method())
     deadline = time.monotonic() + timeout
     for process in ctx.processes:
         process.join(max(0.0, deadline - time.monotonic()))
