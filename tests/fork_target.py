@@ -2,6 +2,7 @@
 
 import atexit
 import os
+import signal
 import sys
 import threading
 
@@ -10,6 +11,8 @@ def main(argv: list[str]) -> None:
     out, how = argv
     print(f"argv={sys.argv[1:]} env={os.environ.get('CBPAUSE_FORK_TEST')}", flush=True)
     atexit.register(lambda: open(out, "w").write("atexit ran"))  # noqa: SIM115
-    if how == "wait":
+    if how == "ignore_term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if how in ("wait", "ignore_term"):
         threading.Event().wait()
     sys.exit(int(how))

@@ -4,6 +4,8 @@ harness reads of it: its arguments, environment, output, exit status (a signal's
 import os
 import signal
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,3 +32,64 @@ def test_a_forked_child_reports_a_signal_and_a_wait_that_runs_out(tmp_path):
     process.terminate()
     assert process.wait(HANG_S) == -signal.SIGTERM
     process.kill()  # after its end: nothing to signal, no error
+
+
+def _script(code: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter (its own fork server), run from the checkout."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    return subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=HANG_S)  # fmt: skip
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_child_dies_with_its_fork_server(tmp_path):
+    """Hostile review: a fork server killed left its children running, listening, and reported as exited."""
+    done = _script(f"""
+import os, signal
+from multiprocessing import forkserver
+from cbpause.testing import forks, HANG_S
+child = forks.start("tests.fork_target", [{str(tmp_path / "out")!r}, "wait"], dict(os.environ), os.devnull)
+os.kill(forkserver._forkserver._forkserver_pid, signal.SIGKILL)
+print(child.pid, child.wait(HANG_S))
+""")
+    assert done.returncode == 0, done.stderr
+    pid, code = map(int, done.stdout.split())
+    assert code != 0 and _gone(pid)
+
+
+def test_a_child_that_ignores_sigterm_does_not_hang_its_parent_s_exit(tmp_path):
+    """Hostile review: multiprocessing's exit waited without bound for a child that ignores SIGTERM."""
+    done = _script(f"""
+import os
+from cbpause.testing import forks
+child = forks.start("tests.fork_target", [{str(tmp_path / "out")!r}, "ignore_term"], dict(os.environ), os.devnull)
+print(child.pid, flush=True)
+""")
+    assert done.returncode == 0, done.stderr
+    assert _gone(int(done.stdout.split()[0]))
+
+
+def _write_probe(rank: int, out: str) -> None:
+    import torch
+
+    with open(f"{out}.{rank}", "w") as f:
+        f.write(f"{os.environ.get('CBPAUSE_FORK_TEST')} {torch.get_num_threads()}")
+
+
+def test_a_rank_gets_the_environment_of_the_moment_it_is_started(tmp_path, monkeypatch):
+    """Hostile review: a rank had the fork server's environment, frozen at its first start."""
+    from cbpause.testing import spawn_ranks
+
+    assert spawn_ranks(_write_probe, (str(tmp_path / "a"),), 1, HANG_S) == []  # the fork server runs from here
+    monkeypatch.setenv("CBPAUSE_FORK_TEST", "later")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert spawn_ranks(_write_probe, (str(tmp_path / "b"),), 2, HANG_S) == []
+    assert [(tmp_path / f"b.{r}").read_text() for r in range(2)] == ["later 1", "later 1"]

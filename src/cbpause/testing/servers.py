@@ -39,12 +39,15 @@ def wait_healthy(url: str, process: forks.ForkedProcess | subprocess.Popen | Non
 
 
 def _stop(process: forks.ForkedProcess) -> None:
-    process.terminate()
     try:
+        process.terminate()
         process.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=30)
+        pass
+    finally:  # also when an interrupt lands in the wait
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
 
 
 @contextlib.contextmanager

@@ -56,9 +56,10 @@ def spawn_ranks(fn: Callable[..., None], args: tuple, world: int, timeout: float
     """
     import torch.multiprocessing as mp
 
-    from .forks import context
+    from .forks import context, run_rank
 
-    ctx = mp.start_processes(fn, args=args, nprocs=world, join=False, start_method=context().get_start_method())
+    ctx = mp.start_processes(run_rank, args=(dict(os.environ), fn, *args), nprocs=world, join=False,
+                             start_method=context().get_start_method())  # fmt: skip
     deadline = time.monotonic() + timeout
     for process in ctx.processes:
         process.join(max(0.0, deadline - time.monotonic()))
