@@ -93,3 +93,13 @@ def test_a_rank_gets_the_environment_of_the_moment_it_is_started(tmp_path, monke
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert spawn_ranks(_write_probe, (str(tmp_path / "b"),), 2, HANG_S) == []
     assert [(tmp_path / f"b.{r}").read_text() for r in range(2)] == ["later 1", "later 1"]
+
+
+def test_a_tp_rank_that_exits_at_start_fails_the_engine_s_wait_at_once_named(tmp_path):
+    """Hostile review: a bad option on rank 1 alone left rank 0 waiting for its peer until the 300-s health wait
+    ran out, and the message named the server that waited, not the one that exited."""
+    from cbpause.testing.servers import serve_tp_processes
+
+    with pytest.raises(RuntimeError, match=r"TP rank 1 exited with 2 before"):  # argparse's exit status
+        with serve_tp_processes(tmp_path / "no-checkpoint", 2, rank_args=[(), ("--bogus",)]):
+            pass

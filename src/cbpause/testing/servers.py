@@ -10,8 +10,9 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from . import forks
 from .threads import HANG_S
@@ -21,16 +22,19 @@ __all__ = ["free_port", "serve_process", "serve_tp_processes", "wait_healthy"]
 
 
 def wait_healthy(url: str, process: forks.ForkedProcess | subprocess.Popen | None = None,
-                 timeout: float = HANG_S) -> None:  # fmt: skip
-    """Return once ``url/health`` answers 200; ``RuntimeError`` if ``process`` exits first or ``timeout`` runs out (a
-    hang: the server imports torch and transformers, which a loaded machine may make take minutes).
+                 timeout: float = HANG_S, *, peers: Sequence[tuple[str, Any]] = ()) -> None:  # fmt: skip
+    """Return once ``url/health`` answers 200; ``RuntimeError`` if ``process``, or one of the named ``peers`` (the
+    other ranks of a TP engine, which this one waits for), exits first, or if ``timeout`` runs out (a hang: the
+    server imports torch and transformers, which a loaded machine may make take minutes).
     (Polling: the server is another process, with nothing to wait on but its port.)"""
     import httpx
 
+    watched = [*([("the server", process)] if process is not None else []), *peers]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode} before it answered")
+        for name, watched_process in watched:
+            if watched_process.poll() is not None:
+                raise RuntimeError(f"{name} exited with {watched_process.returncode} before {url} answered")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return
@@ -66,8 +70,11 @@ def serve_tp_processes(checkpoint: Path, size: int, *args: str, rank_args: list[
             argv = [str(checkpoint), "--port", str(port), "--tp-size", str(size), "--tp-rank", str(rank),
                     "--tp-init-method", init, *args, *(rank_args[rank] if rank_args else ())]  # fmt: skip
             ranks.append((f"http://127.0.0.1:{port}", _start(argv, env, logs[rank] if logs else None)))
-        for url, process in ranks:
-            wait_healthy(url, process)
+        # A rank waits for its peers before it answers: one that exited (a bad option, say) fails the wait at once,
+        # named, instead of its peers' health waits running out (hostile review).
+        named = [(f"TP rank {rank}", process) for rank, (_, process) in enumerate(ranks)]
+        for url, _ in ranks:
+            wait_healthy(url, peers=named)
         yield ranks
     finally:
         for _, process in ranks:
