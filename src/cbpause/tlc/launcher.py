@@ -147,7 +147,8 @@ def run_tlc(
         extra += ["-coverage", "60"]  # minutes between reports: one report, at the end, for any run of ours
     # A trace's replay is short (a second or two, mostly the JVM's start): the quick compiler alone saves a third of
     # its CPU (38 replays of tests/test_traces.py and test_fleet_traces.py: 24 CPU-s instead of 38, 2026-12-07),
-    # where a model's check of minutes needs the optimising one.
+    # where a model's check of minutes needs the optimising one.  A replay of minutes loses by it (a trace of 2117
+    # steps: 284 s instead of 254, in a hostile review), and only a run on a machine loaded beyond its cores makes one.
     jit = ["-XX:TieredStopAtLevel=1"] if mode == "trace" else []
     metadir = Path(tempfile.mkdtemp(prefix=f"tlc-{module}-"))
     cmd = [
