@@ -144,7 +144,7 @@ class ForkedProcess:
 
 
 _started: list[Any] = []  # the children this process started (multiprocessing.Process), for its exit
-_exit_handler: list[Callable[[], None]] = []
+_kill_at_exit_registered = False
 
 
 def _kill_what_runs() -> None:
@@ -159,8 +159,10 @@ def start(module: str, argv: list[str], env: Mapping[str, str], log: str) -> For
     """``python -m module *argv`` as a child of the fork server: ``module.main(argv)``, with environment ``env`` and
     its output appended to ``log`` (``os.devnull`` for none).  Killed when this process exits, at the latest."""
     process = context().Process(target=_run_module, args=(module, list(argv), dict(env), log))
-    if not _exit_handler:  # after multiprocessing's own (context() imported it): atexit runs the last one first
-        _exit_handler.append(atexit.register(_kill_what_runs))
+    global _kill_at_exit_registered
+    if not _kill_at_exit_registered:  # after multiprocessing's own (context() imported it): atexit runs the last first
+        atexit.register(_kill_what_runs)
+        _kill_at_exit_registered = True
     _started[:] = [p for p in _started if p.exitcode is None]
     _started.append(process)
     process.start()
