@@ -6,7 +6,8 @@ scheduler yet), in the scheduler's batch, and still queued.  At each site the co
 a peer died; every accepted request must then get exactly one terminal output, the loop must stop with the error
 recorded, and nothing may hang.  One process: the TP helper's methods are wrapped on the instance, and the two
 sites that only run under TP (the barrier's all-reduce and the monitored barrier) are reached by giving the helper
-a CPU group for the one window of the test.  ``tests/test_integration_tp.py`` kills a real peer.
+a CPU group from the decision of the test's one window until the fault.  ``tests/test_integration_tp.py`` kills a
+real peer.
 
 The sites, in the order an iteration reaches them:
 
@@ -47,7 +48,7 @@ SITES = (
     "critical_all_reduce",
 )
 WINDOW_SITES = ("barrier_all_reduce", "monitored_barrier")  # reached only in an iteration that pauses
-CPU_GROUP = object()  # stands for gloo's CPU group during the one window of a barrier site
+CPU_GROUP = object()  # stands for gloo's CPU group around the one window of a barrier site
 
 
 class CollectiveFault(RuntimeError):
@@ -125,8 +126,11 @@ def test_a_failed_collective_loses_no_request(cpu_model, site, in_hand, monkeypa
         holder = box = None
         if site in WINDOW_SITES:
             def hold():
+                # A group from before the decision (the loop is held in its forward step): its barrier follows the
+                # window.  (The loop decides as the window opens whether it has peers to meet at the barrier.)
+                manager.distributed_helper.cpu_comm_group = CPU_GROUP
                 with manager.pause(timeout=WAIT):
-                    manager.distributed_helper.cpu_comm_group = CPU_GROUP  # the group's barrier follows the window
+                    pass
 
             manager._wake_up_loop.clear()
             holder, box = run_thread(hold, name="holder")

@@ -504,3 +504,47 @@ def test_infinite_or_huge_timeouts_mean_no_timeout_on_any_thread(huge):
     assert not thread.is_alive() and "error" not in box, box
     assert loop.stop()
     assert PauseProtocol(peer_park_timeout=huge).peer_park_timeout_s is None
+
+
+@pytest.mark.parametrize("withdrawn", [False, True], ids=["window", "withdrawn"])
+@pytest.mark.parametrize("barrier", [False, True], ids=["barrier_apart", "barrier_in_the_call"])
+def test_a_loop_without_peers_takes_the_barrier_in_the_window_s_own_call(withdrawn, barrier):
+    """``pause_window(barrier=True)`` (issue 38: a lock and a call fewer on the resume's path): the window (open and
+    close, or skip for a withdrawn request), then P-BARRIER under the same lock; without it the loop is left at the
+    barrier, as before."""
+    from cbpause import TraceRecorder
+    from cbpause.core import transitions as t
+
+    recorder = TraceRecorder()
+    p = PauseProtocol(trace=recorder)
+    hold = p.request_pause()
+    decided, go = threading.Event(), threading.Event()
+
+    def loop() -> None:
+        p.observe()
+        p.all_reduce(p.DONT_STOP, t.KEEP)
+        decided.set()
+        assert go.wait(WAIT)
+        p.pause_window(barrier=barrier)
+
+    thread, box = run_thread(loop, name="loop")
+    assert decided.wait(WAIT)
+    if withdrawn:
+        p.interrupt(hold)
+        go.set()
+    else:
+        go.set()
+        p.enter_pause(hold, timeout=WAIT)
+        p.leave_pause(hold)
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive() and "error" not in box, box
+    actions = [e.action for e in recorder.events]
+    window = "SkipWindow" if withdrawn else "CloseWindow"
+    if barrier:
+        assert p.state.phase == "body" and actions[-2:] == [window, "Barrier"], actions
+        with pytest.raises(RuntimeError, match="not enabled"):
+            p.barrier()  # taken already
+    else:
+        assert p.state.phase == "barrier" and actions[-1] == window, actions
+        p.barrier()
+        assert p.state.phase == "body"

@@ -192,3 +192,81 @@ def test_async_batching_never_labels_a_token_computed_before_a_window_with_its_v
         assert 0 < first < MAX_NEW
         assert out.weight_versions == [(0, None), (first + 1, 1)], (first, out.weight_versions)
         assert out.kv_versions == [(0, None)]
+
+
+def _old_forget(processor) -> None:
+    """``forget_shared_prefixes`` as it was before its fast path (issue 38): the specification the fast one keeps."""
+    cache, scheduler = processor.cache, processor.scheduler
+    if not cache.allow_block_sharing:
+        return
+    cache.evict_cached_blocks()
+    for allocator in cache.cache_allocators.values():
+        allocator.ledger.hash_to_block.clear()
+        allocator.ledger.block_to_hash.clear()
+    waiting = scheduler.waiting_requests
+    cache._cbpause_stale = {*scheduler.active_requests, *(i for i, s in waiting.items() if s.is_cpu_offloaded)}
+
+
+def _fake_processor(allocators: list, active: list, waiting: dict, stale: set, sharing: bool):
+    """A processor with upstream's ledgers and cache eviction, and what the forgetting reads of the scheduler."""
+    from types import SimpleNamespace
+
+    from transformers.generation.continuous_batching.cache import PagedAttentionCache
+    from transformers.generation.continuous_batching.cache_allocators.cache_allocator import BlockLedger
+
+    freed: list = []
+    cache = SimpleNamespace(allow_block_sharing=sharing, cache_allocators={}, _cbpause_stale=set(stale),
+                            pool=SimpleNamespace(free_blocks=lambda index, blocks: freed.append((index, list(blocks)))))
+    cache.evict_cached_blocks = lambda: PagedAttentionCache.evict_cached_blocks(cache)
+    for index, (hashed, cached) in enumerate(allocators):
+        ledger = BlockLedger()
+        for block in hashed:
+            ledger.register_new_hash(block, 1000 + block)
+        for block in cached:
+            ledger.cached_blocks[block] = None
+        cache.cache_allocators[f"a{index}"] = SimpleNamespace(index=index, ledger=ledger)
+    scheduler = SimpleNamespace(active_requests={i: None for i in active},
+                                waiting_requests={i: SimpleNamespace(is_cpu_offloaded=o) for i, o in waiting.items()})
+    return SimpleNamespace(cache=cache, scheduler=scheduler), freed
+
+
+def _what_it_left(processor, freed: list) -> tuple:
+    cache = processor.cache
+    ledgers = [(dict(a.ledger.hash_to_block), dict(a.ledger.block_to_hash), list(a.ledger.cached_blocks))
+               for a in cache.cache_allocators.values()]  # fmt: skip
+    return ledgers, freed, cache._cbpause_stale
+
+
+def test_the_forgetting_s_fast_path_leaves_what_the_whole_forgetting_did():
+    """Issue 38: ``forget_shared_prefixes`` skips its work where it would change nothing (nothing hashed, no request
+    waiting, the requests in flight those marked at the last window).  Over random ledgers and schedulers, it leaves
+    exactly what the forgetting without the fast path left: the same hashes, the same blocks back to the pool, the
+    same requests marked."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from cbpause.integrations.weights import forget_shared_prefixes
+
+    ids = st.sampled_from(["r0", "r1", "r2", "r3"])
+    blocks = st.sets(st.integers(0, 7), max_size=4)
+    ledger = blocks.flatmap(lambda hashed: st.tuples(st.just(hashed), st.sets(st.sampled_from(sorted(hashed)))
+                                                     if hashed else st.just(set())))  # fmt: skip
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(ledger, min_size=1, max_size=2), st.lists(ids, unique=True), st.dictionaries(ids, st.booleans()),
+           st.sets(ids), st.booleans())  # fmt: skip
+    def check(allocators, active, waiting, stale, sharing):
+        waiting = {i: o for i, o in waiting.items() if i not in active}
+        old, new = (_fake_processor(allocators, active, waiting, stale, sharing) for _ in range(2))
+        _old_forget(old[0])
+        forget_shared_prefixes(new[0])
+        assert _what_it_left(*new) == _what_it_left(*old)
+
+    check()
+    # The fast path is taken, and taken only where nothing changes: a second forgetting with nothing new.
+    processor, freed = _fake_processor([({1, 2}, {2})], ["r0", "r1"], {}, set(), True)
+    forget_shared_prefixes(processor)
+    assert freed == [(0, [2])] and processor.cache._cbpause_stale == {"r0", "r1"}
+    marked = processor.cache._cbpause_stale
+    forget_shared_prefixes(processor)
+    assert processor.cache._cbpause_stale is marked  # not rebuilt

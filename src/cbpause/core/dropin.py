@@ -202,7 +202,7 @@ class PauseProtocol(RankProtocol):
                     self._apply_deferred(pause)
         return super()._step(fn, guard)
 
-    def pause_window(self) -> None:
+    def pause_window(self, barrier: bool = False) -> None:
         """:meth:`RankProtocol.pause_window <cbpause.core.loop.LoopSteps.pause_window>`, after the AllReduce a
         drop-in ``update_with_tp_status()`` deferred (its decision: pause).  Only the loop's thread sets or applies
         ``_deferred``, so the loop (the caller) reads it without the lock: none taken on the resume's path when none
@@ -210,7 +210,7 @@ class PauseProtocol(RankProtocol):
         if self._deferred is not None:
             with self._lock:
                 self._apply_deferred(True)
-        super().pause_window()
+        super().pause_window(barrier)
 
     def fail_loop(self, error: BaseException) -> None:
         """:meth:`RankProtocol.fail_loop <cbpause.core.loop.LoopSteps.fail_loop>`, after the AllReduce a drop-in

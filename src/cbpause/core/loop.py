@@ -195,9 +195,11 @@ class LoopSteps(RankCore):
         """P-CLOSE-WINDOW (``CloseWindow``): the last holder left; go to the barrier."""
         self._step(t.close_window, t.can_close_window)
 
-    def pause_window(self) -> None:
+    def pause_window(self, barrier: bool = False) -> None:
         """The pause window after a pause decision: P-OPEN-WINDOW, P-SKIP-WINDOW or P-PARK-FOR-PEER, then
-        P-JOIN-PEER-PAUSE or P-PEER-PARK-TIMEOUT, and P-CLOSE-WINDOW.  Returns at the barrier.
+        P-JOIN-PEER-PAUSE or P-PEER-PARK-TIMEOUT, and P-CLOSE-WINDOW.  Returns at the barrier; with ``barrier``,
+        past it: P-BARRIER too, under the same lock, for a loop that has no peers to meet there (nothing it does
+        between the two steps can fail, and no other thread sees the phase between them).
 
         Blocks while a holder is inside; releases the holds of holders whose thread died (P-RELEASE-DEAD-HOLDER),
         within ``HOLDER_CHECK_S`` seconds of the death.  Raises :class:`~cbpause.PeerParkTimeout` (the fatal error is
@@ -213,6 +215,8 @@ class LoopSteps(RankCore):
                 self._apply(t.open_window)
             elif t.can_skip_window(s):
                 self._apply(t.skip_window)
+                if barrier:
+                    self._apply(t.barrier)
                 return
             elif t.can_park_for_peer(s):
                 self._apply(t.park_for_peer)
@@ -229,14 +233,18 @@ class LoopSteps(RankCore):
             # Parked: wake at least every HOLDER_CHECK_S to release the holds of holders whose thread died
             # (P-RELEASE-DEAD-HOLDER; the fairness of ReleaseDeadHolder in the spec rests on this loop).  The first
             # look comes before the first wait, so that no hold of a thread that died is entered from another thread.
+            # (No hold, nothing to look at: the wake-up at the last holder's exit, the resume's path, skips the call.)
             while True:
-                self._release_dead_holders()
+                if self._holds:
+                    self._release_dead_holders()
                 if not self._state.paused:
                     break
                 if self._state.waiting:  # a notification an interrupt cut short (SafeCondition.notify_all) is renewed
                     self._condition.notify_all()
                 self._condition.wait(HOLDER_CHECK_S)
             self._apply(t.close_window)
+            if barrier:
+                self._apply(t.barrier)
 
     def release_dead_holders(self) -> int:
         """P-RELEASE-DEAD-HOLDER (``ReleaseDeadHolder``): release the hold of every holder whose thread ended while

@@ -181,35 +181,34 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             stream = self.inputs_and_outputs.compute_stream
             if stream is not None:  # the GPU's work of the last step ends before any holder touches the model
                 stream.synchronize()
-            before = self.output_router.versions.current
-            status.pause_window()  # P-OPEN-WINDOW / P-SKIP-WINDOW / P-PARK-FOR-PEER, P-CLOSE-WINDOW; raises on D3
-            changed = weights.window_changed_weights(self.output_router.versions, status.pauses_taken)
-            if self.distributed_helper.cpu_comm_group is not None:
+            versions = self.output_router.versions
+            before = versions.current
+            group = self.distributed_helper.cpu_comm_group
+            # P-OPEN-WINDOW / P-SKIP-WINDOW / P-PARK-FOR-PEER, P-CLOSE-WINDOW (raises on D3); no peers: P-BARRIER too
+            status.pause_window(barrier=group is None)
+            changed = weights.window_changed_weights(versions, status.pauses_taken)
+            if group is None:
+                self._cbpause_check_due = True  # checked once the next forward step is launched (_generation_step)
+            else:
                 timeout = self.cb_config.cpu_group_timeout
                 try:
                     # Every rank, at the barrier: whether any rank's window may have changed the weights (the
                     # ranks must forget their shared prefixes alike, or their batches would part).
                     # and whether the ranks set the same weight version (a digest and its complement, in the same MAX)
-                    versions = self.output_router.versions
                     digest = weights.barrier_digest(versions)
                     top, low, changed = self.distributed_helper.tp_all_reduce_state(digest, -digest, int(changed))
                     changed = weights.agree_versions(versions, self.distributed_helper, top, -low, bool(changed))
                     # P-BARRIER's collective, on the group's CPU channel, bounded by its timeout (None: for ever);
                     # wait_all_ranks names every rank that did not come.
                     bound = None if timeout is None else timedelta(seconds=timeout)
-                    _dist.monitored_barrier(group=self.distributed_helper.cpu_comm_group, timeout=bound,
-                                            wait_all_ranks=True)  # fmt: skip
+                    _dist.monitored_barrier(group=group, timeout=bound, wait_all_ranks=True)
                 except Exception as error:
                     _collective_failed(status, error)
                     raise
-            status.barrier()  # P-BARRIER: the group leaves the window together
-            if self.distributed_helper.cpu_comm_group is None:
-                self._cbpause_check_due = True  # checked once the next forward step is launched (_generation_step)
-            else:
+                status.barrier()  # P-BARRIER: the group leaves the window together
                 weights.check_model_unchanged(self)
             if changed:
                 weights.forget_shared_prefixes(self)  # D6: no new request reads KV from before the pause
-            versions = self.output_router.versions
             if status.tracing:  # RequestVersions' CloseWindow, before the staleness bound ends any request
                 status.record_labels("CloseWindow")
             if versions.max_staleness is not None and weights.set_new_version(versions, before):

@@ -269,19 +269,40 @@ def window_changed_weights(versions: WeightVersions, pauses_taken: int) -> bool:
 
 def forget_shared_prefixes(processor: Any) -> None:
     """At the end of a pause window: no request admitted from now on reads KV computed before it (see above)."""
-    cache, scheduler = processor.cache, processor.scheduler
+    cache = processor.cache
     if not cache.allow_block_sharing:
         return
-    cache.evict_cached_blocks()  # unreferenced hashed blocks back to the pool, their hashes forgotten
-    for allocator in cache.cache_allocators.values():
+    # It runs on the resume's path, its caches cold (each call and object skipped is a microsecond or less): a window
+    # that finds nothing hashed, no waiting request and the requests in flight already marked, those of the last
+    # window, changes nothing here (a steady decode whose requests were all in flight at the last window).
+    scheduler, stale = processor.scheduler, cache._cbpause_stale
+    allocators = cache.cache_allocators.values()
+    hashed = False
+    for allocator in allocators:
         ledger = allocator.ledger
-        # What remains hashed is held by requests in flight: unhashed, a block goes back to the pool on release.
-        ledger.hash_to_block.clear()
-        ledger.block_to_hash.clear()
+        if ledger.block_to_hash or ledger.cached_blocks:
+            hashed = True
+            break
+    active = scheduler.active_requests
+    if not hashed and not scheduler.waiting_requests and len(stale) == len(active) and stale.issuperset(active):
+        return
+    if hashed:
+        for allocator in allocators:
+            if allocator.ledger.cached_blocks:  # unreferenced hashed blocks back to the pool, their hashes forgotten
+                cache.evict_cached_blocks()  # (every allocator's)
+                break
+        for allocator in allocators:
+            ledger = allocator.ledger
+            # What remains hashed is held by requests in flight: unhashed, a block goes back to the pool on release.
+            ledger.hash_to_block.clear()
+            ledger.block_to_hash.clear()
     # Replaced, not grown: a request that finished since the last window holds nothing any more.  A waiting request
     # offloaded to the CPU holds old KV too; a retracted one holds none.
+    stale = set(active)
     waiting = scheduler.waiting_requests
-    cache._cbpause_stale = {*scheduler.active_requests, *(i for i, s in waiting.items() if s.is_cpu_offloaded)}
+    if waiting:
+        stale.update(i for i, s in waiting.items() if s.is_cpu_offloaded)
+    cache._cbpause_stale = stale
 
 
 def version_digest(version: Hashable) -> int:
