@@ -54,6 +54,10 @@ HOT = [
         keys=("tp_status", "tp_pause", "busy"), slow=True),
     Hot("no_pause", "P-NO-PAUSE (``NoPause``)."),
     # Not taken every iteration, but on the resume's path: between the last holder's exit and the next forward step.
+    Hot("close_window", """P-CLOSE-WINDOW (``CloseWindow``): the last holder left; go to the barrier.  With
+        ``barrier``, P-BARRIER too, under the same lock, for a loop that has no peers to meet there (no other thread
+        sees the phase between the two: only the pair is remembered, ``_close_window_slow``).""",
+        params=", barrier: bool = False", prelude=("barrier = bool(barrier)",), keys=("barrier",), slow=True),
     Hot("barrier", "P-BARRIER (``Barrier``), this rank's part: the group left the pause window together."),
     Hot("start_step", '''P-START-STEP (``StartStep``): a forward step is about to run.
 

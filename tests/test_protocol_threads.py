@@ -7,6 +7,7 @@ defects.  Interrupts are real SIGINTs delivered to the waiting (main) thread wit
 Every thread is joined with a timeout; interleavings are forced with events in the loop's hooks.
 """
 
+import functools
 import math
 import threading
 from decimal import Decimal
@@ -548,3 +549,45 @@ def test_a_loop_without_peers_takes_the_barrier_in_the_window_s_own_call(withdra
         assert p.state.phase == "barrier" and actions[-1] == window, actions
         p.barrier()
         assert p.state.phase == "body"
+
+
+def test_a_steady_window_without_peers_replays_its_close_and_barrier_from_a_memo():
+    """The hot ``close_window(barrier=True)`` (issue 38): the second of two alike windows replays the pair from its
+    memo and ends where the first did; a close without the barrier is never remembered (its phase, ``barrier``,
+    wakes those who wait for it, which a replay would not)."""
+    from cbpause.core import transitions as t
+
+    p = PauseProtocol()
+    ends: list = []
+    remembered: list = []
+
+    def holder(asked: threading.Event) -> None:
+        hold = p.request_pause()
+        asked.set()
+        p.enter_pause(hold, timeout=WAIT)
+        p.leave_pause(hold)
+
+    def loop() -> None:  # memos are kept off the main thread only
+        for barrier in (False, True):
+            for _ in range(2):
+                asked = threading.Event()
+                thread, box = run_thread(functools.partial(holder, asked))
+                assert asked.wait(WAIT)
+                p.observe()
+                p.all_reduce(p.DONT_STOP, t.KEEP)
+                p.pause_window(barrier=barrier)
+                thread.join(JOIN_TIMEOUT)
+                assert not thread.is_alive() and "error" not in box, box
+                if not barrier:
+                    assert p.state.phase == "barrier"
+                    p.barrier()
+                ends.append(p.state)
+                p.start_step()
+                p.end_step()
+            remembered.append([m for m in p._memo_close_window if isinstance(m, t.RankState)])
+
+    thread, box = run_thread(loop, name="loop")
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive() and "error" not in box, box
+    assert [len(r) for r in remembered] == [0, 2], remembered
+    assert all(s.phase == "body" for s in ends) and ends[2] is ends[3], ends

@@ -191,9 +191,15 @@ class LoopSteps(RankCore):
         self._apply(t.peer_park_timeout)
         return error
 
-    def close_window(self) -> None:
-        """P-CLOSE-WINDOW (``CloseWindow``): the last holder left; go to the barrier."""
-        self._step(t.close_window, t.can_close_window)
+    def _close_window_slow(self, barrier: bool) -> None:
+        with self._lock:
+            s = self._state
+            if not t.can_close_window(s):
+                raise RuntimeError(not_enabled("close_window", s))
+            after = self._apply(t.close_window)
+            if barrier:  # the pair only: a memo of CloseWindow alone would not wake the waiters of its phase, barrier
+                after = self._apply(t.barrier)
+                self._remember("close_window", s, after, barrier)
 
     def pause_window(self, barrier: bool = False) -> None:
         """The pause window after a pause decision: P-OPEN-WINDOW, P-SKIP-WINDOW or P-PARK-FOR-PEER, then
@@ -242,9 +248,11 @@ class LoopSteps(RankCore):
                 if self._state.waiting:  # a notification an interrupt cut short (SafeCondition.notify_all) is renewed
                     self._condition.notify_all()
                 self._condition.wait(HOLDER_CHECK_S)
-            self._apply(t.close_window)
-            if barrier:
-                self._apply(t.barrier)
+            if not barrier:
+                self._apply(t.close_window)
+                return
+        # The hot step (a steady window's close replays its memo): the resume's path, issue 38.
+        self.close_window(barrier=True)
 
     def release_dead_holders(self) -> int:
         """P-RELEASE-DEAD-HOLDER (``ReleaseDeadHolder``): release the hold of every holder whose thread ended while
@@ -315,6 +323,7 @@ class LoopSteps(RankCore):
         "observe": 2,
         "all_reduce": 5,
         "no_pause": 2,
+        "close_window": 3,
         "barrier": 2,
         "start_step": 2,
         "end_step": 2,
@@ -377,6 +386,25 @@ class LoopSteps(RankCore):
         finally:
             lock.release()
         self._step(t.no_pause, t.can_no_pause)
+
+    def close_window(self, barrier: bool = False) -> None:
+        """P-CLOSE-WINDOW (``CloseWindow``): the last holder left; go to the barrier.  With
+        ``barrier``, P-BARRIER too, under the same lock, for a loop that has no peers to meet there (no other thread
+        sees the phase between the two: only the pair is remembered, ``_close_window_slow``)."""
+        barrier = bool(barrier)
+        memo, lock = self._memo_close_window, self._lock
+        lock.acquire()
+        try:
+            if memo[0] is self._state and memo[1] == barrier:
+                self._state = memo[2]
+                return
+            if memo[3] is self._state and memo[4] == barrier:  # the other of the last two
+                self._state = memo[5]
+                self._memo_close_window = (*memo[3:], *memo[:3])
+                return
+        finally:
+            lock.release()
+        self._close_window_slow(barrier)
 
     def barrier(self) -> None:
         """P-BARRIER (``Barrier``), this rank's part: the group left the pause window together."""
