@@ -284,7 +284,7 @@ def forget_shared_prefixes(processor: Any) -> None:
             hashed = True
             break
     active = scheduler.active_requests
-    if not hashed and not scheduler.waiting_requests and len(stale) == len(active) and stale.issuperset(active):
+    if not hashed and not scheduler.waiting_requests and stale == active.keys():
         return
     if hashed:
         for allocator in allocators:
