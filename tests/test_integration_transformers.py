@@ -833,6 +833,34 @@ def test_the_loop_runs_in_the_inference_mode_of_the_thread_that_started_it(cpu_m
         manager.stop(block=True, timeout=WAIT)
 
 
+@pytest.mark.parametrize("change", ["model.to(float64)", "lm_head.to(float64)"])
+def test_a_kept_manager_restarted_on_a_model_of_another_dtype_is_refused_clearly(cpu_model, change):
+    """A manager stopped with ``keep_for_next_session=True`` keeps its cache, built for the model as it was; a model
+    moved to another dtype since failed at the first step of the next session with a kernel's error (as upstream's
+    does).  ``start()`` refuses now, naming what changed and what to do, and starts nothing; the model moved back,
+    it starts and serves."""
+    manager = cbt.init_continuous_batching(cpu_model, greedy_config(MAX_NEW), batching_config())
+    manager.start()
+    assert results(manager, submit(manager, 1))[0].error is None
+    manager.stop(block=True, timeout=WAIT, keep_for_next_session=True)
+    moved = cpu_model if change.startswith("model") else cpu_model.lm_head
+    try:
+        moved.to(torch.float64)
+        again = cbt.init_continuous_batching(cpu_model, greedy_config(MAX_NEW), batching_config())
+        assert again is manager
+        with pytest.raises(RuntimeError, match="keep_for_next_session=True") as refused:
+            again.start()
+        assert "float64" in str(refused.value) and "destroy_cached_continuous_batching_manager" in str(refused.value)
+        assert not again.is_running()
+        moved.to(torch.float32)
+        again.start()
+        assert results(again, submit(again, 1))[0].error is None
+    finally:
+        moved.to(torch.float32)
+        manager.stop(block=True, timeout=WAIT)
+        cpu_model.destroy_cached_continuous_batching_manager()
+
+
 @pytest.mark.skipif(not cbt.LOOP_TAKES_INFERENCE_MODE, reason="transformers 5.23's loop takes no inference mode")
 def test_a_cached_manager_restarted_in_another_inference_mode_is_refused_clearly(cpu_model):
     """Issue 41's review: a cached manager (``stop(keep_for_next_session=True)``) whose first loop ran inside

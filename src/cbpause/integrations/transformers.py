@@ -347,6 +347,10 @@ class PausableContinuousBatchingManager(
                 f"torch.inference_mode(), and start() is called {'inside' if not built else 'outside'} it: start it "
                 "in the same mode, or call model.destroy_cached_continuous_batching_manager() and build a new one"
             )
+        if isinstance(getattr(self, "batch_processor", None), PausableBatchProcessor):
+            # A batch processor kept for this session keeps its cache, built for the model as it was: a model moved to
+            # another dtype or device since would fail in a kernel at the first step (and upstream's does).
+            weights.check_model_unchanged(self.batch_processor, kept=True)
         self._generation_thread = threading.Thread(
             target=self._run_generation_loop, kwargs=kwargs, name="cbpause-generation-loop", daemon=True
         )

@@ -345,7 +345,7 @@ def patch_processor(processor: Any, cls: type, model: Any, versions: weights.Wei
     processor._cbpause_model = model  # for the check after a window (weights.check_model_unchanged)
     processor._cbpause_layout = weights.ModelLayout(model)  # each parameter's dtype and device, now
     # No window yet.  (A processor kept for the next session, stop(keep_for_next_session=True), keeps its cache and is
-    # stamped again here: a model changed between the two sessions is not checked, as before issue 38.)
+    # stamped again here, after start() checked the model against its last stamp: weights.check_model_unchanged.)
     processor._cbpause_check_due = False
     never_share_stale_blocks(processor, versions)
     hold_admission(processor.scheduler, status)

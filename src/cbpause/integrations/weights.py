@@ -370,7 +370,17 @@ class ModelLayout:
         return True
 
 
-def check_model_unchanged(processor: Any) -> None:
+# Where the model changed, and what to do instead, by whether the check is start()'s of a kept batch processor.
+_MOVED = {
+    False: ("inside a pause", "change dtype or device only while the manager is stopped (stop(), then start() builds "
+            "a new cache), or move the model back before the pause ends"),
+    True: ("since this manager was stopped with keep_for_next_session=True", "its kept cache was built for the model "
+           "as it was: move the model back, or call model.destroy_cached_continuous_batching_manager() and build a "
+           "new manager (or stop without keep_for_next_session before changing dtype or device)"),
+}
+
+
+def check_model_unchanged(processor: Any, kept: bool = False) -> None:
     """After a window, before any token of a later step is read back: a holder that moved the model to another dtype
     or device inside the pause gets a clear error (the loop's fatal error, every request in flight failed with it)
     instead of a low-level one from the first kernel that mixes the model with the KV cache, which keeps the dtype
@@ -381,7 +391,12 @@ def check_model_unchanged(processor: Any) -> None:
     dtype, a ``float64`` ``lm_head``: issue 26, point 13), and the model's dtype and device against the cache's.  A
     difference that passes (parameters replaced by others of the same dtype and device) becomes the new snapshot.
     It runs after every window, whether or not its holders said they changed the weights: a holder that said
-    ``weights_changed=False`` can still move the model, and the snapshot makes the check as cheap either way."""
+    ``weights_changed=False`` can still move the model, and the snapshot makes the check as cheap either way.
+
+    ``kept``: the check ``start()`` makes of a batch processor kept for this session
+    (``stop(keep_for_next_session=True)``), whose cache was built for the model as it was then: the same errors, raised
+    there before anything starts, with what to do instead."""
+    when, remedy = _MOVED[kept]
     cache, model = processor.cache, getattr(processor, "_cbpause_model", None)
     layout = getattr(processor, "_cbpause_layout", None)
     if model is None or layout is None or layout.unchanged():
@@ -390,15 +405,13 @@ def check_model_unchanged(processor: Any) -> None:
         was = layout.dtypes.get(name)
         if was is not None and (param.dtype, param.device) != was:
             raise RuntimeError(
-                f"the model's parameter {name!r} became {param.dtype} on {param.device} inside a pause, where the "
-                f"loop was built with {was[0]} on {was[1]}: change dtype or device only while the manager is "
-                "stopped (stop(), then start() builds a new cache), or move it back before the pause ends"
+                f"the model's parameter {name!r} became {param.dtype} on {param.device} {when}, where the loop was "
+                f"built with {was[0]} on {was[1]}: {remedy}"
             )
     if (model.dtype, model.device) != (cache.dtype, cache.device):
         raise RuntimeError(
-            f"the model was moved to {model.dtype} on {model.device} inside a pause, but the KV cache of this loop is "
-            f"{cache.dtype} on {cache.device}: change dtype or device only while the manager is stopped (stop(), "
-            "then start() builds a new cache), or move the model back before the pause ends"
+            f"the model was moved to {model.dtype} on {model.device} {when}, but the KV cache of this loop is "
+            f"{cache.dtype} on {cache.device}: {remedy}"
         )
     processor._cbpause_layout = ModelLayout(model)
 
