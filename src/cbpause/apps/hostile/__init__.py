@@ -41,7 +41,7 @@ PROBES: dict[str, Callable[[], None]] = {
         ]),
         (weights, [
             'bad_weight_versions', 'weights_changed_not_a_bool', 'retract_keeps_metadata', 'float64_lm_head',
-            'model_change_the_step_survives',
+            'model_change_the_step_survives', 'model_change_between_kept_sessions',
             'weight_sync_misuse', 'stale_requests_in_every_mode',
         ]),
         (serving, [

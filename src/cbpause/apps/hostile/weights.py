@@ -92,6 +92,36 @@ def model_change_the_step_survives() -> None:
             raise Wrong(f"{request} got {got} tokens of the step after the window")
 
 
+def model_change_between_kept_sessions() -> None:
+    """A manager stopped with keep_for_next_session=True, its model moved to float64 before the next session: start()
+    refuses at once, naming the change and what to do, and starts nothing; the cached manager destroyed, a new one on
+    the float64 model serves."""
+    import torch
+
+    from cbpause.integrations import transformers as cbt
+    from cbpause.testing import batching_config, greedy_config, tiny_llama
+
+    model = tiny_llama()
+    manager = cbt.init_continuous_batching(model, greedy_config(8), batching_config())
+    manager.start()
+    _outputs(manager, [manager.add_request([1, 2, 3])])
+    manager.stop(block=True, timeout=WAIT, keep_for_next_session=True)
+    model.to(torch.float64)
+    again = cbt.init_continuous_batching(model, greedy_config(8), batching_config())
+    _expect(RuntimeError, again.start, "keep_for_next_session=True")
+    if again.is_running():
+        raise Wrong("start() refused and yet started the loop")
+    model.destroy_cached_continuous_batching_manager()
+    fresh = cbt.init_continuous_batching(model, greedy_config(8), batching_config())
+    if fresh is again:
+        raise Wrong("the destroyed manager came back")
+    fresh.start()
+    try:
+        _serves(fresh)
+    finally:
+        fresh.stop(block=True, timeout=WAIT)
+
+
 def weight_sync_misuse() -> None:
     """TRL's weight transfer misused: a second pause, a copy or a resume outside one, a bad name after a good one, a
     KeyboardInterrupt in the middle of a copy, destroy twice, a pause of a stopped loop.  Each raises at once and
