@@ -207,16 +207,19 @@ def _old_forget(processor) -> None:
     cache._cbpause_stale = {*scheduler.active_requests, *(i for i, s in waiting.items() if s.is_cpu_offloaded)}
 
 
-def _fake_processor(allocators: list, active: list, waiting: dict, stale: set, sharing: bool):
-    """A processor with upstream's ledgers and cache eviction, and what the forgetting reads of the scheduler."""
+def _fake_processor(allocators: list, active: list, waiting: dict, stale: set, sharing: bool, marked: bool = True):
+    """A processor with upstream's ledgers and cache eviction, and what the forgetting reads of the scheduler;
+    ``marked``: a block may have been hashed since the last forgetting (always, where a ledger holds one)."""
     from types import SimpleNamespace
 
     from transformers.generation.continuous_batching.cache import PagedAttentionCache
     from transformers.generation.continuous_batching.cache_allocators.cache_allocator import BlockLedger
 
     freed: list = []
+    marked = marked or any(hashed for hashed, _ in allocators)
+    pool = SimpleNamespace(free_blocks=lambda index, blocks: freed.append((index, list(blocks))))
     cache = SimpleNamespace(allow_block_sharing=sharing, cache_allocators={}, _cbpause_stale=set(stale),
-                            pool=SimpleNamespace(free_blocks=lambda index, blocks: freed.append((index, list(blocks)))))
+                            _cbpause_marked=marked, pool=pool)  # fmt: skip
     cache.evict_cached_blocks = lambda: PagedAttentionCache.evict_cached_blocks(cache)
     for index, (hashed, cached) in enumerate(allocators):
         ledger = BlockLedger()
@@ -254,10 +257,10 @@ def test_the_forgetting_s_fast_path_leaves_what_the_whole_forgetting_did():
 
     @settings(max_examples=300, deadline=None)
     @given(st.lists(ledger, min_size=1, max_size=2), st.lists(ids, unique=True), st.dictionaries(ids, st.booleans()),
-           st.sets(ids), st.booleans())  # fmt: skip
-    def check(allocators, active, waiting, stale, sharing):
+           st.sets(ids), st.booleans(), st.booleans())  # fmt: skip
+    def check(allocators, active, waiting, stale, sharing, marked):
         waiting = {i: o for i, o in waiting.items() if i not in active}
-        old, new = (_fake_processor(allocators, active, waiting, stale, sharing) for _ in range(2))
+        old, new = (_fake_processor(allocators, active, waiting, stale, sharing, marked) for _ in range(2))
         _old_forget(old[0])
         forget_shared_prefixes(new[0])
         assert _what_it_left(*new) == _what_it_left(*old)
@@ -267,6 +270,7 @@ def test_the_forgetting_s_fast_path_leaves_what_the_whole_forgetting_did():
     processor, freed = _fake_processor([({1, 2}, {2})], ["r0", "r1"], {}, set(), True)
     forget_shared_prefixes(processor)
     assert freed == [(0, [2])] and processor.cache._cbpause_stale == {"r0", "r1"}
+    assert not processor.cache._cbpause_marked  # the ledgers are empty now
     marked = processor.cache._cbpause_stale
     forget_shared_prefixes(processor)
     assert processor.cache._cbpause_stale is marked  # not rebuilt

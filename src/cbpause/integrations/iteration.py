@@ -89,7 +89,8 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             status.record_request("PeerDrop", request_id)
 
     def _generation_step(self, model: Any) -> None:
-        """Upstream's forward step, its version noted (R-VERSIONS: async batching reads it back after a window).
+        """Upstream's forward step, its version noted once it is launched (R-VERSIONS: async batching reads it back
+        after a window).
 
         The first step after a window of a loop without peers checks that the holders left the model's dtype and
         device alone (:func:`~cbpause.integrations.weights.check_model_unchanged`) once the step is launched: on a
@@ -100,23 +101,25 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         the kernel's as its cause.  A loop with no step after the window checks at once (``_loop_body``).  A rank with
         peers checks before the step instead (``_group_decision``): its forward step's collectives would mix its
         model with the peers'."""
-        self.output_router.versions.launch()
         status = self.background_thread_status
         if status.tracing:  # RequestVersions' Launch, with the requests the step computes
             status.record_labels("Launch", ids=_batch_ids(self))
         if not self._cbpause_check_due:
             super()._generation_step(model)
-            return
-        self._cbpause_check_due = False
-        try:
-            super()._generation_step(model)
-        except Exception as error:
+        else:
+            self._cbpause_check_due = False
             try:
-                weights.check_model_unchanged(self)
-            except RuntimeError as clear:
-                raise clear from error
-            raise
-        weights.check_model_unchanged(self)
+                super()._generation_step(model)
+            except Exception as error:
+                try:
+                    weights.check_model_unchanged(self)
+                except RuntimeError as clear:
+                    raise clear from error
+                raise
+            weights.check_model_unchanged(self)
+        # The step's version, noted once it is launched (on a GPU while the device computes; issue 38): only a window
+        # changes the version, and none comes before the step's read-back, which pops this note (R-VERSIONS).
+        self.output_router.versions.launch()
 
     def update_batch(self) -> None:
         """Upstream's read-back of a step's tokens, labelled with that step's version.  Traced: RequestVersions' Land,

@@ -419,12 +419,16 @@ def never_share_stale_blocks(processor: Any, versions: weights.WeightVersions | 
     if hasattr(cache, "_cbpause_stale"):
         return
     cache._cbpause_stale = set()  # ids of the requests in flight at the last pause window (ids are unique in flight)
+    # Whether a block may have been hashed since the last forgetting (upstream hashes blocks only here): the forgetting
+    # skips the ledgers while it is False (weights.forget_shared_prefixes).  True at first: the cache may hold some.
+    cache._cbpause_marked = True
     mark = cache.mark_complete_blocks
 
     def mark_complete_blocks(state: Any, complete_blocks: dict[str, int]) -> None:
         if versions is not None:
             versions.note(state)
         if state.request_id not in cache._cbpause_stale:
+            cache._cbpause_marked = True
             mark(state, complete_blocks)
 
     cache.mark_complete_blocks = mark_complete_blocks

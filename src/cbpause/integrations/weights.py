@@ -273,29 +273,24 @@ def forget_shared_prefixes(processor: Any) -> None:
     if not cache.allow_block_sharing:
         return
     # It runs on the resume's path, its caches cold (each call and object skipped is a microsecond or less): a window
-    # that finds nothing hashed, no waiting request and the requests in flight already marked, those of the last
-    # window, changes nothing here (a steady decode whose requests were all in flight at the last window).
+    # that finds no block hashed since the last one (upstream hashes blocks only in the wrap that
+    # upstream.never_share_stale_blocks puts on the cache, which says so), no waiting request, and the requests in
+    # flight those marked at the last window (a steady decode), changes nothing here.
     scheduler, stale = processor.scheduler, cache._cbpause_stale
+    active = scheduler.active_requests
+    if not cache._cbpause_marked and not scheduler.waiting_requests and stale == active.keys():
+        return
     allocators = cache.cache_allocators.values()
-    hashed = False
+    for allocator in allocators:
+        if allocator.ledger.cached_blocks:  # unreferenced hashed blocks back to the pool, their hashes forgotten
+            cache.evict_cached_blocks()  # (every allocator's)
+            break
     for allocator in allocators:
         ledger = allocator.ledger
-        if ledger.block_to_hash or ledger.cached_blocks:
-            hashed = True
-            break
-    active = scheduler.active_requests
-    if not hashed and not scheduler.waiting_requests and stale == active.keys():
-        return
-    if hashed:
-        for allocator in allocators:
-            if allocator.ledger.cached_blocks:  # unreferenced hashed blocks back to the pool, their hashes forgotten
-                cache.evict_cached_blocks()  # (every allocator's)
-                break
-        for allocator in allocators:
-            ledger = allocator.ledger
-            # What remains hashed is held by requests in flight: unhashed, a block goes back to the pool on release.
-            ledger.hash_to_block.clear()
-            ledger.block_to_hash.clear()
+        # What remains hashed is held by requests in flight: unhashed, a block goes back to the pool on release.
+        ledger.hash_to_block.clear()
+        ledger.block_to_hash.clear()
+    cache._cbpause_marked = False
     # Replaced, not grown: a request that finished since the last window holds nothing any more.  A waiting request
     # offloaded to the CPU holds old KV too; a retracted one holds none.
     stale = set(active)
