@@ -766,6 +766,46 @@ def test_d6_blocks_of_a_request_in_flight_across_an_update_are_not_shared(model)
     assert later.generated_tokens == greedy_reference(model, follow, MAX_NEW)
 
 
+def test_d6_children_forked_from_a_request_written_across_an_update_share_none_of_its_blocks(model):
+    """Found by issue 38's last hostile review: a request whose chunked prefill spans a weight update is forked after it
+    (``num_return_sequences=2``); its child shares the parent's prompt blocks, half of them computed with the old
+    weights, and was not marked stale: its decode steps offered them for sharing, and a later request with the same
+    prompt read them (its output the old model's, silently)."""
+    gen = greedy_config(24)
+    gen.num_return_sequences = 2
+    manager = cbt.init_continuous_batching(model, gen, batching_config(max_batch_tokens=32))
+    prompt = [int(x) for x in torch.randint(1, 100, (69,), generator=torch.Generator().manual_seed(0))]
+    with probed(manager, model) as manager:
+        probe = manager.probe
+        manager.start()
+        try:
+            reached, release = probe.hold_next()
+            manager.add_request(list(prompt), request_id="P", max_new_tokens=24)
+            assert reached.wait(WAIT), "no forward step"  # the parent's first chunk, with the old weights
+
+            def update() -> None:
+                with manager.pause(timeout=WAIT):
+                    perturb_weights(model, 4)  # between the parent's chunks
+
+            manager._wake_up_loop.clear()
+            holder, box = run_thread(update, name="holder")
+            assert manager._wake_up_loop.wait(WAIT), "the pause did not ask"
+            release.set()
+            holder.join(WAIT)
+            assert not holder.is_alive() and "error" not in box, box
+            family = {}
+            while len(family) < 2:
+                out = manager.get_result(timeout=WAIT)
+                assert out is not None, f"outputs so far: {sorted(family)}"
+                family[out.request_id] = out
+            assert len([i for i in family if "__child#" in i]) == 1, sorted(family)  # the case: a child was forked
+            manager.add_request(list(prompt), request_id="R", max_new_tokens=12)
+            later = manager.get_result(request_id="R", timeout=WAIT)
+        finally:
+            manager.stop(block=True, timeout=WAIT)
+    assert later is not None and later.generated_tokens == greedy_reference(model, prompt, 12)
+
+
 def test_a_cached_manager_takes_the_new_admission_and_staleness_settings_and_refuses_the_others(manager):
     """Issue 39, point 14: re-initialising a cached manager silently kept its old ``max_staleness``, ``on_stale`` and
     ``while_paused``."""

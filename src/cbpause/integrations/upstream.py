@@ -414,7 +414,8 @@ def deliver_cancellations(scheduler: Any, router: Any) -> None:
 def never_share_stale_blocks(processor: Any, versions: weights.WeightVersions | None = None) -> None:
     """Wrap the cache's ``mark_complete_blocks`` on the instance (upstream calls it after each forward step for every
     request of the batch): blocks that a request written with earlier weights completes are not registered for
-    sharing, and ``versions`` labels the request's new token.  Idempotent (a reused processor keeps its wrapper)."""
+    sharing, nor those of a child forked from one (which shares its blocks), and ``versions`` labels the request's
+    new token.  Idempotent (a reused processor keeps its wrapper)."""
     cache = processor.cache
     if hasattr(cache, "_cbpause_stale"):
         return
@@ -427,7 +428,10 @@ def never_share_stale_blocks(processor: Any, versions: weights.WeightVersions | 
     def mark_complete_blocks(state: Any, complete_blocks: dict[str, int]) -> None:
         if versions is not None:
             versions.note(state)
-        if state.request_id not in cache._cbpause_stale:
+        rid, stale = state.request_id, cache._cbpause_stale
+        # A child forked from a request in flight at the last window (num_return_sequences: upstream names it
+        # "<parent>__child#<i>", ContinuousBatchProcessor.update_batch) shares its parent's blocks: it is as stale.
+        if rid not in stale and rid.partition("__child#")[0] not in stale:
             cache._cbpause_marked = True
             mark(state, complete_blocks)
 
