@@ -892,6 +892,7 @@ def test_a_kept_manager_restarted_on_a_model_of_another_dtype_is_refused_clearly
             again.start()
         assert "float64" in str(refused.value) and "destroy_cached_continuous_batching_manager" in str(refused.value)
         assert not again.is_running()
+        assert again.add_request(list(PROMPT), max_new_tokens=MAX_NEW) is None  # stopped still: nothing accepted
         moved.to(torch.float32)
         again.start()
         assert results(again, submit(again, 1))[0].error is None

@@ -320,21 +320,8 @@ class PausableContinuousBatchingManager(
         if self.is_running():
             _api.logger.warning("start(): the generation loop runs already; nothing to do")
             return
-        with _DRIVER_LOCK:
-            ref = _DRIVER_OF.get(self.model)
-            other = ref() if ref is not None else None
-            if other is not None and other is not self and other.is_running():
-                raise RuntimeError(
-                    "this model is already driven by another running continuous-batching manager: its pauses would "
-                    "not stop this one's forward steps. Stop that manager first, or use it."
-                )
-            _DRIVER_OF[self.model] = weakref.ref(self)
-        with self._teardown_lock:
-            self._loop_done, self._teardown_asked = False, None
-        if not self._stop_at_exit_registered:
-            atexit.register(_stop_at_exit, weakref.ref(self))
-            self._stop_at_exit_registered = True
-        self.background_thread_status.clear()  # P-RESTART (a no-op before the first start)
+        # The refusals first, before anything changes: a refused start() leaves the manager stopped (its requests
+        # refused at the door, as a stopped manager's are), not live without a loop.
         # As upstream's start() does from 5.24 on: the loop runs in the caller's inference mode.
         kwargs = {"use_inference_mode": torch.is_inference_mode_enabled()} if LOOP_TAKES_INFERENCE_MODE else {}
         built = getattr(getattr(self, "batch_processor", None), "_cbpause_inference_mode", None)
@@ -351,6 +338,21 @@ class PausableContinuousBatchingManager(
             # A batch processor kept for this session keeps its cache, built for the model as it was: a model moved to
             # another dtype or device since would fail in a kernel at the first step (and upstream's does).
             weights.check_model_unchanged(self.batch_processor, kept=True)
+        with _DRIVER_LOCK:
+            ref = _DRIVER_OF.get(self.model)
+            other = ref() if ref is not None else None
+            if other is not None and other is not self and other.is_running():
+                raise RuntimeError(
+                    "this model is already driven by another running continuous-batching manager: its pauses would "
+                    "not stop this one's forward steps. Stop that manager first, or use it."
+                )
+            _DRIVER_OF[self.model] = weakref.ref(self)
+        with self._teardown_lock:
+            self._loop_done, self._teardown_asked = False, None
+        if not self._stop_at_exit_registered:
+            atexit.register(_stop_at_exit, weakref.ref(self))
+            self._stop_at_exit_registered = True
+        self.background_thread_status.clear()  # P-RESTART (a no-op before the first start)
         self._generation_thread = threading.Thread(
             target=self._run_generation_loop, kwargs=kwargs, name="cbpause-generation-loop", daemon=True
         )
