@@ -196,3 +196,18 @@ def test_a_peer_whose_forward_step_fails_ends_both_ranks(tmp_path, tlc_ready):
     result = validate(trace, TLA_DIR, tmp_path / "v")
     assert result.accepted, describe_rejection(trace, result)
     assert any("Fatal" in e.action for e in trace.events), "rank 1's fault never reached the trace"
+
+
+@pytest.mark.parametrize("episode", ["fail_at", "request_at"])
+def test_a_traced_loop_without_peers_still_rests_at_the_barrier_for_the_episodes_there(episode):
+    """Issue 38's last hostile review: once a loop without peers took P-BARRIER in its window's own call, the phase
+    ``barrier`` was never seen by another thread, and the campaign's episodes there did nothing (``fail_at``'s fault
+    never fired and the episode waited out its bound).  A loop that records a trace steps through the barrier on its
+    own: the episode takes the transition it is there for."""
+    from cbpause.apps.scenarios.episodes import EPISODES
+
+    trace = recorded([(episode, "barrier")])
+    coverage = Coverage()
+    coverage.add(trace.events, 1)
+    wanted = EPISODES[episode][2]("barrier")
+    assert wanted <= coverage.seen, (wanted, sorted(t for t in coverage.seen if t[0] == "barrier"))

@@ -187,10 +187,16 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             versions = self.output_router.versions
             before = versions.current
             group = self.distributed_helper.cpu_comm_group
-            # P-OPEN-WINDOW / P-SKIP-WINDOW / P-PARK-FOR-PEER, P-CLOSE-WINDOW (raises on D3); no peers: P-BARRIER too
-            status.pause_window(barrier=group is None)
+            # Without peers, P-BARRIER in the window's own call (its close and the barrier one hot step).  A loop that
+            # records a trace steps through the barrier on its own instead, its phase `barrier` seen by other threads
+            # (the scenarios' episodes act there; the spec allows both; memos are off while tracing anyway).
+            alone = group is None and not status.tracing
+            # P-OPEN-WINDOW / P-SKIP-WINDOW / P-PARK-FOR-PEER, P-CLOSE-WINDOW (raises on D3), and P-BARRIER if alone
+            status.pause_window(barrier=alone)
             changed = weights.window_changed_weights(versions, status.pauses_taken)
             if group is None:
+                if not alone:
+                    status.barrier()  # P-BARRIER
                 self._cbpause_check_due = True  # checked once the next forward step is launched (_generation_step)
             else:
                 timeout = self.cb_config.cpu_group_timeout
