@@ -139,7 +139,7 @@ REMOVED_ROUTES = {route: "cli.serving.server.build_server"
 STAMPS = {
     "_cbpause_holds_admission": "the scheduler (hold_admission)",
     "_cbpause_delivers_cancellations": "the scheduler (admission.deliver_cancellations)",
-    "_cbpause_stale": "the cache (weights.never_share_stale_blocks)",
+    "_cbpause_stale": "the cache (never_share_stale_blocks)",
     "_cbpause_marked": "the cache (the same): a block may have been hashed since the last forgetting",
     "_cbpause_model": "the batch processor (PausableContinuousBatchingManager._create_batch_processor)",
     "_cbpause_layout": "the batch processor (the same; weights.check_model_unchanged renews it)",
