@@ -190,7 +190,8 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             # Without peers, P-BARRIER in the window's own call (its close and the barrier one hot step).  A loop that
             # records a trace steps through the barrier on its own instead, its phase `barrier` seen by other threads
             # (the scenarios' episodes act there; the spec allows both; memos are off while tracing anyway).
-            alone = group is None and not status.tracing
+            tracing = status.tracing
+            alone = group is None and not tracing
             # P-OPEN-WINDOW / P-SKIP-WINDOW / P-PARK-FOR-PEER, P-CLOSE-WINDOW (raises on D3), and P-BARRIER if alone
             status.pause_window(barrier=alone)
             changed = weights.window_changed_weights(versions, status.pauses_taken)
@@ -218,7 +219,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
                 weights.check_model_unchanged(self)
             if changed:
                 weights.forget_shared_prefixes(self)  # D6: no new request reads KV from before the pause
-            if status.tracing:  # RequestVersions' CloseWindow, before the staleness bound ends any request
+            if tracing:  # RequestVersions' CloseWindow, before the staleness bound ends any request
                 status.record_labels("CloseWindow")
             if versions.max_staleness is not None and weights.set_new_version(versions, before):
                 modes.restart_stale(self)  # R-STALENESS

@@ -324,7 +324,8 @@ class PausableContinuousBatchingManager(
         # refused at the door, as a stopped manager's are), not live without a loop.
         # As upstream's start() does from 5.24 on: the loop runs in the caller's inference mode.
         kwargs = {"use_inference_mode": torch.is_inference_mode_enabled()} if LOOP_TAKES_INFERENCE_MODE else {}
-        built = getattr(getattr(self, "batch_processor", None), "_cbpause_inference_mode", None)
+        kept = getattr(self, "batch_processor", None)  # a batch processor kept for this session, or None
+        built = getattr(kept, "_cbpause_inference_mode", None)
         if kwargs and built is not None and built != kwargs["use_inference_mode"]:
             # A cached batch processor (stop(keep_for_next_session=True)) keeps tensors made in the mode of its first
             # loop: inference tensors cannot be updated outside inference mode, so the loop would die at its first
@@ -334,10 +335,10 @@ class PausableContinuousBatchingManager(
                 f"torch.inference_mode(), and start() is called {'inside' if not built else 'outside'} it: start it "
                 "in the same mode, or call model.destroy_cached_continuous_batching_manager() and build a new one"
             )
-        if isinstance(getattr(self, "batch_processor", None), PausableBatchProcessor):
+        if isinstance(kept, PausableBatchProcessor):
             # A batch processor kept for this session keeps its cache, built for the model as it was: a model moved to
             # another dtype or device since would fail in a kernel at the first step (and upstream's does).
-            weights.check_model_unchanged(self.batch_processor, kept=True)
+            weights.check_model_unchanged(kept, kept=True)
         with _DRIVER_LOCK:
             ref = _DRIVER_OF.get(self.model)
             other = ref() if ref is not None else None

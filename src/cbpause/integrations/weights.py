@@ -280,12 +280,8 @@ def forget_shared_prefixes(processor: Any) -> None:
     active = scheduler.active_requests
     if not cache._cbpause_marked and not scheduler.waiting_requests and stale == active.keys():
         return
-    allocators = cache.cache_allocators.values()
-    for allocator in allocators:
-        if allocator.ledger.cached_blocks:  # unreferenced hashed blocks back to the pool, their hashes forgotten
-            cache.evict_cached_blocks()  # (every allocator's)
-            break
-    for allocator in allocators:
+    cache.evict_cached_blocks()  # unreferenced hashed blocks back to the pool, their hashes forgotten
+    for allocator in cache.cache_allocators.values():
         ledger = allocator.ledger
         # What remains hashed is held by requests in flight: unhashed, a block goes back to the pool on release.
         ledger.hash_to_block.clear()
