@@ -560,6 +560,9 @@ def test_a_steady_window_without_peers_replays_its_close_and_barrier_from_a_memo
     p = PauseProtocol()
     ends: list = []
     remembered: list = []
+    slow: list[bool] = []
+    close_window_slow = p._close_window_slow
+    p._close_window_slow = lambda barrier: (slow.append(barrier), close_window_slow(barrier))[1]
 
     def holder(asked: threading.Event) -> None:
         hold = p.request_pause()
@@ -590,4 +593,5 @@ def test_a_steady_window_without_peers_replays_its_close_and_barrier_from_a_memo
     thread.join(JOIN_TIMEOUT)
     assert not thread.is_alive() and "error" not in box, box
     assert [len(r) for r in remembered] == [0, 2], remembered
+    assert slow == [True], slow  # the second window with the barrier replayed the pair (pause_window's tail)
     assert all(s.phase == "body" for s in ends) and ends[2] is ends[3], ends

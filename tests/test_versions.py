@@ -6,6 +6,8 @@ many tokens every request has when a window opens: the spans of each output must
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -134,6 +136,50 @@ def test_prefix_blocks_survive_only_a_window_whose_holders_left_the_weights_alon
     with manager.pause(weights_changed=False):
         manager.set_weight_version("new")  # a new version is a change, whatever the holder said
     assert cached_prefix_blocks(manager) == 0
+
+
+def test_the_forgetting_s_verdict_read_as_a_window_opens_still_holds_as_it_closes(plain_manager, monkeypatch):
+    """Issue 38: the loop reads ``nothing_to_forget`` as its window opens (its caches warm from the step) and acts on
+    it as the window closes.  Whatever the window's holders do (submit, cancel, set a version, nest a second pause,
+    say the weights stayed), the verdict read again at the close is the one read at the opening; windows of both
+    verdicts are seen (a window after new requests were admitted has something to forget, a steady one nothing)."""
+    from cbpause.integrations import weights
+
+    manager = plain_manager
+    original, changed = weights.nothing_to_forget, weights.window_changed_weights
+    opened: list = []
+    compared: list[tuple[bool, bool]] = []
+
+    def at_open(processor) -> bool:
+        verdict = original(processor)
+        opened.append((processor, verdict))
+        return verdict
+
+    def at_close(versions, pauses_taken) -> bool:
+        processor, verdict = opened[-1]  # (the forgetting's own call comes after this)
+        compared.append((verdict, original(processor)))
+        return changed(versions, pauses_taken)
+
+    monkeypatch.setattr(weights, "nothing_to_forget", at_open)
+    monkeypatch.setattr(weights, "window_changed_weights", at_close)
+    manager.start()
+    ids = submit(manager, 3, list(range(1, 40)))
+    for i in range(30):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(manager.pause(timeout=WAIT, weights_changed=i % 3 != 0))
+            kind = i % 5
+            if kind == 1:
+                ids.append(manager.add_request(list(range(1, 40)), max_new_tokens=MAX_NEW))
+            elif kind == 2 and ids:
+                manager.cancel_request(ids.pop(0))
+            elif kind == 3:
+                manager.set_weight_version(i)
+            elif kind == 4:
+                stack.enter_context(manager.pause(timeout=0))  # this thread's pauses nest: a second hold
+    manager.stop(block=True, timeout=WAIT)
+    assert len(compared) >= 30, compared
+    assert all(at_opening == at_closing for at_opening, at_closing in compared), compared
+    assert {verdict for verdict, _ in compared} == {True, False}, compared
 
 
 class _State:

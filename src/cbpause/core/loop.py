@@ -82,7 +82,9 @@ class LoopSteps(RankCore):
         ``acquire()`` and ``try``/``finally`` rather than ``with``, which costs twice as much on CPython 3.11, and
         several steps run every iteration; for the same reason the replay is generated into each hot method
         (``scripts/gen_hot_steps.py``, the one place it is written) rather than shared (a helper would add a call to
-        every step). Between ``acquire()`` and ``try`` a signal handler could raise and leave the lock held; signal
+        every step).  One copy is written by hand: ``pause_window``'s tail replays ``close_window``'s first slot under
+        the lock it holds already (the resume's path; ``tests/test_protocol_threads.py`` checks that it replays).
+        Between ``acquire()`` and ``try`` a signal handler could raise and leave the lock held; signal
         handlers run only on the main thread, so a loop there gets no memos, and neither does a step that can wake a
         waiter (:func:`quiet`: the replay notifies nobody) or a protocol that records a trace (the replay records
         nothing). ``clear()`` forgets every memo.
@@ -251,7 +253,12 @@ class LoopSteps(RankCore):
             if not barrier:
                 self._apply(t.close_window)
                 return
-        # The hot step (a steady window's close replays its memo): the resume's path, issue 38.
+            # The resume's path (issue 38): a steady window's close and barrier replay close_window's memo (the
+            # generated hot step's, its first slot) under this acquisition of the lock; anything else takes that step.
+            memo = self._memo_close_window
+            if memo[0] is self._state and memo[1]:
+                self._state = memo[2]
+                return
         self.close_window(barrier=True)
 
     def release_dead_holders(self) -> int:

@@ -180,7 +180,15 @@ class RankCore:
             self._trace.record(self.trace_rank, fn.__name__, args, before, after, holder, holder_state)
         if after.paused != before.paused:  # a window opened or closed: its waiters are woken, then the metrics
             self._condition.notify_all()  # (which the woken wait for: they need this lock, and the CPU)
-            self._window_metrics(after.paused)
+            now = self._clock()  # (here, not in a method: this is the resume's and the entry's path, issue 38)
+            if after.paused:
+                self._window_opened_at = now
+                self._windows_opened += 1
+                self._window_entries = 0
+            elif self._window_opened_at is not None:
+                self._last_paused = now - self._window_opened_at
+                self._total_paused += self._last_paused
+                self._window_opened_at = None
         elif _wakes(fn, before, after):
             self._condition.notify_all()
         if self._unsettled:
@@ -208,17 +216,6 @@ class RankCore:
         if self._unsettled:
             self._settle()
         return sum(1 for hold in self._queued if hold.state == "queued")
-
-    def _window_metrics(self, opened: bool) -> None:
-        now = self._clock()
-        if opened:
-            self._window_opened_at = now
-            self._windows_opened += 1
-            self._window_entries = 0
-        elif self._window_opened_at is not None:
-            self._last_paused = now - self._window_opened_at
-            self._total_paused += self._last_paused
-            self._window_opened_at = None
 
     def bind_loop_thread(self) -> None:
         """Declare the calling thread the generation loop's, until the next ``clear()``.

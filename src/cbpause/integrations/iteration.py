@@ -192,6 +192,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             # (the scenarios' episodes act there; the spec allows both; memos are off while tracing anyway).
             tracing = status.tracing
             alone = group is None and not tracing
+            quiet = weights.nothing_to_forget(self)  # D6's verdict, read now (warm) for the window's end
             # P-OPEN-WINDOW / P-SKIP-WINDOW / P-PARK-FOR-PEER, P-CLOSE-WINDOW (raises on D3), and P-BARRIER if alone
             status.pause_window(barrier=alone)
             changed = weights.window_changed_weights(versions, status.pauses_taken)
@@ -217,7 +218,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
                     raise
                 status.barrier()  # P-BARRIER: the group leaves the window together
                 weights.check_model_unchanged(self)
-            if changed:
+            if changed and not quiet:
                 weights.forget_shared_prefixes(self)  # D6: no new request reads KV from before the pause
             if tracing:  # RequestVersions' CloseWindow, before the staleness bound ends any request
                 status.record_labels("CloseWindow")

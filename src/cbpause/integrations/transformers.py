@@ -136,20 +136,6 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _leave(status: PauseProtocol, hold: PauseHold) -> None:
-    """P-LEAVE-PAUSE at the end of a ``pause()`` block, from whichever thread ends it.  (An asynchronous exception
-    that lands here before the hold left is handled by ``pause()``'s outer handler, which finishes the release.)"""
-    try:
-        status.leave_pause(hold)
-    except RuntimeError:
-        if hold.state != "idle":
-            raise
-        raise RuntimeError(
-            "this pause was already released (a leave_pause() of its hold inside the with block, or its thread died "
-            "and the loop released it?): nothing was changed"
-        ) from None
-
-
 def _stop_at_exit(ref: weakref.ref) -> None:
     """At interpreter exit: hard-stop a loop that is still running, so that its requests get their output."""
     manager = ref()
@@ -302,7 +288,15 @@ class PausableContinuousBatchingManager(
                 # request_and_enter_pause leaves nothing held when it raises; an exception after it returned leaves
                 # the hold inside.
                 if holds and (entered or holds[0].state == "inside"):
-                    _leave(status, holds[0])
+                    try:
+                        status.leave_pause(holds[0])  # P-LEAVE-PAUSE, from whichever thread ends the block
+                    except RuntimeError:
+                        if holds[0].state != "idle":
+                            raise
+                        raise RuntimeError(
+                            "this pause was already released (a leave_pause() of its hold inside the with block, or "
+                            "its thread died and the loop released it?): nothing was changed"
+                        ) from None
         except BaseException:
             # An asynchronous exception that landed in the finally above before its release: release, then propagate.
             if holds and holds[0].state == "inside":

@@ -38,8 +38,8 @@ from typing import Any
 __all__ = [
     "PartialSync",
     "MAX_STALE_RESTARTS", "STALE", "VersionedManager", "WeightVersions", "checked_staleness", "check_model_unchanged",
-    "forget_shared_prefixes", "set_new_version", "agree_versions", "barrier_digest", "ModelLayout", "version_digest",
-    "window_changed_weights", "engine_name",
+    "forget_shared_prefixes", "nothing_to_forget", "set_new_version", "agree_versions", "barrier_digest", "ModelLayout",
+    "version_digest", "window_changed_weights", "engine_name",
 ]  # fmt: skip
 
 
@@ -267,19 +267,33 @@ def window_changed_weights(versions: WeightVersions, pauses_taken: int) -> bool:
     return changed
 
 
-def forget_shared_prefixes(processor: Any) -> None:
-    """At the end of a pause window: no request admitted from now on reads KV computed before it (see above)."""
+def nothing_to_forget(processor: Any) -> bool:
+    """Whether :func:`forget_shared_prefixes` would change nothing now: prefix sharing is off, or no block was hashed
+    since the last forgetting (upstream hashes blocks only in the wrap that ``upstream.never_share_stale_blocks``
+    puts on the cache, which says so), no request waits, and the requests in flight are those marked at the last
+    window (a steady decode).
+
+    The loop reads it as its window opens, its caches warm from the step, rather than on the resume's path (issue
+    38): what it reads stays as it is until the window closes, since only the loop's own thread hashes blocks and
+    moves requests between the scheduler's queues, and the loop is parked in the window (the window's holders
+    reach the scheduler only through the manager's queues, which the loop drains at its next group step)."""
     cache = processor.cache
     if not cache.allow_block_sharing:
+        return True
+    scheduler = processor.scheduler
+    return (
+        not cache._cbpause_marked
+        and not scheduler.waiting_requests
+        and cache._cbpause_stale == scheduler.active_requests.keys()
+    )
+
+
+def forget_shared_prefixes(processor: Any) -> None:
+    """At the end of a pause window: no request admitted from now on reads KV computed before it (see above)."""
+    if nothing_to_forget(processor):
         return
-    # It runs on the resume's path, its caches cold (each call and object skipped is a microsecond or less): a window
-    # that finds no block hashed since the last one (upstream hashes blocks only in the wrap that
-    # upstream.never_share_stale_blocks puts on the cache, which says so), no waiting request, and the requests in
-    # flight those marked at the last window (a steady decode), changes nothing here.
-    scheduler, stale = processor.scheduler, cache._cbpause_stale
+    cache, scheduler = processor.cache, processor.scheduler
     active = scheduler.active_requests
-    if not cache._cbpause_marked and not scheduler.waiting_requests and stale == active.keys():
-        return
     cache.evict_cached_blocks()  # unreferenced hashed blocks back to the pool, their hashes forgotten
     for allocator in cache.cache_allocators.values():
         ledger = allocator.ledger
