@@ -327,6 +327,30 @@ def test_a_float64_lm_head_swapped_in_inside_a_pause_fails_the_loop_with_a_clear
         manager.stop(block=True, timeout=WAIT)
 
 
+def test_a_step_that_fails_on_a_model_changed_inside_the_pause_says_so_with_the_kernel_s_error_as_cause(cpu_model):
+    """Requests in flight across a pause whose holder swapped in a float64 ``lm_head``: the first step after the
+    window fails in torch's kernel before the model check runs (the check comes once the step is launched, issue 38).
+    The loop's fatal error is still the check's, which names the parameter, the kernel's error its cause; every
+    request gets its failed output."""
+    manager = cbt.init_continuous_batching(cpu_model, greedy_config(MAX_NEW), batching_config())
+    manager.start()
+    head = cpu_model.lm_head
+    try:
+        ids = [manager.add_request([1, 2, 3], max_new_tokens=MAX_NEW) for _ in range(2)]
+        with manager.pause(timeout=WAIT):
+            cpu_model.lm_head = torch.nn.Linear(head.in_features, head.out_features, bias=False, dtype=torch.float64)
+        manager._generation_thread.join(WAIT)
+        assert not manager._generation_thread.is_alive()
+        outs = {out.request_id: out for out in results(manager, ids)}
+        error = manager.background_thread_status.fatal_error
+        assert error is not None and "'lm_head.weight'" in str(error) and "float64" in str(error), error
+        assert error.__cause__ is not None and "lm_head" not in str(error.__cause__), error.__cause__
+        assert all(out.status == RequestStatus.FAILED for out in outs.values()), outs
+    finally:
+        cpu_model.lm_head = head
+        manager.stop(block=True, timeout=WAIT)
+
+
 # ------------------------------------------------------------------------------------------ point 10
 
 

@@ -89,36 +89,11 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             status.record_request("PeerDrop", request_id)
 
     def _generation_step(self, model: Any) -> None:
-        """Upstream's forward step, its version noted once it is launched (R-VERSIONS: async batching reads it back
-        after a window).
-
-        The first step after a window of a loop without peers checks that the holders left the model's dtype and
-        device alone (:func:`~cbpause.integrations.weights.check_model_unchanged`) once the step is launched: on a
-        GPU the check runs while the device computes, instead of between the last holder's exit and the step (issue
-        38); on the CPU it runs after the step.  Either way before the step's tokens are read back (``update_batch``,
-        or the next iteration's under async batching): a check that fails ends the loop with its clear error and no
-        token of that step reaches a request.  A step that fails because the model changed gets the check's error,
-        the kernel's as its cause.  A loop with no step after the window checks at once (``_loop_body``).  A rank with
-        peers checks before the step instead (``_group_decision``): its forward step's collectives would mix its
-        model with the peers'."""
-        status = self.background_thread_status
-        if status.tracing:  # RequestVersions' Launch, with the requests the step computes
-            status.record_labels("Launch", ids=_batch_ids(self))
-        if not self._cbpause_check_due:
-            super()._generation_step(model)
-        else:
-            self._cbpause_check_due = False
-            try:
-                super()._generation_step(model)
-            except Exception as error:
-                try:
-                    weights.check_model_unchanged(self)
-                except RuntimeError as clear:
-                    raise clear from error
-                raise
-            weights.check_model_unchanged(self)
-        # The step's version, noted once it is launched (on a GPU while the device computes; issue 38): only a window
-        # changes the version, and none comes before the step's read-back, which pops this note (R-VERSIONS).
+        """Upstream's forward step, its version noted once it is launched (on a GPU while the device computes;
+        R-VERSIONS: async batching reads it back after a window).  Only a window changes the version, and none comes
+        before the step's read-back, which pops this note.  (The loop body around it records a trace's Launch and
+        checks the model after a window: ``LoopIteration._loop_body``.)"""
+        super()._generation_step(model)
         self.output_router.versions.launch()
 
     def update_batch(self) -> None:
@@ -199,7 +174,7 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             if group is None:
                 if not alone:
                     status.barrier()  # P-BARRIER
-                self._cbpause_check_due = True  # checked once the next forward step is launched (_generation_step)
+                self._cbpause_check_due = True  # checked once the next forward step is launched (_loop_body)
             else:
                 timeout = self.cb_config.cpu_group_timeout
                 try:
@@ -273,10 +248,33 @@ class LoopIteration:
             raise
 
     def _loop_body(self, batch_processor: Any, bootstrapping: bool) -> bool:
+        """The body proper.  The first step after a window of a loop without peers checks that the holders left the
+        model's dtype and device alone (:func:`~cbpause.integrations.weights.check_model_unchanged`) once the step is
+        launched: on a GPU the check runs while the device computes, instead of between the last holder's exit and
+        the step (issue 38); on the CPU it runs after the step.  Either way before the step's tokens are read back
+        (``update_batch``, or the next iteration's under async batching): a check that fails ends the loop with its
+        clear error and no token of that step reaches a request.  A step that fails because the model changed gets
+        the check's error, the kernel's as its cause.  A loop with no step after the window checks at once.  A rank
+        with peers checks before the step instead (``_group_decision``): its forward step's collectives would mix
+        its model with the peers'."""
         status = self.background_thread_status
         if batch_processor.prepare_next_batch():  # a batch to step
             status.start_step()
-            self._generation_step()
+            if status.tracing:  # RequestVersions' Launch, with the requests the step computes
+                status.record_labels("Launch", ids=_batch_ids(batch_processor))
+            try:
+                self._generation_step()
+            except Exception as error:
+                if batch_processor._cbpause_check_due:  # a step that failed because the model changed: say so
+                    batch_processor._cbpause_check_due = False
+                    try:
+                        weights.check_model_unchanged(batch_processor)
+                    except RuntimeError as clear:
+                        raise clear from error
+                raise
+            if batch_processor._cbpause_check_due:  # the first step after a window (see above)
+                batch_processor._cbpause_check_due = False
+                weights.check_model_unchanged(batch_processor)
             self.current_batch += 1  # (upstream's count of forward steps)
             if not bootstrapping:  # no update when bootstrapping an async batching generation
                 batch_processor.update_batch()

@@ -389,7 +389,7 @@ def check_model_unchanged(processor: Any, kept: bool = False) -> None:
     """After a window, before any token of a later step is read back: a holder that moved the model to another dtype
     or device inside the pause gets a clear error (the loop's fatal error, every request in flight failed with it)
     instead of a low-level one from the first kernel that mixes the model with the KV cache, which keeps the dtype
-    and device it was built with (where it runs: ``PausableBatchProcessor._generation_step``).
+    and device it was built with (where it runs: ``LoopIteration._loop_body``).
 
     The module tree is compared with the snapshot taken when the loop was built (:class:`ModelLayout`); only a
     difference pays for the full check: every parameter against the layout (a module swapped for one of another
