@@ -156,6 +156,9 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
         if busy:
             status.drain_first()  # P-DRAIN-FIRST: step the batch, admitting nothing, and ask again
         elif tp_pause:
+            # D6's verdict for the window's end, read as it opens (nothing the holders do changes it: see
+            # weights.nothing_to_forget) and before the device's synchronisation, which it overlaps on a GPU.
+            quiet = weights.nothing_to_forget(self)
             stream = self.inputs_and_outputs.compute_stream
             if stream is not None:  # the GPU's work of the last step ends before any holder touches the model
                 stream.synchronize()
@@ -167,7 +170,6 @@ class PausableBatchProcessor(_api.ContinuousBatchProcessor):
             # (the scenarios' episodes act there; the spec allows both; memos are off while tracing anyway).
             tracing = status.tracing
             alone = group is None and not tracing
-            quiet = weights.nothing_to_forget(self)  # D6's verdict, read now (warm) for the window's end
             # P-OPEN-WINDOW / P-SKIP-WINDOW / P-PARK-FOR-PEER, P-CLOSE-WINDOW (raises on D3), and P-BARRIER if alone
             status.pause_window(barrier=alone)
             changed = weights.window_changed_weights(versions, status.pauses_taken)

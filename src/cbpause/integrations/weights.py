@@ -273,10 +273,11 @@ def nothing_to_forget(processor: Any) -> bool:
     puts on the cache, which says so), no request waits, and the requests in flight are those marked at the last
     window (a steady decode).
 
-    The loop reads it as its window opens, its caches warm from the step, rather than on the resume's path (issue
-    38): what it reads stays as it is until the window closes, since only the loop's own thread hashes blocks and
-    moves requests between the scheduler's queues, and the loop is parked in the window (the window's holders
-    reach the scheduler only through the manager's queues, which the loop drains at its next group step)."""
+    The loop reads it as its window opens, rather than on the resume's path (issue 38), and before it waits for the
+    device to finish the last step, which the read overlaps on a GPU: what it reads stays as it is until the window
+    closes, since only the loop's own thread hashes blocks and moves requests between the scheduler's queues, and
+    the loop is parked in the window (the window's holders reach the scheduler only through the manager's queues,
+    which the loop drains at its next group step)."""
     cache = processor.cache
     if not cache.allow_block_sharing:
         return True
