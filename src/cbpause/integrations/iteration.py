@@ -215,6 +215,14 @@ def _batch_ids(processor: Any) -> list[str]:
     return [f.state.request_id for f in io.requests_in_batch if f.state.request_id in live]
 
 
+def _check_after_window(processor: Any) -> None:
+    """The model check a window of a loop without peers left due (``_cbpause_check_due``), once: see
+    ``LoopIteration._loop_body``."""
+    if processor._cbpause_check_due:
+        processor._cbpause_check_due = False
+        weights.check_model_unchanged(processor)
+
+
 def _collective_failed(status: PauseProtocol, error: BaseException) -> None:
     """P-COLLECTIVE-TIMEOUT: a peer died or never came.  Record ``error`` and stop, waking every waiter.  Where the
     spec has no collective failing, the error is recorded all the same (the caller must see it, not a complaint)."""
@@ -267,25 +275,21 @@ class LoopIteration:
             try:
                 self._generation_step()
             except Exception as error:
-                if batch_processor._cbpause_check_due:  # a step that failed because the model changed: say so
-                    batch_processor._cbpause_check_due = False
-                    try:
-                        weights.check_model_unchanged(batch_processor)
-                    except RuntimeError as clear:
-                        raise clear from error
+                try:  # a step that failed because the model changed inside the window: say so
+                    _check_after_window(batch_processor)
+                except RuntimeError as clear:
+                    raise clear from error
                 raise
-            if batch_processor._cbpause_check_due:  # the first step after a window (see above)
-                batch_processor._cbpause_check_due = False
-                weights.check_model_unchanged(batch_processor)
+            _check_after_window(batch_processor)  # the first step after a window (see above)
             self.current_batch += 1  # (upstream's count of forward steps)
             if not bootstrapping:  # no update when bootstrapping an async batching generation
                 batch_processor.update_batch()
             status.end_step()
             modes.record_first_steps(batch_processor)  # a trace's FirstStep records (nothing without a recorder)
             return not bootstrapping
-        if batch_processor._cbpause_check_due:  # a window and no step after it: nothing to overlap, check now, so
-            batch_processor._cbpause_check_due = False  # that an idle loop fails at once, not at its next request
-            weights.check_model_unchanged(batch_processor)
+        # A window and no step after it: nothing to overlap, check now, so that an idle loop fails at once, not at its
+        # next request.
+        _check_after_window(batch_processor)
         if status.tp_status == status.HARD_STOP:
             return False  # P-EXIT-LOOP was taken in the group step
         if status.tp_status == status.FLUSH_AND_STOP and not batch_processor.has_pending_requests():
