@@ -128,8 +128,9 @@ def test_every_override_wrap_and_restatement_of_upstream_has_a_fingerprint():
 
 
 def test_the_private_attributes_set_and_the_routes_removed_are_the_table_s():
-    """The serving module sets exactly the upstream attributes of ``SETS`` (each still assigned by upstream's class)
-    and removes exactly the routes of ``REMOVED_ROUTES`` (each still declared by the function that builds the app)."""
+    """The serving modules and the manager set exactly the upstream attributes of ``SETS`` (each still assigned by
+    upstream's class), and the serving module removes exactly the routes of ``REMOVED_ROUTES`` (each still declared by
+    the function that builds the app)."""
     from cbpause.integrations import upstream
 
     if upstream.release() not in upstream.SERVED:
@@ -142,6 +143,9 @@ def test_the_private_attributes_set_and_the_routes_removed_are_the_table_s():
     assigned = {f"_{name}" for name in re.findall(r"\bstate\._(\w+)", text)}
     assigned |= set(re.findall(r"\brouter\.(\w+)\[\w+\] = ", text))  # an entry of upstream's output router
     assigned |= set(re.findall(r"\brouter\.(\w+)\.pop\(", text))  # one taken out
+    manager = (SRC / "integrations" / "transformers.py").read_text()  # the manager's own upstream attributes replaced
+    assigned |= {name for name in re.findall(r"\bself\.(\w+) = ", manager)
+                 if any(k.endswith(f"ContinuousBatchingManager.{name}") for k in upstream.SETS)}
     sets = {name: readers for name, readers in upstream.SETS.items() if readers[0] not in upstream.dropped()}
     assert assigned == {k.rsplit(".", 1)[1] for k in sets}
     for name, readers in sets.items():

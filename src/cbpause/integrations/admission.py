@@ -18,9 +18,10 @@ from transformers.generation.continuous_batching import continuous_api as _api
 
 from ..core.condition import thread_alive
 from ..core.errors import LoopPausedError
+from . import sampling
 
 __all__ = [
-    "Admission", "TrackingRouter", "cache_capacity", "checked_while_paused", "check_fits", "fail_in_hand",
+    "Admission", "TrackingRouter", "cache_capacity", "cache_size", "checked_while_paused", "check_fits", "fail_in_hand",
     "checked_max_new_tokens", "checked_prompt", "TOO_LONG",
 ]  # fmt: skip
 
@@ -51,6 +52,7 @@ class Admission:
     generation_config: Any
     batch_processor: Any
     input_queue: queue.Queue
+    sampler: Any
 
     def is_running(self) -> bool:
         """Upstream's, through :func:`cbpause.core.condition.thread_alive`: a Ctrl-C inside ``Thread.is_alive()``
@@ -65,6 +67,28 @@ class Admission:
         new_tokens = self.generation_config.max_new_tokens if max_new_tokens is None else max_new_tokens
         check_fits(len(prompt) + (new_tokens or 0), cache_capacity(self.batch_processor))
         return prompt, max_new_tokens
+
+    # What add_request passes on to upstream's besides the logits processors' arguments.
+    REQUEST_KEYWORDS = ("streaming", "record_timestamps", "eos_token_id")
+
+    def checked_sampling(self, kwargs: dict) -> None:
+        """R-SAMPLING at the door: ``sampling=`` (a :class:`~cbpause.integrations.sampling.SamplingParams`, or None
+        for the default) only on a manager built with ``per_request_sampling=True`` (``ValueError`` otherwise), and
+        on such a manager no other logits-processor argument (``ValueError``: transformers' per-request processors do
+        not run there).  A ``sampling=None`` is dropped."""
+        if kwargs.get("sampling", ...) is None:
+            del kwargs["sampling"]
+        if self.sampler is None:
+            if "sampling" in kwargs:
+                raise ValueError("sampling= needs a manager built with init_continuous_batching(..., "
+                                 "per_request_sampling=True)")  # fmt: skip
+            return
+        unknown = set(kwargs) - {"sampling", *self.REQUEST_KEYWORDS}
+        if unknown:
+            raise ValueError(f"unknown arguments {sorted(unknown)}: with per-request sampling, a request's sampling "
+                             "is sampling=SamplingParams(...)")  # fmt: skip
+        if "sampling" in kwargs and not isinstance(kwargs["sampling"], sampling.SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, not {type(kwargs['sampling']).__name__}")
 
     def next_request_id(self) -> str:
         """Upstream's naming (``req_N``), skipping the ids a caller chose that are still in flight."""
@@ -93,6 +117,7 @@ class Admission:
         ``RuntimeError`` when the loop does not accept requests (upstream logs and drops each).  Outside one's own
         pause, a bounded input queue that fills while the batch goes in makes a put wait, as upstream's does."""
         checked = [self.checked_request(x, max_new_tokens) for x in inputs]
+        self.checked_sampling(logit_processor_kwargs)
         status = self.background_thread_status
         with self._submit_lock:
             self.refuse_after_fork()
@@ -152,6 +177,8 @@ class Admission:
         if not self.is_tp_driver:  # upstream's no-op
             return super().add_request(prompt, request_id, max_new_tokens, *args, **kwargs)  # type: ignore[misc]
         self.refuse_full_queue(1)
+        if self.sampler is not None:  # a seed drawn here, on the driver, for a request that names none (R-SAMPLING)
+            kwargs["sampling"] = kwargs.get("sampling", self.sampler.default).seeded()
         denial = self.background_thread_status.submit(request_id)
         if denial is not None:
             _api.logger.warning(f"{denial}. Request {request_id!r} will be dropped.")
@@ -301,6 +328,15 @@ def cache_capacity(processor: Any) -> int | None:
     loop built it."""
     cache = getattr(processor, "cache", None)
     return None if cache is None else int(cache.max_tokens_read)
+
+
+def cache_size(cache: Any, page_size: int) -> dict[str, Any]:
+    """What a built KV cache holds: ``blocks`` of ``page_size`` tokens, its ``bytes`` (the one tensor transformers
+    allocates for it), its ``device``, and the tokens one request can hold (``per_request``)."""
+    tensor = cache.cache_tensor
+    return {"blocks": int(cache.num_blocks), "page_size": int(page_size), "device": str(tensor.device),
+            "bytes": int(tensor.numel() * tensor.element_size()),
+            "per_request": int(cache.max_tokens_read)}  # fmt: skip
 
 
 TOO_LONG = "the prompt plus max_new_tokens"  # how the error of a request too long for the KV cache starts

@@ -1,8 +1,9 @@
 """transformers' own OpenAI-compatible server (``transformers serve``) on a cbpause manager (issues 29, 41).
 
-The OpenAI routes, their handlers and their model loading are transformers' own (:func:`openai_app`); what changes is
-the generation engine behind them.  transformers rebuilt its server in 5.25, so the engine has two forms, one module
-each, and these three modules are the only ones of cbpause that know ``transformers.cli.serving``'s internals:
+transformers serve's app, its model loading and its ``/v1/responses`` handler are transformers' own
+(:func:`openai_app`); what changes is the generation engine behind them.  transformers rebuilt its server in 5.25, so
+the engine has two forms, one module each, and these three modules are the only ones of cbpause that know
+``transformers.cli.serving``'s internals:
 
 * transformers 5.23 and 5.24 (:mod:`.serving_manager`): the handlers call an in-process ``CBGenerateManager``, which
   ``transformers serve`` builds lazily, on the first request, with that request's sampling settings; here it is a
@@ -12,30 +13,24 @@ each, and these three modules are the only ones of cbpause that know ``transform
   cbpause manager built at start-up (decision, ``docs/serving.md``: a pause, a weight write and the lease table must
   reach the loop that steps the model, which a worker process would put out of reach).
 
-Either way, one sampling configuration per server, the checkpoint's, so that a pause never waits for a manager that
-does not exist yet.  Every change made to transformers' server (the subclasses' overrides, the handlers' wrapped
-``_streaming`` and ``_non_streaming``, the private attributes set, the routes removed, the wiring restated) is in
-:mod:`cbpause.integrations.upstream`'s table, with a fingerprint of each upstream function it touches, per release.
-Per request, on every release:
+The manager samples per request (``per_request_sampling=True``, R-SAMPLING): ``/v1/completions``,
+``/v1/chat/completions`` and ``/v1/models`` are :mod:`cbpause.serve.openai`'s routes (transformers' are removed:
+:data:`~cbpause.integrations.upstream.REMOVED_ROUTES`), which run each choice through :class:`ServedRequests`; a
+``/v1/responses`` request is sampled with the checkpoint's configuration, and its arguments must agree with it
+(:func:`check_generation_body`).  Every change made to transformers' server (the subclasses' overrides, the private
+attributes set, the routes removed, the wiring restated) is in :mod:`cbpause.integrations.upstream`'s table, with a
+fingerprint of each upstream function it touches, per release.  Per request, on every release:
 
 * ``while_paused="reject"``: a request during a pause gets ``503`` with ``Retry-After`` and is not enqueued;
 * a non-streamed request ended by an ``abort`` pause or by the staleness bound gets ``503`` with ``Retry-After``
   (decision: the client sends it again; its partial tokens are not delivered);
 * a client that disconnects while its request waits (queued during a pause, or running) has it cancelled, so no
   request runs for a client that left;
-* an ``x-request-id`` still in flight is a ``409``, and a refused request leaves nothing registered under its id;
-* an answer carries ``weight_versions`` and ``kv_versions``: ``[first_token_index, version]`` spans over the
-  generated tokens (R-VERSIONS, R-KV-VERSIONS), a streamed one in its ``finish_reason`` chunk; a streamed request
-  is counted by outcome in ``/metrics`` as a non-streamed one is; a non-streamed one also carries
-  ``prompt_token_ids``, ``token_ids`` and (the server started with ``--return-logprobs``) ``token_logprobs``, what
-  a remote RL worker needs (issue 42: ``cbpause.integrations.trl_fleet``);
-* a stream whose request the staleness bound restarts after it sent tokens ends with an error chunk (tokens sent
-  cannot be taken back).
+* an ``x-request-id`` still in flight is a ``409``, and a refused request leaves nothing registered under its id.
 """
 
 from __future__ import annotations
 
-import contextvars
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -61,10 +56,6 @@ __all__ = ["GENERATION_ROUTES", "JoinFailed", "NEUTRAL", "RETRY_AFTER_S", "Resta
 
 RETRY_AFTER_S = 1  # what a rejected request's Retry-After says: pauses for weight updates last about that long
 
-# The request id transformers' handler answers under (the client's x-request-id, or one upstream made up), for the
-# engine below it: 5.25's handlers do not pass it down.  Set by _with_versions and _with_stream_versions, per request.
-_REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("cbpause_request_id", default=None)
-
 
 def _server() -> Any:
     """The module that builds the engine of the installed release's server."""
@@ -80,8 +71,7 @@ class ServedRequests:
     requests it serves, on the running cbpause manager ``_cb``.
 
     ``outcomes`` counts the requests by how they ended (``finished``, ``failed``, ``cancelled``, ``rejected``,
-    ``aborted``), for the server's metrics; ``versions`` holds each finished request's labels until its answer is
-    built (only for a request whose handler's wrap will take them: :data:`_REQUEST_ID` set).
+    ``aborted``), for the server's metrics.
     """
 
     _cb: PausableContinuousBatchingManager
@@ -89,7 +79,6 @@ class ServedRequests:
     def _serve(self, manager: PausableContinuousBatchingManager) -> None:
         self._cb = manager
         self.outcomes: Counter[str] = Counter()
-        self.versions: dict[str, tuple[list, list]] = {}
         self._lock = threading.Lock()
 
     def count(self, outcome: str) -> None:
@@ -109,17 +98,18 @@ class ServedRequests:
                                 "flight: wait for its answer, or send another id")  # fmt: skip
 
     def _enqueue(self, request_id: str, prompt: list[int], max_new_tokens: int, eos_token_id: Any, streaming: bool,
-                 on_output: Any) -> None:  # fmt: skip
-        """``on_output`` registered for ``request_id``'s outputs (on the running event loop), then the request added;
-        a refusal (a pause in reject mode: 503; the request's own fault: 400; a stopped loop: the engine's dead
-        error) takes the handler back, so that nothing is left registered under the id and a retry with it is
-        served."""
+                 on_output: Any, sampling: Any = None) -> None:  # fmt: skip
+        """``on_output`` registered for ``request_id``'s outputs (on the running event loop), then the request added
+        (sampled with ``sampling``, a :class:`~cbpause.integrations.sampling.SamplingParams`, or the checkpoint's
+        configuration); a refusal (a pause in reject mode: 503; the request's own fault: 400; a stopped loop: the
+        engine's dead error) takes the handler back, so that nothing is left registered under the id and a retry
+        with it is served."""
         cb = self._cb
         cb.register_result_handler(request_id, on_output)
         added = None
         try:
             added = cb.add_request(prompt, request_id=request_id, max_new_tokens=max_new_tokens, streaming=streaming,
-                                   eos_token_id=eos_token_id)  # fmt: skip
+                                   eos_token_id=eos_token_id, sampling=sampling)  # fmt: skip
         except LoopPausedError as error:
             raise _refused(self, "rejected", str(error)) from error
         except (TypeError, ValueError) as error:  # refused at the door (a prompt too long for the cache...)
@@ -158,12 +148,10 @@ class ServedRequests:
         return (f"{STALE}: request {request_id} was restarted by the staleness bound after {streamed} tokens were "
                 "streamed; retry it")  # fmt: skip
 
-    def _note_end(self, request_id: str, result: Any, labelled: bool) -> None:
-        """A streamed request's terminal output: its outcome counted, its labels kept for its finish chunk if
-        ``labelled`` (:func:`is_labelled`, read where the request was made)."""
+    def _note_end(self, result: Any) -> None:
+        """A streamed request's terminal output: its outcome counted."""
         if result.error is None:
             self.count("finished")
-            self._keep_labels(request_id, result, labelled)
         elif str(result.error).startswith((ABORTED_BY_PAUSE, STALE)):
             self.count("aborted")
         elif str(result.error) == upstream.CANCELLED:  # its client left (5.23-5.24: the stream's cancellation)
@@ -171,21 +159,10 @@ class ServedRequests:
         else:
             self.count("failed")
 
-    def _keep_labels(self, request_id: str, result: Any, labelled: bool) -> None:
-        """What a labelled answer carries: the version labels, and the token ids (prompt and completion) and the
-        completion's log-probabilities (with ``--return-logprobs``), which a remote RL worker needs (issue 42)."""
-        if labelled:
-            tokens = {"prompt_token_ids": list(getattr(result, "prompt_ids", []) or []),
-                      "token_ids": list(getattr(result, "generated_tokens", []) or []),
-                      "token_logprobs": [float(x) for x in getattr(result, "logprobs", []) or []]}  # fmt: skip
-            with self._lock:
-                self.versions[request_id] = (list(result.weight_versions), list(getattr(result, "kv_versions", [])),
-                                             tokens)  # fmt: skip
-
-    def _settle(self, request_id: str, result: Any, labelled: bool) -> None:
+    def _settle(self, request_id: str, result: Any) -> None:
         """A non-streamed request's terminal output: counted, and an error raised as its HTTP answer (503 with
         Retry-After for an abort or the staleness bound; 400 for a request too long for the cache, found once the
-        loop built it; the engine's dead error if the loop died; 500 otherwise); its labels kept when it finished."""
+        loop built it; the engine's dead error if the loop died; 500 otherwise)."""
         if result.error is not None and str(result.error).startswith((ABORTED_BY_PAUSE, STALE)):
             raise _refused(self, "aborted", f"request {request_id} was aborted: {result.error}; retry it")
         if result.error is not None:
@@ -198,14 +175,6 @@ class ServedRequests:
                 raise self._dead(f"the generation loop stopped during request {request_id}: {result.error}")
             raise HTTPException(status_code=500, detail=f"generation failed for {request_id}: {result.error}")
         self.count("finished")
-        self._keep_labels(request_id, result, labelled)
-
-
-def is_labelled(request_id: str) -> bool:
-    """Whether a wrapped handler (:func:`_with_versions`, :func:`_with_stream_versions`) answers ``request_id`` and
-    will take its labels from ``versions``: nobody else would, so they are kept for no other request.  Read on the
-    handler's task (the result callbacks run in the loop thread's context, not the handler's)."""
-    return _REQUEST_ID.get() == request_id
 
 
 class RestartWatch:
@@ -338,12 +307,12 @@ def _refused(generate: ServedRequests, outcome: str, message: str) -> Exception:
     return HTTPException(status_code=503, detail=message, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
-# The generation routes, and the key of each one's token budget.
-GENERATION_ROUTES = {"/v1/completions": "max_tokens", "/v1/chat/completions": "max_completion_tokens",
-                     "/v1/responses": "max_output_tokens"}  # fmt: skip
-# Arguments the loop cannot honour (it samples every request with the server's one configuration, the checkpoint's,
-# and passes only the token budget and the end-of-sequence ids down): each is refused unless absent or its neutral
-# value, so that no client believes it got what it asked.
+# The generation route whose handler is transformers serve's (the others are cbpause.serve.openai's), and the key of
+# its token budget.
+GENERATION_ROUTES = {"/v1/responses": "max_output_tokens"}
+# Arguments /v1/responses cannot honour (its requests are sampled with the server's default configuration, the
+# checkpoint's, and only the token budget and the end-of-sequence ids go down): each is refused unless absent or its
+# neutral value, so that no client believes it got what it asked.
 NEUTRAL = {"n": (1,), "best_of": (1,), "seed": (), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0),
            "logit_bias": ({},), "stop": ([],), "logprobs": (False,), "top_logprobs": (0,), "echo": (False,),
            "generation_config": (), "top_k": ()}  # fmt: skip
@@ -386,7 +355,7 @@ def check_generation_body(route: str, body: dict, *, served: str, checkpoint: st
         value = body.get(key)
         if value is not None and not isinstance(value, kind):
             refused.append(f"{key}={value!r} ({what})")
-    if route in ("/v1/chat/completions", "/v1/responses") and not chat:
+    if not chat:
         raise ValueError("this checkpoint has no chat template: use /v1/completions with a prompt")
     if refused:
         raise ValueError(f"this server cannot honour: {', '.join(refused)}")
@@ -397,28 +366,19 @@ def check_generation_body(route: str, body: dict, *, served: str, checkpoint: st
 
 
 class _GenerationChecks:
-    """Pure ASGI middleware: each generation request's body through :func:`check_generation_body` (a 400 naming
-    what is refused), and ``GET /v1/models`` answered with the served model (transformers serve's lists the Hugging
-    Face cache, and fails without one)."""
+    """Pure ASGI middleware: each ``/v1/responses`` request's body through :func:`check_generation_body` (a 400 naming
+    what is refused)."""
 
     def __init__(self, app: Any, follower: TensorParallel | None = None, **checks: Any) -> None:
         self.app, self.checks, self.follower = app, checks, follower
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         path = scope.get("path")
-        if scope["type"] != "http" or (path not in GENERATION_ROUTES and path != "/v1/models"):
+        if scope["type"] != "http" or path not in GENERATION_ROUTES:
             await self.app(scope, receive, send)
             return
         import json
 
-        if path == "/v1/models":
-            if scope.get("method") not in ("GET", "HEAD", "OPTIONS"):
-                await self.app(scope, receive, send)
-                return
-            served = self.checks["served"]
-            await _send_json(send, 200, {"object": "list", "data": [{"id": served, "object": "model", "created": 0,
-                                                                      "owned_by": "cbpause"}]})  # fmt: skip
-            return
         if scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
@@ -472,103 +432,6 @@ async def _send_json(send: Any, status: int, payload: dict) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _with_versions(handle: Any, generate: ServedRequests) -> Any:
-    """Wrap a handler's ``_non_streaming`` so that the engine below knows the request's id (:data:`_REQUEST_ID`) and
-    the JSON answer carries the request's version labels."""
-    import json
-
-    from fastapi.responses import JSONResponse
-
-    async def non_streaming(request_id: str, *args: Any, **kwargs: Any) -> Any:
-        token = _REQUEST_ID.set(request_id)
-        try:
-            response = await handle(request_id, *args, **kwargs)
-        finally:
-            _REQUEST_ID.reset(token)
-            with generate._lock:
-                labels = generate.versions.pop(request_id, None)
-        if labels is None or not isinstance(response, JSONResponse):
-            return response
-        body = json.loads(response.body)
-        body["weight_versions"], body["kv_versions"] = (_jsonable(labels[0]), _jsonable(labels[1]))
-        body.update(labels[2])
-        return JSONResponse(body, status_code=response.status_code)
-
-    return non_streaming
-
-
-def _with_stream_versions(handle: Any, generate: ServedRequests) -> Any:
-    """Wrap a handler's ``_streaming`` so that the engine below knows the request's id (:data:`_REQUEST_ID`, while
-    the handler makes the request) and the chunk of a streamed answer that has its ``finish_reason`` carries the
-    request's ``weight_versions`` and ``kv_versions``, as a non-streamed answer does.  Every chunk passes at once
-    (holding each back until the next came, as before issue 41's hostile review, withheld the last token of a stream
-    for a whole pause); the labels are known by then: the engine keeps them before it ends the stream."""
-
-    def streaming(request_id: str, *args: Any, **kwargs: Any) -> Any:
-        token = _REQUEST_ID.set(request_id)
-        try:
-            response = handle(request_id, *args, **kwargs)
-        finally:
-            _REQUEST_ID.reset(token)
-        inner = getattr(response, "body_iterator", None)
-        if inner is None:
-            return response
-
-        async def labelled() -> Any:
-            try:
-                async for chunk in inner:
-                    if (body := _finish_body(chunk)) is not None:
-                        with generate._lock:
-                            labels = generate.versions.pop(request_id, None)
-                        if labels is not None:
-                            chunk = _labelled_chunk(chunk, body, labels)
-                    yield chunk
-            finally:
-                with generate._lock:
-                    generate.versions.pop(request_id, None)
-
-        response.body_iterator = labelled()
-        return response
-
-    return streaming
-
-
-def _finish_body(chunk: Any) -> dict | None:
-    """The JSON body of an SSE chunk that is one event, ``data: {...}``, with a ``finish_reason`` (an error chunk is
-    not one); None for any other chunk.  Parsed only where the text names ``finish_reason``: the chunks of the tokens
-    do not, in either release's handlers."""
-    import json
-
-    text = chunk.decode() if isinstance(chunk, bytes) else chunk
-    if not isinstance(text, str) or "finish_reason" not in text:
-        return None
-    if not text.startswith("data: ") or text.count("data: ") != 1:
-        return None
-    try:
-        body = json.loads(text[len("data: "):])
-    except ValueError:
-        return None
-    if not isinstance(body, dict) or "error" in body:
-        return None
-    choices = body.get("choices")
-    finishes = bool(choices) and isinstance(choices[0], dict) and bool(choices[0].get("finish_reason"))
-    return body if finishes else None
-
-
-def _labelled_chunk(chunk: Any, body: dict, labels: tuple) -> Any:
-    """The chunk of ``body`` (:func:`_finish_body`) with the version labels added, as bytes or text as it came."""
-    import json
-
-    body["weight_versions"], body["kv_versions"] = _jsonable(labels[0]), _jsonable(labels[1])
-    out = f"data: {json.dumps(body)}\n\n"
-    return out.encode() if isinstance(chunk, bytes) else out
-
-
-def _jsonable(spans: list) -> list:
-    """``(first_token_index, version)`` spans as JSON pairs (a version JSON cannot hold, ``PartialSync``, as text)."""
-    return [[i, v if v is None or isinstance(v, (int, float, str, bool)) else str(v)] for i, v in spans]
-
-
 def openai_app(
     checkpoint: str, *, device: str = "cpu", dtype: str = "auto", continuous_batching_config: Any = None,
     served_model_name: str | None = None, tensor_parallel: TensorParallel | None = None, **manager_kwargs: Any,
@@ -576,29 +439,28 @@ def openai_app(
     """transformers serve's FastAPI app for ``checkpoint`` (a local directory), on a started cbpause manager.
 
     ``served_model_name``: the model's name in ``/v1/models`` and in requests (default: ``checkpoint`` as given);
-    requests naming it or ``checkpoint`` are served, others refused.  Generation requests pass
+    requests naming it or ``checkpoint`` are served, others refused.  ``/v1/responses`` requests pass
     :func:`check_generation_body` first.  ``tensor_parallel``: this server is one rank of a tensor-parallel engine
     (:class:`TensorParallel`; its process group joined already): the model loads sharded, and a rank other than the
     driver refuses generation requests (409).
 
-    Returns ``(app, manager, generate)``: the app (``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``,
-    ``/v1/models`` and ``/health`` are transformers'), the :class:`PausableContinuousBatchingManager` (built with
-    ``manager_kwargs``: ``while_paused``, ``max_staleness``...) and the generation engine in between (the installed
-    release's: :mod:`.serving_manager` or :mod:`.serving_engine`).
+    Returns ``(app, manager, generate)``: the app (``/v1/responses`` and ``/health`` are transformers'; its
+    ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` are removed, for :mod:`cbpause.serve.openai`'s,
+    which read ``app.state.model``, ``processor``, ``follower``, ``served_name`` and ``chat``), the
+    :class:`PausableContinuousBatchingManager` (built with ``per_request_sampling=True`` and ``manager_kwargs``:
+    ``while_paused``, ``max_staleness``...) and the generation engine in between (the installed release's:
+    :mod:`.serving_manager` or :mod:`.serving_engine`).
     """
     from transformers.cli.serving.server import build_server
 
     served = served_model_name if served_model_name is not None else checkpoint
     if not isinstance(served, str) or not served.strip():
         raise ValueError(f"served_model_name must be a non-empty string, not {served!r}")
-    config = continuous_batching_config
+    config = continuous_batching_config if continuous_batching_config is not None else _default_batching()
     built = _server().build(checkpoint, device=device, dtype=dtype, continuous_batching_config=config,
-                            tensor_parallel=tensor_parallel, **manager_kwargs)  # fmt: skip
+                            tensor_parallel=tensor_parallel, per_request_sampling=True, **manager_kwargs)  # fmt: skip
     generate, handlers = built.generate, built.handlers
     try:
-        for name in ("chat_handler", "completion_handler"):
-            handlers[name]._non_streaming = _with_versions(handlers[name]._non_streaming, generate)
-            handlers[name]._streaming = _with_stream_versions(handlers[name]._streaming, generate)
         app = build_server(built.model_manager, **built.server_kwargs, **handlers)
         # Not transformers serve's /reset and /load_model (they would unload the model the manager steps), nor the
         # routes that run a model outside the pausable loop (upstream.REMOVED_ROUTES says which and why).
@@ -611,11 +473,21 @@ def openai_app(
         follower = None if tensor_parallel is None or tensor_parallel.driver else tensor_parallel
         app.add_middleware(_GenerationChecks, served=served, checkpoint=checkpoint, follower=follower,
                            sampling=sampling_of(built.model.generation_config), chat=chat)  # fmt: skip
+        # What cbpause.serve's own routes (/v1/completions, /v1/chat/completions, /v1/models) read.
+        app.state.model, app.state.processor, app.state.follower = built.model, processor, follower
+        app.state.served_name, app.state.checkpoint, app.state.chat = served, checkpoint, chat
         _openai_errors(app)
     except BaseException:
         built.manager.stop(block=True, timeout=10)
         raise
     return app, built.manager, generate
+
+
+def _default_batching() -> Any:
+    """A batching config of transformers' defaults (the server's manager changes it: per-request sampling)."""
+    from transformers import ContinuousBatchingConfig
+
+    return ContinuousBatchingConfig()
 
 
 def _openai_errors(app: Any) -> None:

@@ -11,10 +11,11 @@ of their own across the process boundary, and the weights a copy per write.  Wha
 (the model's memory freed when idle, several API servers sharing one model) cbpause serve does not offer: one model,
 loaded at start-up, served until the server stops.
 
-The engine knows the request's id through :data:`.serving._REQUEST_ID` (5.25's handlers do not pass it down), and
-the client's disconnect through upstream's ``CancelOnDisconnect``, which cancels the handler's task: the request is
-then cancelled in the loop (non-streamed: the awaited result is cancelled; streamed: the stream's ``task``, which
-the handler cancels once its stream ends, for whatever reason).
+It serves ``/v1/responses`` (the other generation routes are :mod:`cbpause.serve.openai`'s); 5.25's handlers do not
+pass the request's id down, so the engine names each request itself, and it sees the client's disconnect through
+upstream's ``CancelOnDisconnect``, which cancels the handler's task: the request is then cancelled in the loop
+(non-streamed: the awaited result is cancelled; streamed: the stream's ``task``, which the handler cancels once its
+stream ends, for whatever reason).
 """
 
 from __future__ import annotations
@@ -37,16 +38,15 @@ from transformers.cli.serving.utils import (
     canonical_model_id,
 )
 
-from .serving import _REQUEST_ID, Built, RestartWatch, ServedRequests, is_labelled, load_sharded
+from .serving import Built, RestartWatch, ServedRequests, load_sharded
 from .transformers import PausableContinuousBatchingManager, init_continuous_batching
 
 __all__ = ["PausableEngine", "PausableModelManager", "build"]
 
 
 def _request_id() -> str:
-    """The handler's request id (the client's ``x-request-id``, or upstream's), or one made up for a handler that
-    does not say it (``/v1/responses``: its answers carry no version labels, as on 5.23)."""
-    return _REQUEST_ID.get() or f"cbpause-{uuid.uuid4().hex}"
+    """A request's id in the loop (5.25's handlers do not pass theirs down)."""
+    return f"cbpause-{uuid.uuid4().hex}"
 
 
 def _pending(future: asyncio.Future) -> bool:
@@ -92,12 +92,10 @@ class PausableEngine(ServedRequests, EngineClient):
 
     async def generate_non_streaming(self, inputs: dict, generation_kwargs: dict) -> tuple[str, int, list[int]]:
         """The answer to ``inputs``: its text, the prompt's length and the generated tokens, as upstream's; a refusal
-        while paused is a 503, a cancelled handler (the client left) cancels the request, and the labels are kept
-        for the answer (:func:`.serving._with_versions`)."""
+        while paused is a 503, and a cancelled handler (the client left) cancels the request."""
         request_id = _request_id()
         self._check_alive(request_id)
         self._refuse_duplicate(request_id)
-        labelled = is_labelled(request_id)
         prompt = list(inputs["input_ids"])
         future = asyncio.get_running_loop().create_future()
         self._enqueue(request_id, prompt, generation_kwargs["max_new_tokens"], generation_kwargs["eos_token_id"],
@@ -109,7 +107,7 @@ class PausableEngine(ServedRequests, EngineClient):
                 self._cb.cancel_request(request_id)
                 self.count("cancelled")
             raise
-        self._settle(request_id, result, labelled)
+        self._settle(request_id, result)
         tokens = list(result.generated_tokens)
         return self.processor.decode(tokens, skip_special_tokens=True), len(prompt), tokens
 
@@ -122,7 +120,6 @@ class PausableEngine(ServedRequests, EngineClient):
         request_id = _request_id()
         self._check_alive(request_id)
         self._refuse_duplicate(request_id)
-        labelled = is_labelled(request_id)
         queue: asyncio.Queue = asyncio.Queue()
         tokenizer = getattr(self.processor, "tokenizer", self.processor)._tokenizer
         streamer = Detokenizer(tokenizer, queue, response_parser=response_parser)
@@ -160,7 +157,7 @@ class PausableEngine(ServedRequests, EngineClient):
                     self._cb.cancel_request(request_id)
                     self.count("cancelled")
                 else:  # it finished (its id may be a new request's by now): counted, not cancelled
-                    self._note_end(request_id, end, False)
+                    self._note_end(end)
                 return
             if isinstance(end, _Restarted):
                 queue.put_nowait(_StreamError(self._stream_restarted(request_id, end.sent)))
@@ -170,7 +167,7 @@ class PausableEngine(ServedRequests, EngineClient):
                 self.count("failed")
                 queue.put_nowait(_StreamError(f"{type(end).__name__}: {end}"))
                 return
-            self._note_end(request_id, end, labelled)
+            self._note_end(end)
             if end.error is not None:
                 queue.put_nowait(_StreamError(str(end.error)))
             else:

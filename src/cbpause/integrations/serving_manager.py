@@ -23,7 +23,7 @@ from transformers.cli.serving.systemone import SystemOneHandler
 from transformers.cli.serving.transcription import TranscriptionHandler
 
 from ..core.errors import LoopPausedError
-from .serving import Built, RestartWatch, ServedRequests, _refused, is_labelled, load_sharded
+from .serving import Built, RestartWatch, ServedRequests, _refused, load_sharded
 from .transformers import PausableContinuousBatchingManager, init_continuous_batching
 
 __all__ = ["PausableCBGenerateManager", "build"]
@@ -71,13 +71,13 @@ class PausableCBGenerateManager(ServedRequests, _serving.CBGenerateManager):
             streamed = super().generate_streaming(model, processor, inputs, gen_config, request_id, *args, **kwargs)
         except LoopPausedError as error:  # upstream adds before it registers: nothing is left under the id
             raise _refused(self, "rejected", str(error)) from error
-        self._record_stream(request_id, is_labelled(request_id))
+        self._record_stream(request_id)
         return streamed
 
-    def _record_stream(self, request_id: str, labelled: bool) -> None:
+    def _record_stream(self, request_id: str) -> None:
         """Wrap the handler upstream registered for a streamed request, so that its last output is counted by outcome
-        (``/metrics``) and its version labels kept for the finish chunk (:func:`.serving._with_stream_versions`).  No
-        ``await`` since upstream registered it: no output of this request can have been dispatched to it yet."""
+        (``/metrics``).  No ``await`` since upstream registered it: no output of this request can have been
+        dispatched to it yet."""
         router = self._cb.output_router
         with router._lock:
             entry = router.result_handlers.get(request_id)
@@ -99,23 +99,21 @@ class PausableCBGenerateManager(ServedRequests, _serving.CBGenerateManager):
                     return
                 sent = max(sent, len(result.generated_tokens))
                 if result.is_finished():
-                    self._note_end(request_id, result, labelled)
+                    self._note_end(result)
                 callback(result)
 
             router.result_handlers[request_id] = (recording, loop)
 
     async def generate_non_streaming(self, model: Any, processor: Any, inputs: dict, gen_config: Any,
                                      request_id: str) -> tuple[str, int, list[int]]:  # fmt: skip
-        """Upstream's, plus: a refusal while paused is a 503, the client's disconnect cancels the request, and the
-        output's version labels are kept for the answer (:func:`.serving._with_versions`)."""
+        """Upstream's, plus: a refusal while paused is a 503, and the client's disconnect cancels the request."""
         self._check_alive(request_id)
         self._refuse_duplicate(request_id)
-        labelled = is_labelled(request_id)
         future = asyncio.get_running_loop().create_future()
         self._enqueue(request_id, inputs["input_ids"], gen_config.max_new_tokens, gen_config.eos_token_id, False,
                       lambda result: future.done() or future.set_result(result))  # fmt: skip
         result = await _unless_disconnected(future, self._cb, request_id, self)
-        self._settle(request_id, result, labelled)
+        self._settle(request_id, result)
         text = processor.decode(result.generated_tokens, skip_special_tokens=True)
         return text, len(inputs["input_ids"]), result.generated_tokens
 

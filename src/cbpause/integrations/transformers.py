@@ -110,7 +110,7 @@ LOOP_TAKES_INFERENCE_MODE = "use_inference_mode" in inspect.signature(
     _api.ContinuousBatchingManager._run_generation_loop
 ).parameters
 
-from . import admission, upstream, weights  # noqa: E402
+from . import admission, sampling, upstream, weights  # noqa: E402
 from .iteration import LoopIteration, PausableBatchProcessor  # noqa: E402
 
 __all__ = ["PausableBatchProcessor", "PausableContinuousBatchingManager", "init_continuous_batching"]
@@ -159,6 +159,9 @@ class PausableContinuousBatchingManager(
     # its stop() then works as upstream's.  The class lock serves only such managers; __init__ gives each its own.
     _teardown_lock = threading.Lock()
     _loop_done, _teardown_asked, _stop_at_exit_registered = True, None, False  # _teardown_asked: a stop's keep flag
+    sampler: sampling.Sampler | None = None  # per_request_sampling=True's (R-SAMPLING)
+    _cache_built: Any = None
+    _built_processor: Any = None
 
     def __init__(
         self,
@@ -173,11 +176,23 @@ class PausableContinuousBatchingManager(
         max_staleness: int | None = None,
         on_stale: str = "restart",
         max_stale_restarts: int = weights.MAX_STALE_RESTARTS,
+        per_request_sampling: bool = False,
     ) -> None:
         status = PauseProtocol(peer_park_timeout=peer_park_timeout, trace=trace)  # validates the timeout first
         self.while_paused = admission.checked_while_paused(while_paused)
         staleness = weights.checked_staleness(max_staleness, on_stale, max_stale_restarts)
+        if not isinstance(per_request_sampling, bool):
+            raise TypeError(f"per_request_sampling must be True or False, not {per_request_sampling!r}")
+        if per_request_sampling:  # before upstream resolves the config: no graphs, log-probabilities read back
+            sampling.check_no_graphs(continuous_batching_config)
+            continuous_batching_config.return_logprobs = True
         super().__init__(model, generation_config, continuous_batching_config, workload_hints)
+        # R-SAMPLING: the sampler replaces upstream's logits-processor list (and, on each batch processor, its model
+        # runner's _sample): every request sampled with its own SamplingParams, the generation config's by default.
+        self.sampler = sampling.Sampler(sampling.SamplingParams.from_generation_config(generation_config)) \
+            if per_request_sampling else None
+        if self.sampler is not None:
+            self.logit_processor = self.sampler
         self._built_workload_hints = workload_hints  # compared when a cached manager is reused (_reconfigure)
         self._forked = False  # set in a child process forked from this one (_after_fork_in_child)
         _MANAGERS.add(self)
@@ -192,6 +207,7 @@ class PausableContinuousBatchingManager(
         # scheduler mix two requests up and fail the loop (upstream), so add_request refuses one.
         self._live_ids: set[str] = set()
         self.versions = weights.WeightVersions(*staleness)  # the version in force, each request's spans, the bound
+        self._cache_built = SafeEvent()  # set once a session's loop built its processor, or ended (wait_for_cache)
         self.output_router = admission.TrackingRouter(self._live_ids, self.versions)
         if self.is_tp_driver:  # the requests are the driver's; the other ranks' outputs are copies nobody reads
             self.output_router.status = status
@@ -218,6 +234,7 @@ class PausableContinuousBatchingManager(
         with the same ``ValueError`` as its error, when the loop takes it.
         """
         prompt, max_new_tokens = self.checked_request(input_ids, max_new_tokens)
+        self.checked_sampling(kwargs)
         if request_id is not None and not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, not {request_id!r}")
         with self._submit_lock:
@@ -348,10 +365,20 @@ class PausableContinuousBatchingManager(
             atexit.register(_stop_at_exit, weakref.ref(self))
             self._stop_at_exit_registered = True
         self.background_thread_status.clear()  # P-RESTART (a no-op before the first start)
+        if self._cache_built is not None:
+            self._cache_built.clear()
         self._generation_thread = threading.Thread(
             target=self._run_generation_loop, kwargs=kwargs, name="cbpause-generation-loop", daemon=True
         )
         self._generation_thread.start()
+
+    def wait_for_cache(self, timeout: float) -> Any:
+        """The KV cache of the running loop, once it has built it (at the start of a session); ``None`` if the loop
+        ended first or ``timeout`` seconds passed.  What ``cbpause serve`` reads its capacity from."""
+        if self._cache_built is None or not self._cache_built.wait(timeout):
+            return None
+        processor = self._built_processor
+        return getattr(processor, "cache", None) if self.is_running() else None
 
     def _run_generation_loop(self, **kwargs: Any) -> None:
         # Settle which thread is the loop's before anything else can ask (D4's check relies on it).
@@ -366,6 +393,8 @@ class PausableContinuousBatchingManager(
             self._fail_all_remaining_requests(killed, self.batch_processor)
             raise
         finally:
+            if self._cache_built is not None:  # a wait_for_cache() gets its answer: None, the loop has ended
+                self._cache_built.set()
             with self._teardown_lock:
                 self._loop_done, keep = True, self._teardown_asked
                 self._teardown_asked = None
@@ -430,6 +459,7 @@ class PausableContinuousBatchingManager(
             self.model._cached_continuous_batching_manager = self  # type: ignore[attr-defined]
         else:
             self.batch_processor = None
+            self._built_processor = None
         _api.gc.collect()
         device = _api.torch.get_device_module()
         if hasattr(device, "empty_cache"):
@@ -438,13 +468,18 @@ class PausableContinuousBatchingManager(
     def _create_batch_processor(self) -> _api.ContinuousBatchProcessor:
         processor = upstream.patch_processor(super()._create_batch_processor(), PausableBatchProcessor, self.model,
                                              self.versions, self.background_thread_status)  # fmt: skip
+        if self.sampler is not None:
+            upstream.sample_per_request(processor, self.sampler)
+        self._built_processor = processor
+        if self._cache_built is not None:
+            self._cache_built.set()
         if not hasattr(processor, "_cbpause_inference_mode"):  # the mode its tensors are made in (kept when reused)
             processor._cbpause_inference_mode = torch.is_inference_mode_enabled()
         return processor
 
 
 INIT_KEYWORDS = ("workload_hints", "peer_park_timeout", "trace", "while_paused", "max_staleness", "on_stale",
-                 "max_stale_restarts")
+                 "max_stale_restarts", "per_request_sampling")
 
 
 def init_continuous_batching(
@@ -460,14 +495,19 @@ def init_continuous_batching(
     300, ``None`` for ever), ``trace=`` (a :class:`cbpause.TraceRecorder`), ``while_paused=`` (``"queue"``,
     the default: requests submitted while a pause is asked or held wait and run after it; ``"reject"``:
     ``add_request`` raises :class:`cbpause.LoopPausedError` then, and nothing is enqueued), and the staleness bound
-    (R-STALENESS) ``max_staleness=`` (``None``, the default: none; an integer ``n``: at the close of a window that set
-    a new integer weight version, a request in flight whose oldest token or KV is more than ``n`` versions behind is
-    restarted from its prompt, ``on_stale="restart"``, at most ``max_stale_restarts`` times (default 3) before it ends
-    as ``"abort"`` ends it, or ends with an error starting with ``cbpause.integrations.weights.STALE``,
-    ``on_stale="abort"``).  A cached manager (``stop(keep_for_next_session=True)``) of this kind is reused, as upstream
-    does, with the ``while_paused``, ``max_staleness``, ``on_stale`` and ``max_stale_restarts`` given now; a
-    ``peer_park_timeout``, ``trace`` or ``workload_hints`` other than the ones it was built with is a ``ValueError``
-    (destroy the cached manager first).
+    (R-STALENESS) ``max_staleness=`` (``None``, the default: none; an integer ``n``: at the close of a window that
+    set a new integer weight version, a request in flight whose oldest token or KV is more than ``n`` versions
+    behind is restarted from its prompt, ``on_stale="restart"``, at most ``max_stale_restarts`` times (default 3)
+    before it ends as ``"abort"`` ends it, or ends with an error starting with
+    ``cbpause.integrations.weights.STALE``, ``on_stale="abort"``), and ``per_request_sampling=`` (``False``, the
+    default: transformers' own sampling, one configuration for every request; ``True``: each request sampled with
+    its own :class:`~cbpause.integrations.sampling.SamplingParams`, ``add_request(..., sampling=...)``, the
+    generation config's by default, R-SAMPLING; it sets the batching config's ``return_logprobs`` and turns off an
+    automatic choice of CUDA graphs, and refuses graphs or a compiled step asked for: ``ValueError``).  A cached
+    manager (``stop(keep_for_next_session=True)``) of this kind is reused, as upstream does, with the
+    ``while_paused``, ``max_staleness``, ``on_stale`` and ``max_stale_restarts`` given now; a ``peer_park_timeout``,
+    ``trace``, ``workload_hints`` or ``per_request_sampling`` other than the ones it was built with is a
+    ``ValueError`` (destroy the cached manager first).
 
     Raises ``TypeError`` for a model that is not a transformers model, ``ValueError`` when no generation
     config can be found or a cached manager is upstream's own, and ``TypeError`` for an unknown keyword.
@@ -501,6 +541,7 @@ def init_continuous_batching(
         max_staleness=kwargs.get("max_staleness"),
         on_stale=kwargs.get("on_stale", "restart"),
         max_stale_restarts=kwargs.get("max_stale_restarts", weights.MAX_STALE_RESTARTS),
+        per_request_sampling=kwargs.get("per_request_sampling", False),
     )
 
 
@@ -511,7 +552,8 @@ def _reconfigure(cached: PausableContinuousBatchingManager, kwargs: dict) -> Non
     to destroy the cached manager first."""
     status = cached.background_thread_status
     fixed = {"peer_park_timeout": status._peer_park_timeout, "trace": status._trace,
-             "workload_hints": getattr(cached, "_built_workload_hints", None)}  # fmt: skip
+             "workload_hints": getattr(cached, "_built_workload_hints", None),
+             "per_request_sampling": cached.sampler is not None}  # fmt: skip
     for key, built in fixed.items():
         if key in kwargs and kwargs[key] is not built and kwargs[key] != built:
             raise ValueError(

@@ -50,7 +50,7 @@ __all__ = [
     "SERVER_WITH_MANAGER", "SETS", "STAMPS", "WRAPPED", "dropped",
     "deliver_cancellations", "fingerprint", "fingerprints", "hold_admission", "release", "replaced",
     "never_share_stale_blocks",
-    "patch_processor", "refuse_what_cannot_fit",
+    "patch_processor", "refuse_what_cannot_fit", "sample_per_request",
     "upstream_function", "upstream_name",
 ]  # fmt: skip
 
@@ -76,20 +76,17 @@ WRAPPED = {
     "scheduler.Scheduler.clear_cancelled_requests": (  # admission.deliver_cancellations: a cancelled request's output
         "continuous_api.ContinuousBatchProcessor.prepare_next_batch",
     ),
-    "cli.serving.chat_completion.ChatCompletionHandler._non_streaming": (  # serving._with_versions: version labels
-        "cli.serving.chat_completion.ChatCompletionHandler.handle_request",
-    ),
-    "cli.serving.completion.CompletionHandler._non_streaming": (  # the same
-        "cli.serving.completion.CompletionHandler.handle_request",
-    ),
-    "cli.serving.chat_completion.ChatCompletionHandler._streaming": (  # serving._with_stream_versions: finish chunk
-        "cli.serving.chat_completion.ChatCompletionHandler.handle_request",
-    ),
-    "cli.serving.completion.CompletionHandler._streaming": (  # the same
-        "cli.serving.completion.CompletionHandler.handle_request",
-    ),
     "cache.PagedAttentionCache.mark_complete_blocks": (  # weights.never_share_stale_blocks: no stale prefix (D6)
         "continuous_api.ContinuousBatchProcessor.update_batch",
+    ),
+    # sample_per_request: the top log-probabilities ride on each token's log-probability through the read-back
+    "input_outputs.ContinuousBatchingIOs.prepare_batch_update": (
+        "continuous_api.ContinuousBatchProcessor.update_batch",
+        "continuous_api.ContinuousBatchProcessor.handle_batch_error",
+    ),
+    "input_outputs.ContinuousBatchingAsyncIOs.prepare_batch_update": (
+        "continuous_api.ContinuousBatchProcessor.update_batch",
+        "continuous_api.ContinuousBatchProcessor.handle_batch_error",
     ),
 }  # fmt: skip
 
@@ -98,6 +95,8 @@ WRAPPED = {
 # shard (from_pretrained with a DistributedConfig), where transformers serve loads the whole model; on 5.23-5.24 the
 # model manager's __init__ loads the forced model through load_model_and_processor, so the replacement is made first.
 REPLACED = {
+    # sample_per_request (per_request_sampling=True): the model runner's sampling step is the Sampler's (R-SAMPLING).
+    "model_runner.ModelRunner._sample": ("model_runner.ModelRunner._forward_process_and_sample",),
     "cli.serving.model_manager.ModelManager._load_model": (
         "cli.serving.model_manager.ModelManager.load_model_and_processor",
     ),
@@ -109,11 +108,19 @@ REPLACED = {
 # Upstream functions whose behaviour the integration restates in its own words without overriding them.
 RESTATED = {
     "continuous_api.ContinuousMixin.init_continuous_batching": "init_continuous_batching and _configs",
+    # The calls a batch processor, its IO buffers and its model runner make on their logits-processor list.
+    "cb_logits_processors.ContinuousBatchingLogitsProcessorList": "sampling.Sampler (per_request_sampling=True)",
     "cli.serve.Serve.__init__": "serving.openai_app and the server modules' build (the model manager, the handlers)",
 }
 
 # Upstream's private attributes the integration sets on upstream's objects, and the upstream functions that read them.
 SETS = {
+    # per_request_sampling=True: the manager's logits-processor list is a sampling.Sampler, which upstream hands to each
+    # batch processor it builds (and that one to its IO buffers and its model runner).
+    "continuous_api.ContinuousBatchingManager.logit_processor": (
+        "continuous_api.ContinuousBatchingManager.__init__",
+        "continuous_api.ContinuousBatchingManager._create_batch_processor",
+    ),
     "continuous_api.OutputRouter.result_handlers": (  # serving: a refused request's handler taken back, duplicates
         # seen; serving_manager (5.23-5.24): a streamed request's handler wrapped
         "continuous_api.OutputRouter.__init__", "continuous_api.OutputRouter.deliver",
@@ -131,9 +138,12 @@ SETS = {
 # Routes of upstream's app (built by the function named) that the server removes: /reset and /load_model would unload
 # the model the manager steps; /v1/systemone runs the model through upstream's own sequential manager, outside the
 # pausable loop (during a pause, during a weight write, with no version labels), and /v1/audio/transcriptions serves
-# speech models, not the text checkpoint served here (issue 39's review: a 500).
+# speech models, not the text checkpoint served here (issue 39's review: a 500).  /v1/completions,
+# /v1/chat/completions and /v1/models are cbpause.serve.openai's (per-request sampling, token ids, log-probabilities,
+# n, stop: none of which upstream's handlers take).
 REMOVED_ROUTES = {route: "cli.serving.server.build_server"
-                  for route in ("/reset", "/load_model", "/v1/systemone", "/v1/audio/transcriptions")}
+                  for route in ("/reset", "/load_model", "/v1/systemone", "/v1/audio/transcriptions",
+                                "/v1/completions", "/v1/chat/completions", "/v1/models")}
 
 # The attributes the integration keeps on upstream's objects, and who sets them.
 STAMPS = {
@@ -145,18 +155,16 @@ STAMPS = {
     "_cbpause_layout": "the batch processor (the same; weights.check_model_unchanged renews it)",
     "_cbpause_check_due": "the batch processor (the same; the window sets it, the next forward step's launch checks)",
     "_cbpause_inference_mode": "the batch processor (the same): the inference mode its tensors were made in",
+    "_cbpause_draws": "a request's state (sampling.Sampler): the position of its seed's stream it draws next",
+    "_cbpause_drawn": "a request's state (the same): the tokens drawn and not yet read back, for its penalty",
+    "_cbpause_tops": "a request's state (the same): each drawn token's top log-probabilities, until its read-back",
+    "_cbpause_read_back": "the IO buffers' prepare_batch_update (sample_per_request): wrapped once",
 }
 
 # sha256 (first 16 hex digits) of each upstream function's source in transformers 5.23.0.
 FINGERPRINTS = {
-    "cli.serving.chat_completion.ChatCompletionHandler._streaming": "e78783e3a8363a49",
-    "cli.serving.completion.CompletionHandler._streaming": "c6eccad95c72a058",
     "continuous_api.ContinuousBatchingManager.register_result_handler": "5c1b552714bb0cd7",
     "cli.serve.Serve.__init__": "9cdf7dd30dfecd7d",
-    "cli.serving.chat_completion.ChatCompletionHandler._non_streaming": "c5068d45a9c2c053",
-    "cli.serving.chat_completion.ChatCompletionHandler.handle_request": "61f8b6e137e1222e",
-    "cli.serving.completion.CompletionHandler._non_streaming": "c0feec2954951aae",
-    "cli.serving.completion.CompletionHandler.handle_request": "919777c37b056e18",
     "cli.serving.server.build_server": "84b2277b9e8d679b",
     "cli.serving.utils.CBGenerateManager.__init__": "da83f8210fe5dc3e",
     "cli.serving.utils.CBGenerateManager._check_alive": "a904b9c9e8c4e3c7",
@@ -200,6 +208,12 @@ FINGERPRINTS = {
     "scheduler.Scheduler.clear_cancelled_requests": "c3c5dd503929ae64",
     "cli.serving.model_manager.ModelManager._load_model": "52f50cb891309a25",
     "cli.serving.model_manager.ModelManager.load_model_and_processor": "cf98e1475fcdab8e",
+    "model_runner.ModelRunner._sample": "e366edcd1b7c57bc",
+    "model_runner.ModelRunner._forward_process_and_sample": "e326cff070721010",
+    "input_outputs.ContinuousBatchingIOs.prepare_batch_update": "f2e488c1cea7563f",
+    "input_outputs.ContinuousBatchingAsyncIOs.prepare_batch_update": "e6e19b414bbf2c8e",
+    "continuous_api.ContinuousBatchProcessor.handle_batch_error": "c866d3b06837f91e",
+    "cb_logits_processors.ContinuousBatchingLogitsProcessorList": "4bea7d4b587de3cd",
 }
 
 
@@ -224,15 +238,6 @@ _SERVER_REBUILT = {
     # The routes removed are still declared; the app adds RequestIdMiddleware and CancelOnDisconnect (which cancels a
     # handler whose client left: PausableEngine cancels the request then) and answers EngineDeadError with a 503.
     "cli.serving.server.build_server": "12d3ed1cfc2a13e0",
-    # The wrapped methods take the engine in place of the model and processor, and still are what handle_request
-    # calls for a non-streamed and a streamed answer (the wraps pass every argument on, and set the request's id for
-    # the engine, which 5.25's handlers no longer pass down).
-    "cli.serving.chat_completion.ChatCompletionHandler._non_streaming": "14b7fb7a7c8b04f9",
-    "cli.serving.chat_completion.ChatCompletionHandler._streaming": "181f2028712a7a75",
-    "cli.serving.chat_completion.ChatCompletionHandler.handle_request": "350673e8db044843",
-    "cli.serving.completion.CompletionHandler._non_streaming": "38badf2e076096b9",
-    "cli.serving.completion.CompletionHandler._streaming": "2fed551e2a4d926f",
-    "cli.serving.completion.CompletionHandler.handle_request": "16e523dc71653181",
     # Gone (CBGenerateManager, GenerationState's manager), or no longer read by anything the integration sets.
     "cli.serving.utils.CBGenerateManager.__init__": None,
     "cli.serving.utils.CBGenerateManager._check_alive": None,
@@ -355,6 +360,17 @@ def patch_processor(processor: Any, cls: type, model: Any, versions: weights.Wei
         deliver_cancellations(scheduler, processor.output_router)
         refuse_what_cannot_fit(scheduler, processor)
     return processor
+
+
+def sample_per_request(processor: Any, sampler: Any) -> None:
+    """R-SAMPLING on a batch processor (its logits-processor list is the manager's ``sampler`` already): its model
+    runner samples with the sampler (``_sample`` replaced on the instance, :data:`REPLACED`), and its IO buffers'
+    read-back carries the top log-probabilities (``prepare_batch_update`` wrapped, :data:`WRAPPED`).  Idempotent (a
+    processor reused for the next session keeps both)."""
+    processor.model_runner._sample = sampler.sample
+    io = processor.inputs_and_outputs
+    if not getattr(io.prepare_batch_update, "_cbpause_read_back", False):
+        io.prepare_batch_update = sampler.read_back(io.prepare_batch_update)
 
 
 def hold_admission(scheduler: Any, status: Any) -> None:

@@ -36,7 +36,7 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
               device: str = "cpu", dtype: str = "auto", continuous_batching_config: Any = None,
               api_key: str | None = None, served_model_name: str | None = None, max_leases: int = MAX_LEASES,
               max_body_bytes: int = MAX_BODY_BYTES, lease_log: str | Path | None = None,
-              tensor_parallel: Any = None, peer_join_grace: float | None = None,
+              tensor_parallel: Any = None, peer_join_grace: float | None = None, max_model_len: int | None = None,
               **manager_kwargs: Any) -> Any:  # fmt: skip
     """The FastAPI app serving ``checkpoint`` (a local model directory), its manager started.
 
@@ -54,6 +54,9 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     joins it (:func:`join_parked_peer_pauses`): at least ``MIN_PEER_JOIN_GRACE_S``, and below ``peer_park_timeout``
     (or the peers would fail first); ``None``: :data:`PEER_JOIN_GRACE_S`, or half the ``peer_park_timeout`` where
     that is shorter.  Without ``tensor_parallel`` it must be None.
+    ``max_model_len``: the most tokens (prompt plus answer) a request may have (default: the model's
+    ``max_position_embeddings``, lowered to what one request can hold in the KV cache; :mod:`.capacity`).  On the
+    CPU, a ``continuous_batching_config`` without ``num_blocks`` gets :func:`.capacity.cpu_default_blocks`.
     ``manager_kwargs`` go to :func:`cbpause.integrations.transformers.init_continuous_batching` (``while_paused``,
     ``max_staleness``, ``on_stale``, ``peer_park_timeout``, ``trace``).  ``app.state.manager`` and
     ``app.state.leases`` are the manager and the lease table; ``app.state.shutdown()`` ends the leases and stops the
@@ -65,6 +68,7 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     from .guard import Guard
     from .leases import LeaseTable
     from .metrics import ServerMetrics
+    from .openai import add_openai_routes
 
     root = None if weights_dir is None else Path(weights_dir).resolve()
     if root is not None and not root.is_dir():
@@ -72,24 +76,33 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     Guard(None, api_key=api_key, max_body_bytes=max_body_bytes)  # its arguments checked before the model loads
     peer_join_grace = _peer_join_grace(peer_join_grace, manager_kwargs.get("peer_park_timeout", PEER_PARK_TIMEOUT_S),
                                        tensor_parallel is not None)  # fmt: skip
-    config = continuous_batching_config
+    if max_model_len is not None and (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
+                                      or max_model_len < 2):  # fmt: skip
+        raise ValueError(f"max_model_len must be an integer of at least 2, not {max_model_len!r}")
+    config = _batching_config(checkpoint, continuous_batching_config, device, dtype, max_model_len)
     if tensor_parallel is not None:
         tensor_parallel.join(device)
     app, manager, generate = openai_app(checkpoint, device=device, dtype=dtype, continuous_batching_config=config,
                                         served_model_name=served_model_name, tensor_parallel=tensor_parallel,
                                         **manager_kwargs)  # fmt: skip
     try:
+        served, size = _served(app, manager, max_model_len)
         log = None if lease_log is None else _log_writer(Path(lease_log))
         leases = LeaseTable(manager, default_ttl=default_ttl, max_leases=max_leases, log=log)
     except BaseException:
         manager.stop(block=True, timeout=10)
         raise
-    add_control_routes(app, manager, leases, weights_dir=root, metrics=ServerMetrics(manager, leases, generate))
+    metrics = ServerMetrics(manager, leases, generate)
+    add_control_routes(app, manager, leases, weights_dir=root, metrics=metrics, served=served,
+                       tensor_parallel=tensor_parallel)  # fmt: skip
+    add_openai_routes(app, manager, generate, _tokenizer(app.state.processor), served, follower=app.state.follower,
+                      metrics=metrics)  # fmt: skip
     groups = WeightGroups()
-    add_distributed_routes(app, manager, leases, groups)
+    add_distributed_routes(app, manager, leases, groups, metrics)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)  # outermost: before any route
     app.state.manager, app.state.leases, app.state.generate = manager, leases, generate
     app.state.weight_groups = groups
+    app.state.served, app.state.cache = served, size  # what the start-up line says: size.describe(max_model_len)
     app.state.shutdown = lambda: shutdown(leases, manager, groups=groups)
     if tensor_parallel is not None:
         threading.Thread(target=join_parked_peer_pauses, args=(manager, peer_join_grace), daemon=True,
@@ -106,6 +119,67 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
 
     app.router.lifespan_context = lifespan
     return app
+
+
+def _batching_config(checkpoint: str, given: Any, device: str, dtype: str, max_model_len: int | None) -> Any:
+    """The batching config the server's manager is built with: ``given`` (or transformers' defaults), with a KV cache
+    sized from the model on the CPU when it names no ``num_blocks`` (:mod:`.capacity`)."""
+    from transformers import AutoConfig, ContinuousBatchingConfig
+
+    from . import capacity
+
+    config = given if given is not None else ContinuousBatchingConfig()
+    if str(device).startswith("cpu") and config.num_blocks is None:
+        model_config = AutoConfig.from_pretrained(checkpoint)
+        config.num_blocks = capacity.cpu_default_blocks(model_config, _dtype(model_config, dtype), config.page_size,
+                                                        max_model_len)  # fmt: skip
+    return config
+
+
+def _dtype(model_config: Any, dtype: str) -> Any:
+    """The torch dtype the model loads in (``--dtype``; ``auto``: the checkpoint's, float32 when it says none)."""
+    import torch
+
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    found = getattr(model_config, "dtype", None) or getattr(model_config, "torch_dtype", None)
+    if isinstance(found, str):
+        found = getattr(torch, found.removeprefix("torch."), None)
+    return found if isinstance(found, torch.dtype) else torch.float32
+
+
+CACHE_WAIT_S = 600.0  # the longest a server waits at start for its loop to build the KV cache
+
+
+def _served(app: Any, manager: Any, asked: int | None) -> tuple[Any, Any]:
+    """What the OpenAI routes know of the server (:class:`.openai.Served`), and the cache's size, once the loop has
+    built the cache: ``max_model_len`` is resolved against it (``ValueError`` for an asked one that does not fit)."""
+    from ..integrations.admission import cache_size
+    from .capacity import CacheSize, resolve_max_model_len
+    from .openai import Served
+
+    cache = manager.wait_for_cache(CACHE_WAIT_S)
+    if cache is None:
+        status = manager.background_thread_status
+        raise RuntimeError(f"the generation loop did not build its KV cache: {status.fatal_error or 'it stopped'}")
+    size = CacheSize(**cache_size(cache, manager.continuous_batching_config.page_size))
+    model = app.state.model
+    max_model_len = resolve_max_model_len(asked, model.config, size.per_request)
+    generation = model.generation_config
+    eos = generation.eos_token_id if generation.eos_token_id is not None else model.config.eos_token_id
+    eos_ids = tuple(e for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if isinstance(e, int) and e >= 0)
+    served = Served(name=app.state.served_name, checkpoint=app.state.checkpoint, vocab_size=_vocab(model),
+                    max_model_len=max_model_len, default_max_tokens=generation.max_new_tokens,
+                    sampling=manager.sampler.default, eos_token_ids=eos_ids, chat=app.state.chat)  # fmt: skip
+    return served, size
+
+
+def _vocab(model: Any) -> int:
+    return int(model.config.get_text_config().vocab_size)
+
+
+def _tokenizer(processor: Any) -> Any:
+    return getattr(processor, "tokenizer", processor)
 
 
 def _peer_join_grace(grace: float | None, park: float | None, tensor_parallel: bool) -> float:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..core.rank import PEER_PARK_TIMEOUT_S
 from . import MIN_PEER_JOIN_GRACE_S, PEER_JOIN_GRACE_S
+from .capacity import CPU_KV_BYTES, CPU_SEQUENCES
 from .guard import MAX_BODY_BYTES
 from .leases import MAX_LEASES
 
@@ -33,9 +34,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--on-stale", choices=("restart", "abort"), default="restart")
     p.add_argument("--max-stale-restarts", type=int, default=3, help="times one request may be restarted by the "
                    "staleness bound before it ends with a stale error (default 3)")  # fmt: skip
-    p.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: transformers' choice)")
-    p.add_argument("--return-logprobs", action="store_true", help="each non-streamed answer carries its tokens' "
-                   "log-probabilities (token_logprobs), as an RL rollout worker needs (cbpause.integrations.trl_fleet)")
+    p.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks of --page-size tokens (default: on "
+                   f"the CPU, {CPU_SEQUENCES} sequences of --max-model-len tokens, at most {CPU_KV_BYTES >> 30} GiB; "
+                   "on a GPU, transformers' choice, a share of the device's free memory)")
+    p.add_argument("--page-size", type=int, default=None, help="tokens per KV cache block (default: transformers')")
+    p.add_argument("--max-model-len", type=int, default=None, help="the most tokens a request may have, prompt and "
+                   "answer (default: the model's max_position_embeddings, lowered to what the KV cache holds for one "
+                   "request)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health "
                    "(default: $CBPAUSE_API_KEY; use one whenever the port is reachable from another machine)")
     p.add_argument("--served-model-name", default=None, help="the model's name for clients, in /v1/models and in "
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         sys.exit(f"cbpause serve: {error}")
     # With TP, --tp-timeout bounds the loop's own collectives too (the CPU group's all-reduce, broadcast and barrier)
-    fields = {"num_blocks": args.num_blocks, "return_logprobs": True if args.return_logprobs else None,
+    fields = {"num_blocks": args.num_blocks, "page_size": args.page_size,
               "cpu_group_timeout": None if tensor_parallel is None else tensor_parallel.timeout}  # fmt: skip
     fields = {k: v for k, v in fields.items() if v is not None}
     config = ContinuousBatchingConfig(**fields) if fields else None
@@ -97,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                         max_stale_restarts=args.max_stale_restarts,
                         api_key=api_key, served_model_name=args.served_model_name, max_leases=args.max_leases,
                         max_body_bytes=args.max_body_bytes, lease_log=args.lease_log,
+                        max_model_len=args.max_model_len,
                         tensor_parallel=tensor_parallel, peer_park_timeout=args.peer_park_timeout,
                         **grace)  # fmt: skip
     except ValueError as error:
@@ -107,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         if not isinstance(error, JoinFailed):
             raise
         sys.exit(f"cbpause serve: {error}")  # a rank whose peers never came
+    print(f"cbpause serve: {app.state.cache.describe(app.state.served.max_model_len)}", file=sys.stderr, flush=True)
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"cbpause serve: warning: listening on {args.host} without --api-key: anyone who reaches the port can "
               "pause this server and load weights into it", file=sys.stderr)  # fmt: skip

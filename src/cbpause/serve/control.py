@@ -9,7 +9,9 @@ Routes (``docs/serving.md`` documents each; ``spec/PROTOCOL.md`` section 6.6 nam
   ``{lease_id, weight_version}``; ``GET /weight_info``; ``GET /health``; ``GET /metrics``;
 * the names existing clients use (:data:`COMPAT`): vLLM's ``POST /pause?mode=&clear_cache=`` (no body), SGLang's
   ``POST /pause_generation`` ``{mode}``, and their resumes ``POST /resume`` (no lease id) and
-  ``POST /continue_generation``.  Such a pause is a lease with the server's default ttl, whose id the answer gives.
+  ``POST /continue_generation``.  Such a pause is a lease with the server's default ttl, whose id the answer gives;
+* vLLM's introspection, as TRL's ``VLLMClient`` reads it: ``GET /server_info?config_format=json|text`` (the served
+  model's dtype and ``max_model_len``, the parallel sizes, no LoRA) and ``GET /get_world_size``.
 
 Errors (and, in front of every route, :mod:`.guard`'s ``401``, ``413`` and ``400`` for bad JSON): ``400`` for bad
 input (an unknown mode, a timeout or ttl that is not a non-negative number, a path outside ``--weights-dir``, a
@@ -23,6 +25,7 @@ leases wait or are held, ``503`` when the loop is not running, ``504`` when the 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -92,8 +95,10 @@ def _flag(value: str | None) -> bool | None:
 
 
 def add_control_routes(app: FastAPI, manager: Any, leases: LeaseTable, *, weights_dir: Path | None,
-                       metrics: Any) -> None:  # fmt: skip
-    """Add the control routes to ``app`` (transformers' own ``/health`` is replaced by one that says more)."""
+                       metrics: Any, served: Any = None, tensor_parallel: Any = None) -> None:  # fmt: skip
+    """Add the control routes to ``app`` (transformers' own ``/health`` is replaced by one that says more).
+    ``served`` (:class:`cbpause.serve.openai.Served`) and ``tensor_parallel`` are what ``/server_info`` and
+    ``/get_world_size`` report."""
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
 
     @app.exception_handler(BadRequest)
@@ -101,7 +106,19 @@ def add_control_routes(app: FastAPI, manager: Any, leases: LeaseTable, *, weight
         return _error(400, str(error))
 
     _pause_routes(app, manager, leases, metrics)
-    _weight_routes(app, manager, leases, weights_dir)
+    _weight_routes(app, manager, leases, weights_dir, metrics)
+    world = 1 if tensor_parallel is None else tensor_parallel.size
+
+    @app.get("/server_info")
+    async def server_info(config_format: str = "text") -> JSONResponse:
+        if config_format not in ("json", "text"):
+            return _error(400, f"config_format must be 'json' or 'text', not {config_format!r}")
+        config = server_config(manager, served, world)
+        return JSONResponse({"vllm_config": config if config_format == "json" else json.dumps(config)})
+
+    @app.get("/get_world_size")
+    async def get_world_size() -> JSONResponse:
+        return JSONResponse({"world_size": world})
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # a load balancer may probe with HEAD
     async def health() -> JSONResponse:
@@ -114,6 +131,24 @@ def add_control_routes(app: FastAPI, manager: Any, leases: LeaseTable, *, weight
     @app.get("/metrics")
     async def metrics_route() -> PlainTextResponse:
         return PlainTextResponse(metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+
+def server_info_dtype(model: Any) -> str:
+    """The served weights' dtype as vLLM's ``/server_info`` writes it (``"torch.bfloat16"``)."""
+    return str(getattr(model, "dtype", "unknown"))
+
+
+def server_config(manager: Any, served: Any, world: int) -> dict:
+    """What ``/server_info`` says, in the shape of vLLM's resolved ``vllm_config`` where TRL reads it
+    (``model_config.dtype``, ``model_config.max_model_len``, ``parallel_config``, ``lora_config``: none is served)."""
+    return {
+        "model_config": {"model": getattr(served, "name", None), "dtype": server_info_dtype(manager.model),
+                         "max_model_len": getattr(served, "max_model_len", None)},
+        "parallel_config": {"tensor_parallel_size": world, "pipeline_parallel_size": 1, "data_parallel_size": 1,
+                            "world_size": world},
+        "lora_config": None,
+        "cbpause": {"weight_version": _jsonable(manager.weight_version)},
+    }  # fmt: skip
 
 
 def _pause_routes(app: FastAPI, manager: Any, leases: LeaseTable, metrics: Any) -> None:
@@ -214,7 +249,7 @@ async def _pause(request: Request, body: dict, legacy: bool, manager: Any, lease
                          "mode": mode, "weight_version": _jsonable(manager.weight_version)})  # fmt: skip
 
 
-def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: Path | None) -> None:
+def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: Path | None, metrics: Any) -> None:
     def under_lease(body: dict) -> JSONResponse | None:
         if "lease_id" not in body:
             return _error(409, NEEDS_LEASE)
@@ -232,6 +267,7 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
         if (refused := under_lease(body)) is not None:
             return refused
         new = weight_version_of(body)
+        started = time.monotonic()
         try:
             path = weights_io.check_inside(body.get("path"), weights_dir)
             tensors = await run_in_threadpool(weights_io.load_checked, manager.model, path, weights_dir)
@@ -252,6 +288,7 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
             return _error(400, str(error))
         except weights_io.CopyFailed as error:
             return _error(500, str(error))
+        metrics.weight_update("disk", time.monotonic() - started)
         return JSONResponse({"updated": copied, "weight_version": _jsonable(new)})
 
     @app.post("/update_weight_version")

@@ -29,6 +29,7 @@ The routes sit behind :mod:`.guard`'s API key like every other.
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import ExitStack
 from typing import Any
 
@@ -226,8 +227,9 @@ def _init_args(body: dict) -> tuple[str, int, int, str, int, str, float]:
     return name, rank, world, address, port, backend, timeout
 
 
-def add_distributed_routes(app: FastAPI, manager: Any, leases: LeaseTable, groups: WeightGroups) -> None:
-    """Add the three routes of weights by broadcast to ``app``."""
+def add_distributed_routes(app: FastAPI, manager: Any, leases: LeaseTable, groups: WeightGroups,
+                           metrics: Any = None) -> None:  # fmt: skip
+    """Add the three routes of weights by broadcast to ``app`` (``metrics``: the server's, which time each update)."""
 
     def answer(call: Any) -> Any:
         async def route(request: Request) -> JSONResponse:
@@ -245,7 +247,11 @@ def add_distributed_routes(app: FastAPI, manager: Any, leases: LeaseTable, group
                 "backend": group.backend}  # fmt: skip
 
     def update(body: dict) -> dict:
-        return update_weights_from_distributed(body, manager, leases, groups)
+        started = time.monotonic()
+        answer = update_weights_from_distributed(body, manager, leases, groups)
+        if metrics is not None:
+            metrics.weight_update("broadcast", time.monotonic() - started)
+        return answer
 
     def destroy(body: dict) -> dict:
         return {"destroyed": groups.drop(body.get("group_name", DEFAULT_GROUP))}

@@ -85,12 +85,13 @@ def tiny_tokenizer(vocab_size: int) -> Any:
 def save_tiny_policy(path: Path, vocab_size: int = 16, seed: int = 0, **overrides: Any) -> Path:
     """Save a tiny random Llama (:func:`cbpause.testing.tiny_llama`) and :func:`tiny_tokenizer` to ``path``, as a
     model directory ``AsyncGRPOTrainer(model=str(path))`` loads; its generation config has no end-of-sequence token
-    (every completion is ``max_new_tokens`` long).  Returns ``path``."""
+    (every completion is ``max_new_tokens`` long).  It takes 4096 positions (a served request may be that long; the
+    weights are those of :func:`cbpause.testing.tiny_llama` of the same seed).  Returns ``path``."""
     from transformers import GenerationConfig
 
     from .llama import tiny_llama
 
-    model = tiny_llama(seed=seed, vocab_size=vocab_size, **overrides)
+    model = tiny_llama(seed=seed, vocab_size=vocab_size, **{"max_position_embeddings": 4096, **overrides})
     model.generation_config = GenerationConfig(eos_token_id=-1, pad_token_id=0)
     model.save_pretrained(path)
     tiny_tokenizer(vocab_size).save_pretrained(path)

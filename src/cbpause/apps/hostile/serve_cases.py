@@ -333,7 +333,7 @@ def openai_conventions(server: Guarded) -> None:
 
     def finished() -> float:
         return float(next(line.split()[-1] for line in call("GET", server.url + "/metrics").text.splitlines()
-                          if line.startswith('cbpause_requests{outcome="finished"}')))  # fmt: skip
+                          if line.startswith('cbpause_requests_total{outcome="finished"}')))  # fmt: skip
 
     before = finished()
     body = {"model": NAME, "prompt": "t3 t4", "max_tokens": 3, "stream": True}

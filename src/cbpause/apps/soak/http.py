@@ -367,7 +367,7 @@ def expect_running(url: str, since: float, ledger: Ledger, stop: threading.Event
 
 def server_counts(url: str) -> Counter:
     text = httpx.get(url + "/metrics", timeout=HANG_S).text
-    found = re.finditer(r'^cbpause_requests\{outcome="(\w+)"\} (\S+)', text, re.M)
+    found = re.finditer(r'^cbpause_requests_total\{outcome="(\w+)"\} (\S+)', text, re.M)
     return Counter({m.group(1): int(float(m.group(2))) for m in found})
 
 
