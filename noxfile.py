@@ -310,13 +310,15 @@ SERVED = ("5.23", "5.24", "5.25")
 RELEASE_TESTS = (
     "tests/test_integration_transformers.py", "tests/test_integration_tp.py", "tests/test_upstream_copies.py",
     "tests/test_dropin_fidelity.py", "tests/test_protocol_threads.py", "tests/test_staleness.py",
-    "tests/test_versions.py", "tests/test_serve.py", "tests/test_serve_hostile.py", "tests/test_weights_broadcast.py",
-    "tests/test_weights_tp.py", "tests/test_trl.py", "tests/test_trl_fleet.py",
+    "tests/test_versions.py", "tests/test_sampling.py", "tests/test_serve.py", "tests/test_serve_openai.py",
+    "tests/test_serve_hostile.py", "tests/test_weights_broadcast.py", "tests/test_weights_tp.py", "tests/test_trl.py",
+    "tests/test_trl_fleet.py", "tests/test_trl_stock.py",
 )  # fmt: skip
 
 
-SERVE_TESTS = ("tests/test_serve.py", "tests/test_serve_hostile.py", "tests/test_weights_broadcast.py",
-               "tests/test_weights_tp.py", "tests/test_trl_fleet.py")  # fmt: skip
+SERVE_TESTS = ("tests/test_serve.py", "tests/test_serve_openai.py", "tests/test_serve_hostile.py",
+               "tests/test_weights_broadcast.py", "tests/test_weights_tp.py", "tests/test_trl_fleet.py",
+               "tests/test_trl_stock.py")  # fmt: skip
 NEWEST = max(RELEASES, key=lambda minor: tuple(int(x) for x in minor.split(".")))
 # The real-loop campaign's covering subset (every mode, the TP=2 plans, collective faults), its traces validated by
 # TLC: each release's session ends with it (the loop's behaviour on that release is the spec's), and it is the brief

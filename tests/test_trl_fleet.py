@@ -43,7 +43,7 @@ def train(task, ranks: list[str], engine_urls: list[str], steps: int):
     rank holds the trainer's version, and the engine's servers answer with the trainer's log-probabilities."""
     with Fleet(ranks, request_timeout=HANG_S) as fleet:
         sync = FleetWeightSync(fleet, timeout=HANG_S, ttl=HANG_S, group_timeout=HANG_S)
-        engine = FleetEngine(engine_urls, task.tokenizer, max_in_flight=8)
+        engine = FleetEngine(engine_urls, max_in_flight=8)
         worker = CBRolloutWorker(engine, task.dataset, task.reward, num_generations=task.num_generations,
                                  max_new_tokens=task.max_new_tokens, processing_class=task.tokenizer,
                                  join_timeout=JOIN_TIMEOUT)  # fmt: skip
@@ -64,18 +64,18 @@ def train(task, ranks: list[str], engine_urls: list[str], steps: int):
     for url in ranks:
         assert httpx.get(url + "/weight_info", timeout=HANG_S).json()["weight_version"] == steps + 1
     for url in engine_urls:
-        answer = httpx.post(url + "/v1/completions", json={"prompt": "t3 t4 t9", "max_tokens": 6},
-                            timeout=HANG_S).json()  # fmt: skip
-        assert answer["weight_versions"] == [[0, steps + 1]]
+        body = {"prompt": "t3 t4 t9", "max_tokens": 6, "logprobs": 0, "return_token_ids": True}
+        choice = httpx.post(url + "/v1/completions", json=body, timeout=HANG_S).json()["choices"][0]
+        assert choice["weight_versions"] == [[0, steps + 1]]
         # the server generates with the trainer's weights: its log-probabilities are the trained model's
-        mine = logprobs_of(trained, answer["prompt_token_ids"], answer["token_ids"])
-        assert torch.allclose(mine, torch.tensor(answer["token_logprobs"]), atol=1e-4), (mine, answer)
+        mine = logprobs_of(trained, choice["prompt_token_ids"], choice["token_ids"])
+        assert torch.allclose(mine, torch.tensor(choice["logprobs"]["token_logprobs"]), atol=1e-4), (mine, choice)
     # step 1 trains on samples of the policy it scores: the servers' log-probabilities were the trainer's then too
     ratio = next(h["ratio"] for h in trainer.state.log_history if "ratio" in h)
     assert abs(ratio - 1.0) < 1e-4
 
 
-FLAGS = ("--return-logprobs", "--num-blocks", "64", "--default-ttl", str(HANG_S))
+FLAGS = ("--num-blocks", "64", "--default-ttl", str(HANG_S))
 
 
 # CI trains 4 steps, as against the TP engine below: every assertion of train() holds from the first sync on (a

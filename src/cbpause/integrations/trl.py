@@ -23,6 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,12 +64,31 @@ from .modes import ABORTED_BY_PAUSE  # noqa: E402
 from .weights import STALE, PartialSync, engine_name  # noqa: E402
 
 __all__ = ["AsyncGRPOConfig", "AsyncGRPOTrainer", "CBRolloutWorker", "PartialSync", "PauseWeightSync",
-           "async_grpo_trainer", "engine_name", "packing"]
+           "async_grpo_trainer", "engine_name", "packing", "without_vllm"]
 
 MODE_NAMES = tuple(t.MODE_NAMES.values())
 # How many times the worker submits one completion again after the engine's staleness bound ended it (each time after
 # the engine's own max_stale_restarts): past that it fails, saying why, instead of retrying for ever (issue 40).
 MAX_STALE_RESUBMITS = 3
+
+
+@contextmanager
+def without_vllm() -> Iterator[None]:
+    """TRL's own rollout worker (``AsyncRolloutWorker``, what ``AsyncGRPOTrainer(rollout_worker=None)`` builds) may be
+    built inside this context without the ``vllm`` package installed.
+
+    TRL 1.16's worker talks to its server over HTTP only (``aiohttp``: ``/v1/completions``) and never imports vLLM, but
+    its constructor refuses to run unless vLLM is installed (``is_vllm_available()``), which on a machine without a
+    CUDA build of torch cannot be.  Inside the context that one check, in the worker's module only, says yes; nothing
+    else of TRL is changed, and the worker runs as TRL wrote it (docs/trl.md, "TRL's own rollout worker")."""
+    from trl.experimental.async_grpo import async_rollout_worker
+
+    saved = async_rollout_worker.is_vllm_available
+    async_rollout_worker.is_vllm_available = lambda *args, **kwargs: True
+    try:
+        yield
+    finally:
+        async_rollout_worker.is_vllm_available = saved
 
 
 class PauseWeightSync:

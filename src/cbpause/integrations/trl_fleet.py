@@ -6,15 +6,17 @@
   weight-update group (``Fleet.update_weights_from_distributed``: a failed transfer leaves every server's weights as
   they were) and labels them with the sync count, ``resume()`` lets the servers go.
 * :class:`FleetEngine`, what :class:`~cbpause.integrations.trl.CBRolloutWorker` drives in place of an in-process
-  manager: each request is a completion on one of the servers (in turn), whose answer carries the token ids, their
-  log-probabilities and their weight versions (a server started with ``--return-logprobs``).  So the rollout worker
-  is TRL's ``rollout_worker`` unchanged: ``CBRolloutWorker(FleetEngine(urls, tokenizer), ...)``.
+  manager: each request is a completion on one of the servers (in turn), a prompt of token ids asking for the
+  tokens' log-probabilities and their ids back (``logprobs: 0``, ``return_token_ids: true``, as TRL's own rollout
+  worker asks vLLM), whose answer carries their weight versions too.  So the rollout worker is TRL's
+  ``rollout_worker`` unchanged: ``CBRolloutWorker(FleetEngine(urls), ...)``.  (TRL's own worker against
+  ``cbpause serve``, with no cbpause code on the trainer's side but the weight sync, is docs/trl.md's first way.)
 
-Decisions: the prompt travels as text (decoded with the worker's tokenizer) and the server's own tokenization comes
-back (``prompt_token_ids``), which the worker must agree with; a request a server refuses during a pause (``503``) is
-sent again after its ``Retry-After``, as the server asks; a request ended by an ``abort`` pause or the staleness bound
-comes back as the in-process engine's error, which the worker submits again; any other failure fails the worker.
-Neither class imports the client: the fleet is the caller's.
+Decisions: each request is sampled with ``sampling`` (OpenAI's and vLLM's arguments: ``temperature``, ``top_p``,
+``top_k``...), else the server's checkpoint's generation config; a request a server refuses during a pause (``503``)
+is sent again after its ``Retry-After``, as the server asks; a request ended by an ``abort`` pause or the staleness
+bound comes back as the in-process engine's error, which the worker submits again; any other failure fails the
+worker.  Neither class imports the client: the fleet is the caller's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -111,20 +114,30 @@ class _Config:
     return_logprobs = True
 
 
+# The sampling arguments a FleetEngine passes on with each request (cbpause serve's, vLLM's names).
+SAMPLING_ARGUMENTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
 class FleetEngine:
     """The part of a cbpause manager that :class:`~cbpause.integrations.trl.CBRolloutWorker` uses, answered by
-    ``cbpause serve`` servers (started with ``--return-logprobs``).  ``tokenizer`` decodes the prompts (the servers
-    tokenize them again, and their ids must be the prompt's: ``RuntimeError`` otherwise); ``max_in_flight`` requests
-    at once (threads); ``api_key`` as the fleet's."""
+    ``cbpause serve`` servers.  ``max_in_flight`` requests at once (threads); ``api_key`` as the fleet's (default:
+    ``$CBPAUSE_API_KEY``); ``sampling``: the sampling arguments sent with every request (a dict of
+    :data:`SAMPLING_ARGUMENTS`; ``ValueError`` for another key), each request with a seed of its own."""
 
-    def __init__(self, urls: list[str], tokenizer: Any, *, max_in_flight: int = 16, api_key: str | None = None,
-                 request_timeout: float = 300.0) -> None:  # fmt: skip
+    def __init__(self, urls: list[str], *, max_in_flight: int = 16, api_key: str | None = None,
+                 request_timeout: float = 300.0, sampling: dict | None = None) -> None:  # fmt: skip
+        import os
+
         import httpx
 
-        self.urls = [u.rstrip("/") for u in urls]
-        if not self.urls:
-            raise ValueError("FleetEngine needs one or more server URLs")
-        self.tokenizer = tokenizer
+        self.urls = [u.rstrip("/") for u in urls] if isinstance(urls, (list, tuple)) else []
+        if not self.urls or not all(isinstance(u, str) for u in self.urls):
+            raise ValueError(f"FleetEngine needs a list of one or more server URLs, not {urls!r}")
+        self.sampling = dict(sampling or {})
+        unknown = set(self.sampling) - set(SAMPLING_ARGUMENTS)
+        if unknown:
+            raise ValueError(f"unknown sampling arguments {sorted(unknown)}: one of {list(SAMPLING_ARGUMENTS)}")
+        api_key = api_key if api_key is not None else os.environ.get("CBPAUSE_API_KEY") or None
         headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
         self._http = httpx.Client(timeout=request_timeout, headers=headers)
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="cbpause-fleet-engine")
@@ -163,8 +176,8 @@ class FleetEngine:
         self._http.close()
 
     def _complete(self, url: str, request_id: str, prompt_ids: list[int], max_new_tokens: int) -> None:
-        prompt = self.tokenizer.decode(prompt_ids)
-        body = {"prompt": prompt, "max_tokens": max_new_tokens}
+        body = {"prompt": prompt_ids, "max_tokens": max_new_tokens, "logprobs": 0, "return_token_ids": True,
+                "seed": random.getrandbits(63), **self.sampling}  # fmt: skip
         try:
             while True:
                 with self._lock:
@@ -182,14 +195,13 @@ class FleetEngine:
             if r.status_code != 200:
                 self._results.put(_Answer(request_id, error=f"{url} answered {r.status_code}: {r.text[:300]}"))
                 return
-            answer = r.json()
-            if answer.get("prompt_token_ids") not in (None, [], prompt_ids):
-                raise RuntimeError(f"{url} tokenized the prompt {prompt_ids} as {answer['prompt_token_ids']}: the "
-                                   "worker's tokenizer is not the server's")  # fmt: skip
-            if len(answer.get("token_logprobs", [])) != len(answer.get("token_ids", [])):
-                raise RuntimeError(f"{url} returned no log-probabilities: start it with --return-logprobs")
+            choice = r.json()["choices"][0]
+            tokens, logprobs = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+            if len(tokens) != len(logprobs) or choice.get("prompt_token_ids") != prompt_ids:
+                raise RuntimeError(f"{url} answered {len(tokens)} tokens with {len(logprobs)} log-probabilities, for "
+                                   f"the prompt {choice.get('prompt_token_ids')} (sent: {prompt_ids})")  # fmt: skip
             # A label that is not an integer (a PartialSync, as text) is no policy: the worker counts it as -1.
-            versions = [(start, version) for start, version in answer.get("weight_versions", [])]
-            self._results.put(_Answer(request_id, answer["token_ids"], answer["token_logprobs"], versions))
+            versions = [(start, version) for start, version in choice.get("weight_versions", [])]
+            self._results.put(_Answer(request_id, tokens, logprobs, versions))
         except Exception as error:  # noqa: BLE001 -- the worker sees it as a failed request
             self._results.put(_Answer(request_id, error=f"{type(error).__name__}: {error}"))

@@ -36,8 +36,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ..integrations.sampling import MAX_TOP_LOGPROBS, SamplingParams
 from .guard import BadJSON, parse_json_object
 
-__all__ = ["Generation", "MAX_CHOICES", "OpenAIError", "Served", "add_openai_routes", "parse_chat",
-           "parse_completion"]  # fmt: skip
+__all__ = ["Generation", "MAX_ANSWER_VALUES", "MAX_CHOICES", "OpenAIError", "Served", "add_openai_routes",
+           "check_answer_size", "parse_chat", "parse_completion", "prompt_limits"]  # fmt: skip
 
 # What one request may make the server hold (a stranger's request included): choices (prompts times n), stop strings
 # and their length, stop token ids, and the length of a request id.
@@ -46,6 +46,9 @@ MAX_STOPS = 16
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_REQUEST_ID = 256
+# The most values an answer may carry: its choices' tokens, each with its top log-probabilities (64 choices of 4096
+# tokens with 20 top log-probabilities each would be 5 million, some 100 MB of JSON).
+MAX_ANSWER_VALUES = 2**21
 
 # The arguments each route takes, by the value each must have when it is only accepted if neutral.
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
@@ -323,6 +326,16 @@ def prompt_limits(generation: Generation, prompt: list[int], served: Served) -> 
     return generation.max_tokens
 
 
+def check_answer_size(generation: Generation, budgets: list[int]) -> None:
+    """``OpenAIError`` for a request whose answer could carry more than :data:`MAX_ANSWER_VALUES` values (every
+    choice's tokens, each with its top log-probabilities): what one request may make the server hold."""
+    values = generation.n * sum(budgets) * (1 + (generation.logprobs or 0))
+    if values > MAX_ANSWER_VALUES:
+        raise OpenAIError(f"n={generation.n}, {len(budgets)} prompt(s), up to {max(budgets)} tokens each with "
+                          f"logprobs={generation.logprobs or 0}: an answer of up to {values} values, more than "
+                          f"{MAX_ANSWER_VALUES} (lower max_tokens, n or logprobs)")  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------------- decoding
 
 
@@ -514,7 +527,7 @@ def add_openai_routes(app: Any, manager: Any, generate: Any, tokenizer: Any, ser
     through ``generate`` (the server's :class:`~cbpause.integrations.serving.ServedRequests`), text through
     ``tokenizer``.  ``follower``: this server is a TP rank other than the driver (generation requests are a
     ``409``)."""
-    @app.api_route("/v1/models", methods=["GET", "HEAD"])
+    @app.api_route("/v1/models", methods=["GET", "HEAD", "OPTIONS"])  # OPTIONS: as transformers serve answered it
     async def models() -> JSONResponse:
         return JSONResponse({"object": "list", "data": [served.model_card()]})
 
@@ -535,6 +548,7 @@ def add_openai_routes(app: Any, manager: Any, generate: Any, tokenizer: Any, ser
             generation = parse_chat(body, served) if chat else parse_completion(body, served)
             prompts = await asyncio.get_running_loop().run_in_executor(None, _tokenize, tokenizer, generation)
             budgets = [prompt_limits(generation, p, served) for p in prompts]
+            check_answer_size(generation, budgets)
         except OpenAIError as error:
             raise HTTPException(status_code=error.status, detail=str(error)) from None
         run = Run(manager, generate, tokenizer, served, generation, request_id, prompts, budgets, metrics)

@@ -67,11 +67,16 @@ def trl_on_cpu() -> Iterator[None]:
 
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+# The tiny tokenizer's chat template: the messages' contents, one after the other (no role words: every word is a token
+# of the tiny vocabulary), then <pad> where the answer starts; and its response template, which TRL's rollout worker
+# reads an answer with (transformers' response parsing: the answer's text after the <pad> of the prompt).
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }} {% endfor %}{% if add_generation_prompt %}<pad>{% endif %}"
+RESPONSE_TEMPLATE = {"defaults": {"role": "assistant"}, "start_anchor": PAD, "fields": {"content": {"content": "text"}}}
 
 
 def tiny_tokenizer(vocab_size: int) -> Any:
     """A word-level tokenizer built in memory (no download): ids 0, 1, 2 are ``<pad>``, ``<eos>``, ``<unk>``, id
-    ``i >= 3`` is the word ``t<i>``; text is words separated by spaces."""
+    ``i >= 3`` is the word ``t<i>``; text is words separated by spaces; its chat template is :data:`CHAT_TEMPLATE`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -79,7 +84,9 @@ def tiny_tokenizer(vocab_size: int) -> Any:
     backend = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+    tokenizer.chat_template, tokenizer.response_template = CHAT_TEMPLATE, dict(RESPONSE_TEMPLATE)
+    return tokenizer
 
 
 def save_tiny_policy(path: Path, vocab_size: int = 16, seed: int = 0, **overrides: Any) -> Path:
@@ -99,6 +106,15 @@ def save_tiny_policy(path: Path, vocab_size: int = 16, seed: int = 0, **override
 
 
 TARGET = 5  # the token the tiny task's reward counts (chance: 1 in 16)
+
+
+def chat_dataset(n: int = 16) -> Any:
+    """The tiny task's prompts as TRL's own rollout worker reads them: a column ``prompt`` of one user message each
+    (the words of :func:`tiny_task`'s ``prompt_ids``), which it renders with the tokenizer's chat template."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"t{3 + i % 5} t{4 + i % 3} t9"}]
+                                         for i in range(n)]})  # fmt: skip
 
 
 def target_reward(completion_ids: list[list[int]], **_: Any) -> list[float]:
