@@ -47,8 +47,8 @@ import torch
 
 from .weights import generated_count
 
-__all__ = ["GREEDY_BELOW", "MAX_TOP_LOGPROBS", "SamplingParams", "Sampler", "TopLogprob", "check_no_graphs", "draw_seed",
-           "top_logprobs"]  # fmt: skip
+__all__ = ["GREEDY_BELOW", "MAX_TOP_LOGPROBS", "SamplingParams", "Sampler", "TopLogprob", "check_no_graphs",
+           "draw_seed", "top_logprobs"]  # fmt: skip
 
 MAX_TOP_LOGPROBS = 20  # the most top log-probabilities a token carries (vLLM's default max_logprobs)
 # A temperature below this is greedy (as vLLM's _SAMPLING_EPS): logits divided by it overflow float32 to inf, and the
@@ -84,12 +84,12 @@ class SamplingParams:
     """How one request is sampled (R-SAMPLING).  Every field is checked at construction: ``TypeError`` for a value of
     the wrong type, ``ValueError`` for one out of its range, each naming the argument.
 
-    ``temperature`` >= 0 (below :data:`GREEDY_BELOW`, 0 included: greedy, the argmax); ``top_p`` in (0, 1]; ``top_k`` >= 1, or 0 or -1 for no top-k;
-    ``min_p`` in [0, 1] (0: none); ``repetition_penalty`` > 0 (1: none; transformers' rule: a logit of a token of the
-    prompt or of the tokens generated so far is divided by it when positive, multiplied when negative); ``seed`` an
-    integer of 64 bits, or None (one is drawn when the request is added); ``logprobs`` the number of top
-    log-probabilities each token carries, 0 to :data:`MAX_TOP_LOGPROBS` (the sampled token's own log-probability is
-    always there).
+    ``temperature`` >= 0 (below :data:`GREEDY_BELOW`, 0 included: greedy, the argmax); ``top_p`` in (0, 1];
+    ``top_k`` >= 1, or 0 or -1 for no top-k; ``min_p`` in [0, 1] (0: none); ``repetition_penalty`` > 0 (1: none;
+    transformers' rule: a logit of a token of the prompt or of the tokens generated so far is divided by it when
+    positive, multiplied when negative); ``seed`` an integer of 64 bits, or None (one is drawn when the request is
+    added); ``logprobs`` the number of top log-probabilities each token carries, 0 to :data:`MAX_TOP_LOGPROBS` (the
+    sampled token's own log-probability is always there).
     """
 
     temperature: float = 1.0

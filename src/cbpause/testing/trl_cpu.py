@@ -70,7 +70,8 @@ PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 # The tiny tokenizer's chat template: the messages' contents, one after the other (no role words: every word is a token
 # of the tiny vocabulary), then <pad> where the answer starts; and its response template, which TRL's rollout worker
 # reads an answer with (transformers' response parsing: the answer's text after the <pad> of the prompt).
-CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }} {% endfor %}{% if add_generation_prompt %}<pad>{% endif %}"
+CHAT_TEMPLATE = ("{% for message in messages %}{{ message['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}<pad>{% endif %}")
 RESPONSE_TEMPLATE = {"defaults": {"role": "assistant"}, "start_anchor": PAD, "fields": {"content": {"content": "text"}}}
 
 
