@@ -625,19 +625,24 @@ class Run:
     # -------------------------------------------------------------------------------------------- submitting
 
     def start(self) -> None:
-        """Every choice's loop request, or none: a refusal cancels those added before it, and is the answer."""
-        for choice in self.choices:
-            self.generate._refuse_duplicate(choice.request_id)
-        added = []
+        """Every choice's loop request, or none: a refusal cancels those added before it, and is the answer.  Each
+        choice is counted once by outcome whatever happens (``/metrics``): those never submitted as the refusal."""
+        added: list[ChoiceState] = []
         try:
+            for choice in self.choices:
+                self.generate._refuse_duplicate(choice.request_id)
             for choice in self.choices:
                 self.generate._enqueue(choice.request_id, choice.prompt, choice.max_tokens, self.eos,
                                        self.stream_in_loop, self._on_output(choice), sampling=choice.sampling)
                 added.append(choice)
-        except BaseException:
+        except BaseException as error:
             for choice in added:
                 choice.done = True
                 self._cancel(choice, "cancelled")
+            counted = 1 if isinstance(error, HTTPException) else 0  # the refused choice, counted where it was refused
+            retry = isinstance(error, HTTPException) and "Retry-After" in (error.headers or {})
+            for _ in range(len(self.choices) - len(added) - counted):
+                self.generate.count("rejected" if retry else "failed")
             raise
         if self.metrics is not None:
             self.metrics.prompt_tokens += sum(len(p) for p in self.prompts)

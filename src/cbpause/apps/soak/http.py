@@ -4,7 +4,11 @@ Two server processes (a tiny random Llama; one queues requests during a pause, o
 ``--minutes`` (or ``--seconds``), with a printed seed:
 
 * completions from client threads, a share of them from clients that give up early (they disconnect) or send
-  bad input (which must get a 4xx);
+  bad input (which must get a 4xx); most with per-request sampling as RL rollout clients send it (issue 56: seeds,
+  temperature, top-p, top-k, min-p, repetition penalty, ``n`` choices, stop strings, log-probabilities, token ids in
+  and out, chat requests), whose answers must carry a log-probability per token, and whose seeds must give the same
+  tokens under the same version whatever ran beside them and whatever windows came between (``seeded``: the answers
+  compared with an earlier one of the same seed, prompt, arguments and version);
 * two ``Fleet`` trainers, each pausing both servers in a random mode, writing new weights and resuming, their pauses
   racing each other (issue 39, point 13), one writing from disk and one by broadcast over a weight-update group (issue
   42: ``broadcasts``, and ``groups`` initialised, again after each transfer that failed): a trainer told its update is
@@ -36,7 +40,7 @@ not (left early or rejected), a flood of pauses came and a client left while its
 
     soak-http: seconds=… pauses=… updates=… broadcasts=… groups=… checked_complete=… missed=… fenced=… abandoned=…
                killed=… legacy=… floods=… leavers=… requests=… answered=… rejected=… left=… bad=… duplicates=… partial=…
-               lost=0 duplicated=0 hangs=0 wrong=0   (on one line)
+               seeded=… lost=0 duplicated=0 hangs=0 wrong=0   (on one line)
 
 ``partial`` counts the answers labelled ``PartialSync`` (a write that failed half-way; on a TP engine, one that landed
 on some ranks only: R-TP-PARTIAL-WRITE).  ``missed`` counts the updates the fleet reported some server missed (a
@@ -49,6 +53,7 @@ and the exit status is 1 unless lost, duplicated and hangs are 0 (or an answer w
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import re
 import subprocess
@@ -92,6 +97,8 @@ class Ledger:
         self.sent: Counter = Counter()  # per server: completions a server received (all of them, left included)
         self.wrong: list[str] = []
         self.versions: set = {None}  # the versions the trainer wrote (labels must be among them)
+        # (server, version, choice, arguments) -> the tokens of the first such answer (check_sampled)
+        self.streams: dict[tuple, list[int]] = {}
 
     def count(self, key: str, k: int = 1) -> None:
         with self.lock:
@@ -118,22 +125,24 @@ def client(url: str, ledger: Ledger, stop: threading.Event, rng: random.Random, 
             if roll < 0.07:  # two completions with one x-request-id: both answered, the second a 409 if the first
                 duplicate_pair(url, http, ledger, rng)  # is still in flight
                 continue
+            if roll < 0.10:  # two sampled requests alike at once: one seed's stream, beside each other
+                twin_pair(url, http, ledger, rng)
+                continue
             n = rng.randint(1, 6)
-            prompt = " ".join(f"t{rng.randrange(3, VOCAB)}" for _ in range(rng.randint(1, 5)))
-            body = {"prompt": prompt, "max_tokens": n}
+            body, choices = request_body(rng, n)
             with ledger.lock:
-                ledger.sent[url] += 1
+                ledger.sent[url] += choices
             ledger.count("requests")
             if roll < 0.12:  # a client that leaves early (it may still get its answer)
                 try:
-                    http.post(url + "/v1/completions", json=body, timeout=rng.uniform(0.01, 0.3))
+                    http.post(url + route_of(body), json=body, timeout=rng.uniform(0.01, 0.3))
                 except httpx.TimeoutException:
                     pass
                 ledger.count("left")
                 continue
             started = time.monotonic()
             try:
-                r = http.post(url + "/v1/completions", json=body)
+                r = http.post(url + route_of(body), json=body)
             except httpx.TimeoutException:
                 ledger.count("hangs")
                 ledger.problem(f"{url}: a completion got no answer within {bound} s")
@@ -142,7 +151,41 @@ def client(url: str, ledger: Ledger, stop: threading.Event, rng: random.Random, 
                 ledger.count("lost")
                 ledger.problem(f"{url}: a completion failed: {error!r}")
                 continue
-            check_answer(url, r, n, ledger, time.monotonic() - started)
+            check_answer(url, r, n, ledger, time.monotonic() - started, body)
+
+
+def route_of(body: dict) -> str:
+    return "/v1/chat/completions" if "messages" in body else "/v1/completions"
+
+
+SEEDS = 4  # the seeds, prompts and sampling profiles the soak's sampled requests draw from: the same come back often,
+PROMPTS = ([3, 4], [5, 6, 7], [9])  # so that check_sampled compares many answers with an earlier one
+PROFILES = ({"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9, "top_k": 5},
+            {"temperature": 1.3, "min_p": 0.05, "repetition_penalty": 1.2}, {"temperature": 0.0, "top_k": -1})
+TOKEN_ARGUMENTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")  # what a stream depends on
+
+
+def request_body(rng: random.Random, n: int) -> tuple[dict, int]:
+    """A generation request of ``n`` tokens a choice, and its number of choices: mostly the checkpoint's sampling, a
+    text prompt; often per-request sampling as RL rollout clients send it (issue 56: a seed, temperature, top-p,
+    top-k, min-p, a repetition penalty, log-probabilities, token ids in and out, several choices, a stop string), a
+    chat request sometimes."""
+    if rng.random() < 0.4:
+        words = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 5))]
+        return {"prompt": " ".join(f"t{w}" for w in words), "max_tokens": n}, 1
+    words = list(rng.choice(PROMPTS))
+    body: dict = {"max_tokens": n, "seed": rng.randrange(SEEDS), **rng.choice(PROFILES), "return_token_ids": True}
+    choices = rng.choice([1, 1, 2, 3])
+    body["n"] = choices
+    if rng.random() < 0.2:
+        body["messages"] = [{"role": "user", "content": " ".join(f"t{w}" for w in words)}]
+        body["logprobs"], body["top_logprobs"] = True, rng.randint(0, 3)
+    else:
+        body["prompt"] = words
+        body["logprobs"] = rng.randint(0, 3)
+    if rng.random() < 0.15:
+        body["stop"] = [f"t{rng.randrange(3, VOCAB)}"]
+    return body, choices
 
 
 def duplicate_pair(url: str, http: httpx.Client, ledger: Ledger, rng: random.Random) -> None:
@@ -182,7 +225,39 @@ def duplicate_pair(url: str, http: httpx.Client, ledger: Ledger, rng: random.Ran
             ledger.count("rejected")
 
 
-def check_answer(url: str, r: httpx.Response, n: int, ledger: Ledger, waited: float) -> None:
+def twin_pair(url: str, http: httpx.Client, ledger: Ledger, rng: random.Random) -> None:
+    """Two requests alike (a seed, per-request sampling), sent at once: each is answered, and two answers under the
+    same version (check_sampled) have the same tokens, whatever ran beside them (R-SAMPLING)."""
+    n = rng.randint(2, 8)
+    body, choices = request_body(rng, n)
+    while "seed" not in body:
+        body, choices = request_body(rng, n)
+    body.pop("stop", None)
+    with ledger.lock:
+        ledger.sent[url] += 2 * choices
+    ledger.count("requests", 2)
+    answers: list = []
+
+    def send() -> None:
+        try:
+            answers.append(http.post(url + route_of(body), json=body))
+        except httpx.HTTPError as error:
+            answers.append(error)
+
+    other = threading.Thread(target=send, name="twin")
+    other.start()
+    send()
+    other.join(timeout=HANG_S + 5)
+    if other.is_alive() or any(not isinstance(a, httpx.Response) for a in answers):
+        ledger.count("hangs" if other.is_alive() else "lost")
+        ledger.problem(f"{url}: a twin pair got {answers}")
+        return
+    for a in answers:
+        check_answer(url, a, n, ledger, 0.0, body)
+
+
+def check_answer(url: str, r: httpx.Response, n: int, ledger: Ledger, waited: float,
+                 asked: dict | None = None) -> None:  # fmt: skip
     if r.status_code == 503 and "retry-after" in r.headers:  # refused during a pause, or ended by an abort pause
         ledger.count("rejected")
         return
@@ -191,20 +266,55 @@ def check_answer(url: str, r: httpx.Response, n: int, ledger: Ledger, waited: fl
         ledger.problem(f"{url}: a completion got {r.status_code}: {r.text[:200]}")
         return
     body = r.json()
-    tokens = body["usage"]["completion_tokens"]
-    labels = {v for _, v in body.get("weight_versions", [])}
+    asked = asked or {}
+    if len(body["choices"]) != asked.get("n", 1):
+        ledger.problem(f"{url}: {len(body['choices'])} choices for n={asked.get('n', 1)}")
     with ledger.lock:
         known = set(ledger.versions)
     # A write that failed half-way, or (a TP engine) landed on some ranks only, labels PartialSync of its version:
     # never a policy's, and a label of a version some trainer wrote all the same.
     known |= {f"PartialSync(sync={v!r})" for v in known}
-    if any(str(v).startswith("PartialSync(") for v in labels):
-        ledger.count("partial")
-    if tokens != n and not body["choices"][0].get("finish_reason") == "stop":
-        ledger.problem(f"{url}: {tokens} tokens for max_tokens={n}")
-    if not labels or not labels <= known:
-        ledger.problem(f"{url}: labels {labels} not among the versions written {known}")
+    for choice in body["choices"]:
+        labels = {v for _, v in choice.get("weight_versions", [])}
+        if any(str(v).startswith("PartialSync(") for v in labels):
+            ledger.count("partial")
+        tokens = choice.get("token_ids")
+        count = len(tokens) if tokens is not None else body["usage"]["completion_tokens"]
+        if count != n and not choice.get("finish_reason") == "stop":
+            ledger.problem(f"{url}: {count} tokens for max_tokens={n}")
+        if not labels or not labels <= known:
+            ledger.problem(f"{url}: labels {labels} not among the versions written {known}")
+        if tokens is not None:
+            check_sampled(url, asked, choice, tokens, ledger)
     ledger.count("answered")
+
+
+def check_sampled(url: str, asked: dict, choice: dict, tokens: list[int], ledger: Ledger) -> None:
+    """A choice of a request with per-request sampling: a log-probability per token, and the seed's stream: the same
+    seed, prompt and arguments under one version (its tokens' and its KV's) give the same tokens, whatever ran beside
+    them and whatever windows came between (R-SAMPLING)."""
+    logprobs = choice.get("logprobs") or {}
+    count = len(logprobs["content"]) if "content" in logprobs else len(logprobs.get("token_logprobs", []))
+    if count != len(tokens):
+        ledger.problem(f"{url}: {count} log-probabilities for {len(tokens)} tokens")
+    weights, kv = choice.get("weight_versions", []), choice.get("kv_versions", [])
+    if len(weights) != 1 or weights != kv or "stop" in asked or not isinstance(weights[0][1], int):
+        return
+    # Choice i samples with seed + i; a shorter answer of the same stream is a prefix of a longer one.
+    arguments = {k: asked.get(k) for k in TOKEN_ARGUMENTS}
+    arguments["seed"] = asked["seed"] + choice["index"]
+    prompt = asked.get("prompt") or asked["messages"][0]["content"]
+    key = (url, weights[0][1], "messages" in asked, json.dumps(prompt), json.dumps(arguments, sort_keys=True))
+    with ledger.lock:
+        first = ledger.streams.get(key)
+        if first is None or len(tokens) > len(first):
+            ledger.streams[key] = tokens
+    if first is None:
+        return
+    ledger.count("seeded")
+    shorter, longer = sorted((first, tokens), key=len)
+    if longer[: len(shorter)] != shorter:
+        ledger.problem(f"{url}: a seed's stream changed under one version: {first} then {tokens} for {asked}")
 
 
 TRAINERS = 2  # racing each other: their pauses reach the servers in either order (issue 39, point 13)
@@ -471,7 +581,8 @@ def run(args: argparse.Namespace) -> dict:
     n = ledger.n
     keys = "pauses updates broadcasts groups checked_complete missed fenced abandoned killed legacy".split()
     keys += "floods leavers requests answered rejected left bad".split()
-    keys += ["duplicates", "partial"] + (["traced", "trace_records", "rejected_logs"] if args.validate_leases else [])
+    keys += ["duplicates", "partial", "seeded"]
+    keys += ["traced", "trace_records", "rejected_logs"] if args.validate_leases else []
     keys += ["lost", "duplicated", "hangs"]
     return {"seconds": round(seconds), **{k: n[k] for k in keys}, "wrong": len(ledger.wrong)}
 
