@@ -2,7 +2,8 @@
 place is not.
 
 One scenario on a tiny random Llama (:func:`cbpause.apps.scenarios.labels.run_labelled`: windows in every mode,
-updates inside them, a staleness bound that restarts requests, an abort) is traced, and TLC replays its label log
+updates inside them, a staleness bound that restarts requests, an abort, every request sampled with a seed of its
+own) is traced, and TLC replays its label log
 (``tla/TraceRequestVersions.tla``); then forged copies of that log, each one lie about what the loop did, are
 rejected.
 """
@@ -51,7 +52,9 @@ def test_the_real_loop_s_labels_are_accepted_and_take_every_step(traced, tmp_pat
     assert actions == {"Submit", "Launch", "Land", "OpenWindow", "DrainFirst", "Update", "CloseWindow", "Output"}
     assert {r["arg"] for r in log if r["a"] == "OpenWindow"} == {1, 2, 3, 4}
     # A keep update: tokens computed with new weights over KV of old ones (the two labels differ)...
-    assert any(w != kv for r in log if r["a"] == "Land" for _, w, kv in r["labs"])
+    assert any(w != kv for r in log if r["a"] == "Land" for _, w, kv, _ in r["labs"])
+    # Every token was drawn at its index in its request's seed's stream (R-SAMPLING): positions recorded, checked.
+    assert all(draw >= 0 for r in log if r["a"] == "Land" for *_, draw in r["labs"])
     # ... the bound restarted the requests that fell two versions behind (their labels start again: one version)...
     finished = [r for r in log if r["a"] == "Output" and not r["arg"]]
     assert finished and all(len(r["w"]) == TOKENS for r in finished)
@@ -69,15 +72,15 @@ def _forge_read_back_label(log: list[dict]) -> list[dict]:
     a window): the first Land after the first update claims the next version."""
     update = _index(log, lambda r: r["a"] == "Update")
     land = _index(log, lambda r: r["a"] == "Land" and r["labs"], update)
-    q, w, kv = log[land]["labs"][0]
-    log[land]["labs"][0] = (q, w + 1, kv)
+    q, w, kv, draw = log[land]["labs"][0]
+    log[land]["labs"][0] = (q, w + 1, kv, draw)
     return log
 
 
 def _forge_fresh_kv(log: list[dict]) -> list[dict]:
     """A token that claims KV of the new weights after a keep window kept the old KV (D6's lie)."""
-    land = _index(log, lambda r: r["a"] == "Land" and any(w != kv for _, w, kv in r["labs"]))
-    log[land]["labs"] = [(q, w, w) for q, w, _ in log[land]["labs"]]
+    land = _index(log, lambda r: r["a"] == "Land" and any(w != kv for _, w, kv, _ in r["labs"]))
+    log[land]["labs"] = [(q, w, w, draw) for q, w, _, draw in log[land]["labs"]]
     return log
 
 
@@ -129,7 +132,27 @@ def _forge_no_restart(log: list[dict]) -> list[dict]:
     return log
 
 
+def _forge_draw_off_by_one(log: list[dict]) -> list[dict]:
+    """A token drawn at the position of the token before it (a stream that does not move on: two tokens drawn
+    alike)."""
+    land = _index(log, lambda r: r["a"] == "Land" and any(draw > 0 for *_, draw in r["labs"]))
+    q, w, kv, draw = next(t for t in log[land]["labs"] if t[3] > 0)
+    log[land]["labs"] = [t if t[0] != q else (q, w, kv, draw - 1) for t in log[land]["labs"]]
+    return log
+
+
+def _forge_draw_after_retract_from_zero(log: list[dict]) -> list[dict]:
+    """A request the retract window prefilled again that draws from its stream's start (as a sampler that forgot the
+    tokens the retract kept would): its first token after the window claims position 0."""
+    retract = _index(log, lambda r: r["a"] == "OpenWindow" and r["arg"] == 2)
+    land = _index(log, lambda r: r["a"] == "Land" and any(draw > 0 for *_, draw in r["labs"]), retract)
+    log[land]["labs"] = [(q, w, kv, 0 if draw > 0 else draw) for q, w, kv, draw in log[land]["labs"]]
+    return log
+
+
 FORGERIES = {
+    "a token drawn at its predecessor's position": _forge_draw_off_by_one,
+    "a retracted request drawing from its stream's start": _forge_draw_after_retract_from_zero,
     "a token labelled at read-back": _forge_read_back_label,
     "fresh KV claimed after a keep update": _forge_fresh_kv,
     "a forward step inside a window": _forge_step_in_window,
@@ -155,7 +178,7 @@ def test_a_step_of_many_new_requests_costs_tlc_states_linear_in_them(tmp_path, t
     n = 24
     log = [{"a": "Submit", "q": q, "arg": 1, "set": [], "labs": [], "w": [], "kv": []} for q in range(1, n + 1)]
     log.append({"a": "Launch", "q": 0, "arg": 0, "set": list(range(1, n + 1)), "labs": [], "w": [], "kv": []})
-    log.append({"a": "Land", "q": 0, "arg": 0, "set": [], "labs": [(q, 0, 0) for q in range(1, n + 1)], "w": [],
+    log.append({"a": "Land", "q": 0, "arg": 0, "set": [], "labs": [(q, 0, 0, -1) for q in range(1, n + 1)], "w": [],
                 "kv": []})  # fmt: skip
     log += [{"a": "Output", "q": q, "arg": 0, "set": [], "labs": [], "w": [0], "kv": [0]} for q in range(1, n + 1)]
     result = validate(log, TLA_DIR, 1, tmp_path)

@@ -762,10 +762,13 @@ def test_the_http_soak_refuses_a_duration_or_bound_that_is_not_positive(argv, ca
 def test_the_http_bench_measures_both_sides(tmp_path):
     from cbpause.apps.bench.http_side import main
 
-    assert main(tmp_path, 3) == 0
+    assert main(tmp_path, 3, rounds=1, requests=8) == 0
     result = json.loads((tmp_path / "http.json").read_text())
     assert result["in_process"]["entry"]["n"] == result["http"]["entry"]["n"] == 3
     assert result["http"]["entry"]["median_ms"] > 0
+    sampling = result["sampling"]
+    assert sampling["single"]["requests"] == sampling["mixed"]["requests"] == 8
+    assert sampling["mixed"]["tok_s_median"] > 0 and sampling["mixed_over_single_tok_s"] > 0
 
 
 def test_the_console_script_serves_and_refuses_a_bad_command_line():

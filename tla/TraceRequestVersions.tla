@@ -8,20 +8,24 @@
 (* (cbpause.core.recorder.LABEL_RECORDS), in the order of one clock: each  *)
 (* must be the spec's step of the same name, and what it observed must be  *)
 (* what the spec computes.  A forward step is a Launch and a Land (the     *)
-(* loop without async batching lands each step before the next decision): *)
+(* loop without async batching lands each step before the next decision):  *)
 (* the Launch names the requests it computes, the Land the two labels of   *)
-(* each new token (R-VERSIONS, R-KV-VERSIONS); an Output record carries a  *)
-(* request's whole label sequences and whether it failed.  OpenWindow      *)
-(* opens in the agreed mode (its Effect included); DrainFirst is a drain   *)
-(* that found work (OpenWindow(DRAIN) that does not open); CloseWindow     *)
-(* applies the forgetting and the staleness bound, which the spec          *)
-(* computes and the later records must agree with.  The scheduler's        *)
-(* admission is not recorded: a request the next Launch computes may be    *)
-(* admitted silently just before it (SilentAdmit), the spec's Admit        *)
-(* guards and all.  Every invariant of the spec is checked on every        *)
-(* replayed state.                                                         *)
+(* each new token (R-VERSIONS, R-KV-VERSIONS) and, for a loop that samples *)
+(* per request, the position of the request's seed's stream the token was  *)
+(* drawn at, which must be the number of tokens the request held before it *)
+(* (R-SAMPLING: a retract keeps the position, a restart from the prompt    *)
+(* starts it again; -1, no position, for a loop that does not sample per   *)
+(* request); an Output record carries a request's whole label sequences    *)
+(* and whether it failed.  OpenWindow opens in the agreed mode (its Effect *)
+(* included); DrainFirst is a drain that found work (OpenWindow(DRAIN)     *)
+(* that does not open); CloseWindow applies the forgetting and the         *)
+(* staleness bound, which the spec computes and the later records must     *)
+(* agree with.  The scheduler's admission is not recorded: a request the   *)
+(* next Launch computes may be admitted silently just before it            *)
+(* (SilentAdmit), the spec's Admit guards and all.  Every invariant of the *)
+(* spec is checked on every replayed state.                                *)
 (***************************************************************************)
-EXTENDS RequestVersions
+EXTENDS RequestVersions, Integers   \* Integers: -1, a Land of a token not sampled per request
 
 CONSTANT Log
 
@@ -40,6 +44,7 @@ Recorded ==
             /\ Land
             /\ Grew = {t[1] : t \in Rec.labs}
             /\ \A t \in Rec.labs : LastOf(lab'[t[1]]) = t[2] /\ LastOf(kvLab'[t[1]]) = t[3]
+            /\ \A t \in Rec.labs : t[4] = -1 \/ t[4] = Len(lab[t[1]])    \* DrawAtIndex (R-SAMPLING)
       [] Rec.a = "OpenWindow" -> OpenWindow(Rec.arg) /\ win' = Rec.arg
       [] Rec.a = "DrainFirst" -> OpenWindow(Rec.arg) /\ win' = 0 /\ drainAsked'
       [] Rec.a = "Update" -> Update

@@ -212,7 +212,8 @@ def _history(state: Any) -> list[int]:
     tokens = list(state.initial_tokens) + list(state.generated_tokens)
     drawn = getattr(state, "_cbpause_drawn", None)
     if drawn:
-        tokens.extend(drawn[p] for p in range(generated_count(state), _position(state)) if p in drawn)
+        held = generated_count(state)
+        tokens.extend(token for position, (token, _) in drawn.items() if position >= held and token is not None)
     return tokens
 
 
@@ -316,17 +317,22 @@ class Sampler:
         return params if isinstance(params, SamplingParams) else self.default
 
     def _penalize(self, logits: torch.Tensor, states: list, params: list[SamplingParams]) -> torch.Tensor:
+        """transformers' repetition penalty, each row with its own, on the tokens of its history (one masked
+        operation for the batch)."""
         rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0 and i < len(states)]
         if not rows:
             return logits
-        out = logits.clone()
+        vocab = logits.size(1)
+        picked_rows: list[int] = []
+        picked_tokens: list[int] = []
         for i in rows:
-            ids = torch.tensor(sorted(set(_history(states[i]))), dtype=torch.long, device=logits.device)
-            ids = ids[(ids >= 0) & (ids < logits.size(1))]
-            picked = out[i, ids]
-            penalty = params[i].repetition_penalty
-            out[i, ids] = torch.where(picked < 0, picked * penalty, picked / penalty)
-        return out
+            tokens = {t for t in _history(states[i]) if 0 <= t < vocab}
+            picked_rows.extend([i] * len(tokens))
+            picked_tokens.extend(tokens)
+        seen = torch.zeros_like(logits, dtype=torch.bool)
+        seen[torch.tensor(picked_rows, dtype=torch.long), torch.tensor(picked_tokens, dtype=torch.long)] = True
+        penalty = torch.tensor([p.repetition_penalty for p in params], device=logits.device).unsqueeze(-1)
+        return torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
 
     def _draw(self, logits: torch.Tensor, params: list[SamplingParams], states: list, vocab: int) -> torch.Tensor:
         """The exponential race on each row's filtered distribution, with the generator of its (seed, position)."""
@@ -344,8 +350,9 @@ class Sampler:
 
     def _note_draws(self, states: list, params: list[SamplingParams], tokens: torch.Tensor,
                     logprobs: torch.Tensor) -> None:  # fmt: skip
-        """Each request's stream moves one position on; the token drawn is kept (for a repetition penalty before its
-        read-back) and so are its top log-probabilities (for the read-back, :meth:`read_back`)."""
+        """Each request's stream moves one position on, and the draw is kept on its state until its read-back
+        (``_cbpause_drawn``, in the order drawn: position -> the token, kept for a repetition penalty, and its top
+        log-probabilities), where :meth:`read_back` takes it."""
         need_tokens = any(p.repetition_penalty != 1.0 for p in params[: len(states)])
         k = max((p.logprobs for p in params[: len(states)]), default=0)
         token_list = tokens.tolist() if need_tokens else None
@@ -356,41 +363,35 @@ class Sampler:
         for i, (state, p) in enumerate(zip(states, params, strict=False)):
             position = _position(state)
             state._cbpause_draws = position + 1
-            if token_list is None and not (tops and p.logprobs):
-                continue
-            if token_list is not None:
-                drawn = getattr(state, "_cbpause_drawn", None)
-                if drawn is None:
-                    state._cbpause_drawn = drawn = {}
-                drawn[position] = token_list[i]
-                held = generated_count(state)
-                for old in [q for q in drawn if q < held]:  # read back by now
-                    del drawn[old]
+            drawn = getattr(state, "_cbpause_drawn", None)
+            if drawn is None:
+                state._cbpause_drawn = drawn = {}
+            top = None
             if tops and p.logprobs:
-                kept = getattr(state, "_cbpause_tops", None)
-                if kept is None:
-                    state._cbpause_tops = kept = {}
-                kept[position] = tuple((t, _finite(v)) for t, v in zip(tops[0][i][: p.logprobs],
-                                                                        tops[1][i][: p.logprobs], strict=True))
+                top = tuple((t, _finite(v)) for t, v in zip(tops[0][i][: p.logprobs], tops[1][i][: p.logprobs],
+                                                                strict=True))  # fmt: skip
+            drawn[position] = (None if token_list is None else token_list[i], top)
 
     def read_back(self, prepare_batch_update: Any) -> Any:
-        """Wrap an IO's ``prepare_batch_update``: the log-probability of each token read back carries the top
-        log-probabilities drawn with it (:class:`TopLogprob`), so that upstream's read-back appends them to the
-        request's ``logprobs`` in its own order."""
+        """Wrap an IO's ``prepare_batch_update``: each request's oldest draw not yet read back is the token read back
+        now (draws and read-backs go in the same order): its position is kept on the state (``_cbpause_landed``,
+        which a traced loop's label log records: ``TraceRequestVersions`` checks that it is the token's index), and
+        its log-probability carries the top log-probabilities drawn with it (:class:`TopLogprob`), so that
+        upstream's read-back appends them to the request's ``logprobs`` in its own order."""
 
         def wrapped() -> tuple:
             requests, tokens, logprobs = prepare_batch_update()
-            if logprobs is None:
-                return requests, tokens, logprobs
             row = 0
             for future in requests:
                 if not future.has_new_token:
                     continue
                 state = future.state
-                tops = getattr(state, "_cbpause_tops", None)
-                if tops and row < len(logprobs):
-                    top = tops.pop(generated_count(state), None)
-                    if top is not None:
+                drawn = getattr(state, "_cbpause_drawn", None)
+                if drawn:
+                    position = next(iter(drawn))
+                    _, top = drawn.pop(position)
+                    state._cbpause_landed = position
+                    if top is not None and logprobs is not None and row < len(logprobs):
                         logprobs[row] = TopLogprob(logprobs[row], top)
                 row += 1
             return requests, tokens, logprobs

@@ -156,8 +156,8 @@ STAMPS = {
     "_cbpause_check_due": "the batch processor (the same; the window sets it, the next forward step's launch checks)",
     "_cbpause_inference_mode": "the batch processor (the same): the inference mode its tensors were made in",
     "_cbpause_draws": "a request's state (sampling.Sampler): the position of its seed's stream it draws next",
-    "_cbpause_drawn": "a request's state (the same): the tokens drawn and not yet read back, for its penalty",
-    "_cbpause_tops": "a request's state (the same): each drawn token's top log-probabilities, until its read-back",
+    "_cbpause_drawn": "a request's state (the same): its draws not yet read back (a penalty's tokens, top logprobs)",
+    "_cbpause_landed": "a request's state (the same): the stream position of the token read back last",
     "_cbpause_read_back": "the IO buffers' prepare_batch_update (sample_per_request): wrapped once",
 }
 

@@ -137,8 +137,9 @@ class WeightVersions:
             _extend(record[0], record[1], version)
             _extend(record[2], record[1], record[4])
             record[1] = n
-            if self.landing is not None:
-                self.landing.append((state.request_id, version, record[4]))
+            if self.landing is not None:  # with the stream position it was drawn at (-1: not sampled per request)
+                draw = getattr(state, "_cbpause_landed", None)
+                self.landing.append((state.request_id, version, record[4], -1 if draw is None else draw))
 
     def behind(self, state: Any, holds_kv: bool) -> int:
         """How many versions the oldest label of ``state``'s tokens, or of the KV it holds, is behind ``current``

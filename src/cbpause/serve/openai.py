@@ -27,6 +27,7 @@ import json
 import math
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -482,8 +483,17 @@ class Decoding:
 # ----------------------------------------------------------------------------------------------- log-probs
 
 
+_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per tokenizer: each token's text, once decoded
+
+
 def _piece(tokenizer: Any, token: int) -> str:
-    return tokenizer.decode([token], skip_special_tokens=False)
+    """A token's own text (special tokens as they are written), as log-probabilities name it; decoded once per
+    tokenizer (a vocabulary's worth at most)."""
+    texts = _TEXTS.setdefault(tokenizer, {})
+    text = texts.get(token)
+    if text is None:
+        text = texts[token] = tokenizer.decode([token], skip_special_tokens=False)
+    return text
 
 
 def completion_logprobs(tokenizer: Any, tokens: list[int], logprobs: list[float], offsets: list[int],

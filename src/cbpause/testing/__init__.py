@@ -18,7 +18,8 @@ Standard library only, importable without torch:
 
 With the ``transformers`` extra (imported on first use): the tiny random Llama and its configs
 (:func:`tiny_llama`, :func:`tiny_llama_config`, :func:`greedy_config`, :func:`greedy_reference`,
-:func:`batching_config`, :func:`cache_blocks`), the :class:`ForwardProbe` forward pre-hook, :func:`probed` and
+:func:`batching_config`, :func:`cache_blocks`, :func:`random_sampling`),
+the :class:`ForwardProbe` forward pre-hook, :func:`probed` and
 :func:`pending_pause`; and for tensor parallelism in worker processes :func:`join_tp_group`, :func:`load_tp_model`,
 :func:`spawn_ranks`.
 """
@@ -40,7 +41,7 @@ from .watchdog import Watchdog
 _LAZY = {
     "ForwardProbe": "llama", "PAGE_SIZE": "llama", "batching_config": "llama", "cache_blocks": "llama",
     "greedy_config": "llama", "greedy_reference": "llama", "pending_pause": "llama", "probed": "llama",
-    "tiny_llama": "llama", "tiny_llama_config": "llama",
+    "random_sampling": "llama", "tiny_llama": "llama", "tiny_llama_config": "llama",
     "join_tp_group": "tp", "load_tp_model": "tp", "spawn_ranks": "tp",
 }  # fmt: skip
 

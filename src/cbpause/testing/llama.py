@@ -28,6 +28,7 @@ __all__ = [
     "greedy_reference",
     "pending_pause",
     "probed",
+    "random_sampling",
     "tiny_llama",
     "tiny_llama_config",
 ]
@@ -54,6 +55,17 @@ def tiny_llama(device: str = "cpu", seed: int = 0, **overrides: Any) -> LlamaFor
 def greedy_config(max_new_tokens: int) -> GenerationConfig:
     """Greedy decoding, no end-of-sequence token: every request generates exactly ``max_new_tokens``."""
     return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+
+
+def random_sampling(rng: Any) -> Any:
+    """A request's :class:`~cbpause.integrations.sampling.SamplingParams` drawn from ``rng`` (a ``random.Random``),
+    as RL rollout clients mix them: greedy or sampled, filters, a penalty, a seed, top log-probabilities."""
+    from ..integrations.sampling import SamplingParams
+
+    return SamplingParams(temperature=rng.choice([0.0, 0.7, 1.0, 1.3]), top_p=rng.choice([1.0, 0.9]),
+                          top_k=rng.choice([0, 5]), min_p=rng.choice([0.0, 0.05]),
+                          repetition_penalty=rng.choice([1.0, 1.2]), seed=rng.randrange(2**32),
+                          logprobs=rng.randrange(0, 4))  # fmt: skip
 
 
 def greedy_reference(model: LlamaForCausalLM, prompt: list[int], n: int) -> list[int]:

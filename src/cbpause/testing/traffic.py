@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .threads import JOIN_TIMEOUT
@@ -49,6 +50,10 @@ class Ledger:
         its weights.  A fault is kept in ``label_faults``."""
         weights, kv = getattr(out, "weight_versions", None), getattr(out, "kv_versions", None)
         n = len(out.generated_tokens)
+        logprobs = getattr(out, "logprobs", None)
+        if logprobs and len(logprobs) != n:  # a manager that returns them gives one per token (R-SAMPLING)
+            with self.lock:
+                self.label_faults.append(f"{out.request_id}: {n} tokens, {len(logprobs)} log-probabilities")
         if weights is None or kv is None or n == 0:
             return
         try:
@@ -88,8 +93,12 @@ class Traffic:
     """
 
     def __init__(self, manager: Any, vocab_size: int, max_new_tokens: int, *, in_flight: int = 8, seed: int = 0,
-                 cancel_rate: float = 0.1, join_timeout: float = JOIN_TIMEOUT):  # fmt: skip
+                 cancel_rate: float = 0.1, join_timeout: float = JOIN_TIMEOUT,
+                 sampling: Callable[[random.Random], Any] | None = None):  # fmt: skip
         self.manager, self.vocab_size, self.max_new = manager, vocab_size, max_new_tokens
+        # For a manager that samples per request: most requests get sampling(rng) (a SamplingParams), the others the
+        # manager's default.
+        self.sampling = sampling
         self.in_flight, self.cancel_rate, self.join_timeout = in_flight, cancel_rate, join_timeout
         self.rng = random.Random(seed)
         self.ledger = Ledger()
@@ -109,7 +118,8 @@ class Traffic:
         while not self._done.is_set():
             if self.ledger.open() < self.in_flight:
                 prompt = [rng.randrange(1, self.vocab_size) for _ in range(rng.randrange(3, 12))]
-                rid = self.manager.add_request(prompt, max_new_tokens=rng.randrange(4, self.max_new + 1))
+                extra = {"sampling": self.sampling(rng)} if self.sampling and rng.random() < 0.7 else {}
+                rid = self.manager.add_request(prompt, max_new_tokens=rng.randrange(4, self.max_new + 1), **extra)
                 if rid is not None:  # None: refused while stopping or stopped (upstream's contract)
                     self.ledger.submitted(rid)
                     self.requests += 1

@@ -105,14 +105,14 @@ def label_log(recorder: TraceRecorder, rank: int = 0) -> list[dict]:
             rec["set"] = sorted({request(i) for i in f["ids"]})
         elif action == "Land":
             labs = set()
-            for i, w, kv in f["labels"]:
+            for i, w, kv, *draw in f["labels"]:
                 q = request(i)
                 # A request's KV label names the version its KV started with: numbered once, at the first Land that
                 # shows it, so that weights rolled back to that value later do not renumber it.
                 was = kv_numbers.get(q)
                 kv_number = was[1] if was is not None and _same(was[0], kv) else number(kv)
                 kv_numbers[q] = (kv, kv_number)
-                labs.add((q, number(w), kv_number))
+                labs.add((q, number(w), kv_number, draw[0] if draw else -1))
                 landed.setdefault(q, []).append(((w, number(w)), (kv, kv_number)))
             rec["labs"] = sorted(labs)
         elif action in ("OpenWindow", "DrainFirst"):

@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.http:
         from .http_side import main as http_main
 
-        return http_main(args.out, args.pauses or (10 if args.quick else 40))
+        rounds = {"rounds": 2, "requests": 24} if args.quick else {}
+        return http_main(args.out, args.pauses or (10 if args.quick else 40), **rounds)
     if args.weights:
         from .weights_side import main as weights_main
 

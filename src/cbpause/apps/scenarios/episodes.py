@@ -57,17 +57,19 @@ class RealRank:
     def __init__(self, model: Any, probe: Any, recorder: Any, *, traffic: bool, seed: int, bound: float = HANG_S,
                  peer_park_timeout: float = HANG_S, cpu_group_timeout: float | None = None):  # fmt: skip
         from ...integrations.transformers import init_continuous_batching
-        from ...testing import batching_config, greedy_config
+        from ...testing import batching_config, greedy_config, random_sampling
 
         self.model, self.probe, self.bound = model, probe, bound
         extra = {} if cpu_group_timeout is None else {"cpu_group_timeout": cpu_group_timeout}
         self.manager = init_continuous_batching(
             model, greedy_config(MAX_NEW), batching_config(num_blocks=96, **extra),
             peer_park_timeout=peer_park_timeout, trace=recorder, max_staleness=1,  # R-STALENESS on every window
+            per_request_sampling=True,  # R-SAMPLING: the traffic's requests sampled each with its own arguments
         )  # fmt: skip
         self.versions = itertools.count(1)  # the weight versions the updating holders set
         self.status = self.manager.background_thread_status
-        self.traffic = Traffic(self.manager, model.config.vocab_size, MAX_NEW, seed=seed) if traffic else None
+        self.traffic = Traffic(self.manager, model.config.vocab_size, MAX_NEW, seed=seed,
+                               sampling=random_sampling) if traffic else None  # fmt: skip
         self.rng = random.Random(seed)
 
     def start(self) -> RealRank:

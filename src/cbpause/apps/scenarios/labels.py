@@ -5,7 +5,10 @@ by TLC.  ``tests/test_label_traces.py`` runs it and forges its log; the real-loo
 (``python -m cbpause.apps.scenarios --real``).
 
 Every request asks for :data:`TOKENS` new tokens with no end-of-sequence stop, and its prompt fits one step (the
-spec's requests generate ``Tokens`` each and are prefilled in one step).
+spec's requests generate ``Tokens`` each and are prefilled in one step).  The manager samples per request
+(R-SAMPLING): each request with a seed and sampling of its own, so that its log also records the position of its
+seed's stream each token was drawn at, which TLC checks against the request's tokens (through the keep and retract
+windows, the restarts of the staleness bound and the abort).
 """
 
 from __future__ import annotations
@@ -25,18 +28,20 @@ MAX_STALENESS = 1  # a keep update leaves a request one version behind (kept); a
 def run_labelled(model: Any, probe: Any, bound: float = HANG_S) -> tuple[TraceRecorder, Any]:
     """The scenario on ``model`` (``probe`` attached): its recorder and its manager's ``versions`` (the staleness
     bound's constants).  Raises if the loop loses or fails a request the scenario did not abort."""
+    from ...integrations.sampling import SamplingParams
     from ...integrations.transformers import init_continuous_batching
 
     recorder = TraceRecorder()
     manager = init_continuous_batching(model, greedy_config(TOKENS), batching_config(), trace=recorder,
-                                       max_staleness=MAX_STALENESS)  # fmt: skip
+                                       max_staleness=MAX_STALENESS, per_request_sampling=True)  # fmt: skip
     manager.start()
     ids: list[str] = []
     aborted: list[str] = []
 
     def submit(n: int, into: list[str]) -> None:
         for k in range(n):
-            into.append(manager.add_request([3 + k, 5, 7, 9], max_new_tokens=TOKENS))
+            sampling = SamplingParams(temperature=(1.0, 0.0, 0.7)[k % 3], top_k=(0, 0, 5)[k % 3], seed=len(into) + k)
+            into.append(manager.add_request([3 + k, 5, 7, 9], max_new_tokens=TOKENS, sampling=sampling))
 
     armed: list = []  # the hold of the next forward step, armed while the loop is parked in a window
 

@@ -84,7 +84,7 @@ class Soak:
 
         from ...integrations.transformers import init_continuous_batching
         from ...integrations.weights import STALE
-        from ...testing import ForwardProbe, batching_config, greedy_config, tiny_llama
+        from ...testing import ForwardProbe, batching_config, greedy_config, random_sampling, tiny_llama
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
@@ -108,12 +108,13 @@ class Soak:
             self.recorder = TraceRecorder()  # the cached manager keeps it across restarts
         self.manager = init_continuous_batching(self.model, self.gen, self.cb, trace=self.recorder,
                                                 max_staleness=self.MAX_STALENESS,
-                                                max_stale_restarts=self.MAX_STALE_RESTARTS)  # fmt: skip
+                                                max_stale_restarts=self.MAX_STALE_RESTARTS,
+                                                per_request_sampling=True)  # R-SAMPLING  # fmt: skip
         self.status = self.manager.background_thread_status
         self.tally = Tally()
         self.traffic = Traffic(
             self.manager, self.model.config.vocab_size, self.MAX_NEW, in_flight=self.IN_FLIGHT, seed=args.seed + 1,
-            join_timeout=args.bound,
+            join_timeout=args.bound, sampling=random_sampling,
         )  # fmt: skip
         self.wd = Watchdog(args.bound, self.traffic.ledger)
         self._versions = itertools.count(1)  # the weight versions updates declare
