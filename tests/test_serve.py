@@ -709,6 +709,7 @@ def test_a_stream_s_chunks_pass_at_once_not_one_behind():
     from types import SimpleNamespace
 
     from cbpause.integrations.sampling import SamplingParams
+    from cbpause.serve import generation
     from cbpause.serve import openai as routes
     from cbpause.testing.trl_cpu import tiny_tokenizer
 
@@ -716,16 +717,16 @@ def test_a_stream_s_chunks_pass_at_once_not_one_behind():
     generate = SimpleNamespace(count=lambda outcome: None, _refuse_duplicate=lambda request_id: None,
                                _enqueue=lambda rid, *args, **kwargs: handlers.setdefault(rid, args[4]))  # fmt: skip
     manager = SimpleNamespace(cancel_request=lambda request_id: None, versions=SimpleNamespace(restarts={}))
-    served = routes.Served(name="m", checkpoint="m", vocab_size=VOCAB, max_model_len=64, default_max_tokens=None,
+    served = generation.Served(name="m", checkpoint="m", vocab_size=VOCAB, max_model_len=64, default_max_tokens=None,
                            sampling=SamplingParams(temperature=0.0), eos_token_ids=(), chat=False)  # fmt: skip
-    generation = routes.parse_completion({"prompt": [3, 4], "max_tokens": 2, "stream": True}, served)
+    parsed = generation.parse_completion({"prompt": [3, 4], "max_tokens": 2, "stream": True}, served)
 
     def output(tokens: list[int], finished: bool) -> SimpleNamespace:
         return SimpleNamespace(generated_tokens=tokens, logprobs=[0.0] * len(tokens), error=None,
                                is_finished=lambda: finished, weight_versions=[(0, 7)], kv_versions=[(0, 7)])
 
     async def read() -> tuple[str, list[str]]:
-        run = routes.Run(manager, generate, tiny_tokenizer(VOCAB), served, generation, "r", [[3, 4]], [2], None)
+        run = routes.Run(manager, generate, tiny_tokenizer(VOCAB), served, parsed, "r", [[3, 4]], [2], None)
         run.start()
         chunks = run.stream()
         handlers["r"](output([5], False))

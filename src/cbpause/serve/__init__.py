@@ -63,12 +63,8 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     manager (a signal's handler calls it, and so does the app's shutdown).
     """
     from ..integrations.serving import openai_app
-    from .control import add_control_routes
-    from .distributed import WeightGroups, add_distributed_routes
     from .guard import Guard
     from .leases import LeaseTable
-    from .metrics import ServerMetrics
-    from .openai import add_openai_routes
 
     root = None if weights_dir is None else Path(weights_dir).resolve()
     if root is not None and not root.is_dir():
@@ -92,13 +88,7 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     except BaseException:
         manager.stop(block=True, timeout=10)
         raise
-    metrics = ServerMetrics(manager, leases, generate)
-    add_control_routes(app, manager, leases, weights_dir=root, metrics=metrics, served=served,
-                       tensor_parallel=tensor_parallel)  # fmt: skip
-    add_openai_routes(app, manager, generate, _tokenizer(app.state.processor), served, follower=app.state.follower,
-                      metrics=metrics)  # fmt: skip
-    groups = WeightGroups()
-    add_distributed_routes(app, manager, leases, groups, metrics)
+    groups = _add_routes(app, manager, generate, leases, root, served, tensor_parallel)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)  # outermost: before any route
     app.state.manager, app.state.leases, app.state.generate = manager, leases, generate
     app.state.weight_groups = groups
@@ -119,6 +109,25 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
 
     app.router.lifespan_context = lifespan
     return app
+
+
+def _add_routes(app: Any, manager: Any, generate: Any, leases: Any, weights_dir: Path | None, served: Any,
+                tensor_parallel: Any) -> Any:  # fmt: skip
+    """The server's own routes on transformers serve's app: the control routes, the OpenAI routes, the weight-update
+    group's; its metrics.  Returns the weight-update groups."""
+    from .control import add_control_routes
+    from .distributed import WeightGroups, add_distributed_routes
+    from .metrics import ServerMetrics
+    from .openai import add_openai_routes
+
+    metrics = ServerMetrics(manager, leases, generate)
+    add_control_routes(app, manager, leases, weights_dir=weights_dir, metrics=metrics, served=served,
+                       tensor_parallel=tensor_parallel)  # fmt: skip
+    add_openai_routes(app, manager, generate, _tokenizer(app.state.processor), served, follower=app.state.follower,
+                      metrics=metrics)  # fmt: skip
+    groups = WeightGroups()
+    add_distributed_routes(app, manager, leases, groups, metrics)
+    return groups
 
 
 def _batching_config(checkpoint: str, given: Any, device: str, dtype: str, max_model_len: int | None) -> Any:

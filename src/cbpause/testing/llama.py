@@ -57,15 +57,13 @@ def greedy_config(max_new_tokens: int) -> GenerationConfig:
     return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
 
 
-def random_sampling(rng: Any) -> Any:
-    """A request's :class:`~cbpause.integrations.sampling.SamplingParams` drawn from ``rng`` (a ``random.Random``),
-    as RL rollout clients mix them: greedy or sampled, filters, a penalty, a seed, top log-probabilities."""
-    from ..integrations.sampling import SamplingParams
-
-    return SamplingParams(temperature=rng.choice([0.0, 0.7, 1.0, 1.3]), top_p=rng.choice([1.0, 0.9]),
-                          top_k=rng.choice([0, 5]), min_p=rng.choice([0.0, 0.05]),
-                          repetition_penalty=rng.choice([1.0, 1.2]), seed=rng.randrange(2**32),
-                          logprobs=rng.randrange(0, 4))  # fmt: skip
+def random_sampling(rng: Any) -> dict[str, Any]:
+    """A request's sampling arguments (those of ``cbpause.integrations.sampling.SamplingParams``) drawn from ``rng`` (a
+    ``random.Random``), as RL rollout clients mix them: greedy or sampled, filters, a penalty, a seed, top
+    log-probabilities."""
+    return {"temperature": rng.choice([0.0, 0.7, 1.0, 1.3]), "top_p": rng.choice([1.0, 0.9]),
+            "top_k": rng.choice([0, 5]), "min_p": rng.choice([0.0, 0.05]), "repetition_penalty": rng.choice([1.0, 1.2]),
+            "seed": rng.randrange(2**32), "logprobs": rng.randrange(0, 4)}  # fmt: skip
 
 
 def greedy_reference(model: LlamaForCausalLM, prompt: list[int], n: int) -> list[int]:

@@ -56,6 +56,7 @@ class RealRank:
 
     def __init__(self, model: Any, probe: Any, recorder: Any, *, traffic: bool, seed: int, bound: float = HANG_S,
                  peer_park_timeout: float = HANG_S, cpu_group_timeout: float | None = None):  # fmt: skip
+        from ...integrations.sampling import SamplingParams
         from ...integrations.transformers import init_continuous_batching
         from ...testing import batching_config, greedy_config, random_sampling
 
@@ -68,8 +69,11 @@ class RealRank:
         )  # fmt: skip
         self.versions = itertools.count(1)  # the weight versions the updating holders set
         self.status = self.manager.background_thread_status
+        def sampling(rng: random.Random) -> SamplingParams:
+            return SamplingParams(**random_sampling(rng))
+
         self.traffic = Traffic(self.manager, model.config.vocab_size, MAX_NEW, seed=seed,
-                               sampling=random_sampling) if traffic else None  # fmt: skip
+                               sampling=sampling) if traffic else None  # fmt: skip
         self.rng = random.Random(seed)
 
     def start(self) -> RealRank:

@@ -82,6 +82,7 @@ class Soak:
         import torch
         from transformers.utils import logging as hf_logging
 
+        from ...integrations.sampling import SamplingParams
         from ...integrations.transformers import init_continuous_batching
         from ...integrations.weights import STALE
         from ...testing import ForwardProbe, batching_config, greedy_config, random_sampling, tiny_llama
@@ -114,7 +115,7 @@ class Soak:
         self.tally = Tally()
         self.traffic = Traffic(
             self.manager, self.model.config.vocab_size, self.MAX_NEW, in_flight=self.IN_FLIGHT, seed=args.seed + 1,
-            join_timeout=args.bound, sampling=random_sampling,
+            join_timeout=args.bound, sampling=lambda rng: SamplingParams(**random_sampling(rng)),
         )  # fmt: skip
         self.wd = Watchdog(args.bound, self.traffic.ledger)
         self._versions = itertools.count(1)  # the weight versions updates declare
