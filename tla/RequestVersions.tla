@@ -302,6 +302,12 @@ Spec == Init /\ [][Next]_vars /\ Fairness
 
 \* R-NOTHING-LOST-ONCE in every mode: at most one terminal output per
 \* request, and exactly one once done.
+\* R-SAMPLING, read by TraceRequestVersions (a loop that samples per request records, at each Land, the position
+\* of the request's seed's stream each token was drawn at): a token of request i drawn at position d lands as its
+\* token Len(lab[i]) + 1, so d is the number of tokens the request holds (a retract keeps them, a restart from the
+\* prompt drops them: its stream starts again).  The model has no streams of its own: this is what a draw means.
+DrawAtIndex(i, d) == d = Len(lab[i])
+
 NothingLostInv ==
     \A i \in Requests :
         /\ outputs[i] <= 1

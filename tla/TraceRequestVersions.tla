@@ -44,7 +44,7 @@ Recorded ==
             /\ Land
             /\ Grew = {t[1] : t \in Rec.labs}
             /\ \A t \in Rec.labs : LastOf(lab'[t[1]]) = t[2] /\ LastOf(kvLab'[t[1]]) = t[3]
-            /\ \A t \in Rec.labs : t[4] = -1 \/ t[4] = Len(lab[t[1]])    \* DrawAtIndex (R-SAMPLING)
+            /\ \A t \in Rec.labs : t[4] = -1 \/ DrawAtIndex(t[1], t[4])    \* R-SAMPLING
       [] Rec.a = "OpenWindow" -> OpenWindow(Rec.arg) /\ win' = Rec.arg
       [] Rec.a = "DrainFirst" -> OpenWindow(Rec.arg) /\ win' = 0 /\ drainAsked'
       [] Rec.a = "Update" -> Update
