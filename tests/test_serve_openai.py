@@ -282,3 +282,25 @@ def test_metrics_count_with_counters_and_time_updates_by_source(server, checkpoi
     assert re.search(r"^# TYPE cbpause_pause_entries(_total)? counter", text, re.M)
     assert re.search(r'^cbpause_weight_update_seconds_count\{source="disk"\} 0', text, re.M)
     assert re.search(r'^cbpause_weight_update_seconds_count\{source="broadcast"\} 0', text, re.M)
+
+
+def test_the_metrics_table_of_the_docs_is_the_exposition_s():
+    """One home per fact: docs/serving.md's table of metrics (name and kind) is what a server exposes."""
+    from types import SimpleNamespace
+
+    from cbpause.serve.metrics import ServerMetrics
+
+    from .conftest import ROOT
+
+    snapshot = SimpleNamespace(pauses_taken=2, open_window_s=None, holders_inside=0, holders_waiting=0)
+    status = SimpleNamespace(metrics=lambda: snapshot, state=SimpleNamespace(paused=False))
+    manager = SimpleNamespace(background_thread_status=status, _live_ids=set(), weight_version=3)
+    leases = SimpleNamespace(expired=1, held=lambda: [])
+    generate = SimpleNamespace(outcomes={"finished": 4, "failed": 0, "cancelled": 0, "rejected": 0, "aborted": 0})
+    text = ServerMetrics(manager, leases, generate).exposition().decode()
+    exposed = dict(re.findall(r"^# TYPE (\w+) (\w+)$", text, re.M))
+    exposed = {name: kind for name, kind in exposed.items() if not name.endswith("_created")}
+    page = (ROOT / "docs" / "serving.md").read_text()
+    documented = {name: kind for name, kind in re.findall(r"^\| `(cbpause_\w+)(?:\{\w+\})?` \| (\w+) \|", page, re.M)}
+    assert documented == exposed
+    assert re.search(r"^cbpause_pause_entries_total 2\.0$", text, re.M) and "cbpause_weight_version 3.0" in text
