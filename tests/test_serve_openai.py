@@ -304,3 +304,24 @@ def test_the_metrics_table_of_the_docs_is_the_exposition_s():
     documented = {name: kind for name, kind in re.findall(r"^\| `(cbpause_\w+)(?:\{\w+\})?` \| (\w+) \|", page, re.M)}
     assert documented == exposed
     assert re.search(r"^cbpause_pause_entries_total 2\.0$", text, re.M) and "cbpause_weight_version 3.0" in text
+
+
+def test_an_abort_pause_ends_a_stream_with_a_retryable_error_event_labelled_with_what_it_sent(server):
+    url = server[0]
+    body = {"prompt": [3, 4], "max_tokens": 3000, "seed": 2, "stream": True, "return_token_ids": True}
+    sent, events = [], []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=HANG_S) as answer:
+        lines = answer.iter_lines()
+        for line in lines:
+            if line.startswith("data: {"):
+                sent += json.loads(line[6:])["choices"][0].get("token_ids") or []
+                if sent:
+                    break
+        lease = post(url + "/pause", json={"mode": "abort"}).json()
+        post(url + "/resume", json={"lease_id": lease["lease_id"]})
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    sent += [t for e in events if e.get("choices") for t in e["choices"][0].get("token_ids") or []]
+    last = events[-1]
+    assert last["error"]["code"] == 503 and "abort" in last["error"]["message"], last
+    assert last["weight_versions"] == [[0, None]] and len(sent) < 3000, (last, len(sent))
+    assert not any(e.get("choices") and e["choices"][0].get("finish_reason") for e in events)

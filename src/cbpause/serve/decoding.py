@@ -16,7 +16,7 @@ from typing import Any
 from ..integrations.sampling import SamplingParams
 from .generation import Generation, Served
 
-__all__ = ["ChoiceState", "Decoding", "Detokenizer", "chat_logprobs", "completion_logprobs"]
+__all__ = ["ChoiceState", "Decoding", "Detokenizer", "chat_logprobs", "completion_logprobs", "cut_spans"]
 
 
 class Detokenizer:
@@ -75,7 +75,7 @@ class ChoiceState:
     done: bool = False
 
 
-def _cut(spans: list, n: int) -> list:
+def cut_spans(spans: list, n: int) -> list:
     """Version spans ``[[first_index, version], ...]`` of the first ``n`` tokens."""
     return [list(s) for s in spans if s[0] < n] if n else []
 
@@ -119,8 +119,8 @@ class Decoding:
                 pieces.append((tail, [], [], []))
             choice.held = ""
             n = len(choice.tokens)
-            choice.weight_versions = _cut(getattr(result, "weight_versions", []), n)
-            choice.kv_versions = _cut(getattr(result, "kv_versions", []), n)
+            choice.weight_versions = cut_spans(getattr(result, "weight_versions", []), n)
+            choice.kv_versions = cut_spans(getattr(result, "kv_versions", []), n)
         return [p for p in pieces if p[0] or p[1]]
 
     def _take(self, choice: ChoiceState, piece: str) -> str:

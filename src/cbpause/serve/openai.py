@@ -31,7 +31,7 @@ from typing import Any
 from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from .decoding import ChoiceState, Decoding, Detokenizer, chat_logprobs, completion_logprobs
+from .decoding import ChoiceState, Decoding, Detokenizer, chat_logprobs, completion_logprobs, cut_spans
 from .generation import (
     MAX_REQUEST_ID,
     Generation,
@@ -205,11 +205,15 @@ class Run:
     def _settle(self, choice: ChoiceState, result: Any) -> None:
         """A choice's terminal output, or a stop: counted; an error becomes the choice's HTTP error."""
         choice.done = True
-        if choice.finish_reason is not None and result.error is None or result.error is None:
+        if result.error is None:  # its end, or a stop string or token that ended it before the loop did
             self.generate.count("finished")
             if self.metrics is not None:
                 self.metrics.generation_tokens += len(choice.tokens)
             return
+        # The labels of what was delivered before the end (a stream's tokens sent): its error event carries them.
+        sent = choice.sent_tokens
+        choice.weight_versions = cut_spans(getattr(result, "weight_versions", []) or [], sent)
+        choice.kv_versions = cut_spans(getattr(result, "kv_versions", []) or [], sent)
         try:
             self.generate._settle(choice.request_id, result)
         except Exception as error:  # noqa: BLE001 -- the HTTP error the choice ends with
@@ -253,6 +257,8 @@ class Run:
                     raise asyncio.CancelledError(f"the client left; request {self.request_id} cancelled")
                 choice, result = get.result()
                 self.process(choice, result)
+                if choice.error is not None:  # the answer is this error: the other choices need not run on
+                    break
         except BaseException:
             self.cancel_all()
             raise
@@ -323,7 +329,7 @@ class Run:
                     yield self._event(self._delta(choice, text, tokens, logprobs, offsets))
                 if choice.error is not None:
                     self.cancel_all()
-                    yield _error_event(choice.error)
+                    yield _error_event(choice)
                     return
                 if choice.done:
                     yield self._event(self._finish_chunk(choice))
@@ -393,10 +399,16 @@ class _Restarted(Exception):
     """A streamed choice the staleness bound restarted after its tokens were sent."""
 
 
-def _error_event(error: BaseException) -> str:
+def _error_event(choice: ChoiceState) -> str:
+    """The event that ends a stream whose choice failed: OpenAI's error shape (its ``code`` the HTTP status the
+    request would have had: 503 for an abort or the staleness bound, to retry), with the choice's index and the
+    labels of the tokens it had sent (an ``abort`` ends a stream labelled)."""
+    error = choice.error
     detail = getattr(error, "detail", None) or str(error)
-    status = getattr(error, "status_code", 500)
-    return f"data: {json.dumps({'error': {'message': str(detail), 'type': 'server_error', 'code': status}})}\n\n"
+    event = {"error": {"message": str(detail), "type": "server_error", "code": getattr(error, "status_code", 500)},
+             "index": choice.index, "weight_versions": _jsonable(choice.weight_versions),
+             "kv_versions": _jsonable(choice.kv_versions)}  # fmt: skip
+    return f"data: {json.dumps(event)}\n\n"
 
 
 def _jsonable(spans: list) -> list:

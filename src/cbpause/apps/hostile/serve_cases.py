@@ -203,7 +203,8 @@ def strangers_are_refused(server: Guarded) -> None:
     import httpx
 
     routes = [("POST", "/pause"), ("POST", "/resume"), ("GET", "/is_paused"), ("POST", "/update_weight_version"),
-              ("POST", "/v1/completions"), ("GET", "/v1/models"), ("GET", "/metrics"), ("GET", "/weight_info")]
+              ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/v1/models"),
+              ("GET", "/metrics"), ("GET", "/weight_info"), ("GET", "/server_info"), ("GET", "/get_world_size")]
     for method, route in routes:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
             answer = httpx.request(method, server.url + route, json={"mode": "abort", "ttl": 3600}, headers=headers,
@@ -213,9 +214,6 @@ def strangers_are_refused(server: Guarded) -> None:
     check(httpx.get(server.url + "/health", timeout=WAIT).status_code == 200, "/health needs no key")
     check(httpx.head(server.url + "/health", timeout=WAIT).status_code == 200, "HEAD /health (a probe's) refused")
     check(not paused(server.url), "a stranger paused the server", Silent)
-
-
-# ------------------------------------------------------------------------------------------- 10: OpenAI conventions
 
 
 # ------------------------------------------------------------------------------------------- 8: Fleet
