@@ -714,7 +714,7 @@ def test_a_stream_s_chunks_pass_at_once_not_one_behind():
     from cbpause.testing.trl_cpu import tiny_tokenizer
 
     handlers = {}
-    generate = SimpleNamespace(count=lambda outcome: None, _refuse_duplicate=lambda request_id: None,
+    generate = SimpleNamespace(count=lambda outcome: None, _refuse_duplicate=lambda request_id: None, client_ids=set(),
                                _enqueue=lambda rid, *args, **kwargs: handlers.setdefault(rid, args[4]))  # fmt: skip
     manager = SimpleNamespace(cancel_request=lambda request_id: None, versions=SimpleNamespace(restarts={}))
     served = generation.Served(name="m", checkpoint="m", vocab_size=VOCAB, max_model_len=64, default_max_tokens=None,

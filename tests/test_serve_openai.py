@@ -325,3 +325,87 @@ def test_an_abort_pause_ends_a_stream_with_a_retryable_error_event_labelled_with
     assert last["error"]["code"] == 503 and "abort" in last["error"]["message"], last
     assert last["weight_versions"] == [[0, None]] and len(sent) < 3000, (last, len(sent))
     assert not any(e.get("choices") and e["choices"][0].get("finish_reason") for e in events)
+
+
+def test_what_the_hostile_review_found_is_a_400_or_served_never_a_500(server):
+    """Issue 56's hostile review: a lone surrogate in a prompt, chat_template_kwargs that are apply_chat_template's
+    own arguments (a stranger's chat template among them: unbounded memory and CPU), a template that raises, were 500s
+    or worse; a float 0.0 penalty (what clients send) was refused; best_of true was taken for 1."""
+    url = server[0]
+    user = [{"role": "user", "content": "t3"}]
+    refused = [
+        ("/v1/completions", '{"prompt":"\\ud800","max_tokens":2}', "prompt"),
+        ("/v1/completions", '{"prompt":["t3","\\udfff"],"max_tokens":2}', "prompt"),
+        ("/v1/chat/completions", '{"messages":[{"role":"user","content":"\\ud800"}],"max_tokens":2}', "prompt"),
+        *[("/v1/chat/completions", json.dumps({"messages": user, "max_tokens": 2, "chat_template_kwargs": kwargs}),
+           next(iter(kwargs))) for kwargs in (  # fmt: skip
+            {"add_generation_prompt": False}, {"tokenize": False}, {"conversation": []}, {"documents": 5},
+            {"tokenizer_kwargs": {"add_special_tokens": 5}}, {"chat_template": "{{ 'x' * 10000000 }}"},
+            {"chat_template": "{{ 1/0 }}"})],
+        ("/v1/completions", '{"prompt":[3],"max_tokens":2,"best_of":true}', "best_of"),
+        ("/v1/completions", '{"prompt":[3],"max_tokens":2,"best_of":1.0}', "best_of"),
+        ("/v1/completions", '{"prompt":[3],"max_tokens":2,"repetition_penalty":1e-40}', "repetition_penalty"),
+    ]
+    for route, raw, named in refused:
+        answer = post(url + route, content=raw, headers={"content-type": "application/json"})
+        assert answer.status_code == 400 and named in answer.json()["error"]["message"], (raw, answer.text[:300])
+    for key in ("frequency_penalty", "presence_penalty"):
+        assert post(url + "/v1/completions", json={"prompt": [3], "max_tokens": 2, key: 0.0}).status_code == 200
+    assert post(url + "/v1/chat/completions", json={"messages": user, "max_tokens": 2,
+                                                    "chat_template_kwargs": {"unused_variable": 1}}).status_code == 200
+
+
+def test_client_ids_and_choice_ids_never_collide_and_an_id_in_flight_is_a_409(server):
+    """The review: a request of two choices ran as abc-0 and abc-1, so another client's abc-1 was a 409 and a second
+    abc was served beside the first; and an id naming transformers' forks (__child#K) changed the seed's stream."""
+    url = server[0]
+    body = {"prompt": [3, 4], "max_tokens": 3000, "n": 2, "seed": 1}
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(answer=post(url + "/v1/completions", json=body,
+                                                                       headers={"x-request-id": "abc"})))  # fmt: skip
+    thread.start()
+    deadline = time.monotonic() + HANG_S
+    while "cbpause_requests_in_flight 2.0" not in httpx.get(url + "/metrics", timeout=HANG_S).text:
+        assert time.monotonic() < deadline, "the request never got in flight"
+        time.sleep(0.02)  # polling: the server is another process
+    other = post(url + "/v1/completions", json={"prompt": [3], "max_tokens": 2}, headers={"x-request-id": "abc-1"})
+    again = post(url + "/v1/completions", json={"prompt": [3], "max_tokens": 2}, headers={"x-request-id": "abc"})
+    lease = post(url + "/pause", json={"mode": "abort"}).json()
+    post(url + "/resume", json={"lease_id": lease["lease_id"]})
+    thread.join(HANG_S)
+    assert other.status_code == 200, other.text
+    assert again.status_code == 409, again.text
+    assert box["answer"].status_code == 503
+    for bad in ("x__child#0", "a#b"):
+        answer = post(url + "/v1/completions", json={"prompt": [3], "max_tokens": 2}, headers={"x-request-id": bad})
+        assert answer.status_code == 400 and "x-request-id" in answer.json()["error"]["message"], answer.text
+
+
+def test_a_stream_the_staleness_bound_restarts_ends_with_a_retryable_error_labelled_with_what_it_sent(checkpoint):
+    """The review: the error event after a staleness restart said 500, with no labels."""
+    with serve_process(checkpoint, "--max-staleness", "0", "--default-ttl", str(HANG_S)) as (url, _):
+        lease = post(url + "/pause", json={"mode": "keep"}).json()["lease_id"]
+        post(url + "/update_weight_version", json={"lease_id": lease, "weight_version": 0})
+        post(url + "/resume", json={"lease_id": lease})
+        body = {"prompt": [3, 4], "max_tokens": 3000, "stream": True, "return_token_ids": True, "seed": 5}
+        sent = []
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=HANG_S) as answer:
+            lines = answer.iter_lines()
+            for line in lines:
+                if line.startswith("data: {"):
+                    sent += json.loads(line[6:])["choices"][0].get("token_ids") or []
+                    if sent:
+                        break
+            lease = post(url + "/pause", json={"mode": "keep"}).json()["lease_id"]
+            post(url + "/update_weight_version", json={"lease_id": lease, "weight_version": 1})
+            post(url + "/resume", json={"lease_id": lease})
+            events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        last = events[-1]
+        assert last["error"]["code"] == 503 and "staleness" in last["error"]["message"], last
+        assert last["weight_versions"] == [[0, 0]], last
+
+
+def test_a_streamed_chat_with_token_ids_gives_its_prompt_s(client):
+    stream = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "t3"}],
+                                                 max_tokens=2, stream=True, extra_body={"return_token_ids": True}))
+    assert stream[0].model_extra["prompt_token_ids"] == [3, 0]

@@ -45,16 +45,19 @@ from typing import Any
 
 import torch
 
-from .weights import generated_count
+from .weights import FORK_MARK, generated_count
 
-__all__ = ["GREEDY_BELOW", "MAX_TOP_LOGPROBS", "SamplingParams", "Sampler", "TopLogprob", "check_no_graphs",
-           "draw_seed", "top_logprobs"]  # fmt: skip
+__all__ = ["GREEDY_BELOW", "MAX_TOP_LOGPROBS", "PENALTY_RANGE", "SamplingParams", "Sampler", "TopLogprob",
+           "check_no_graphs", "draw_seed", "top_logprobs"]  # fmt: skip
 
 MAX_TOP_LOGPROBS = 20  # the most top log-probabilities a token carries (vLLM's default max_logprobs)
 # A temperature below this is greedy (as vLLM's _SAMPLING_EPS): logits divided by it overflow float32 to inf, and the
 # softmax of infinities is NaN.
 GREEDY_BELOW = 1e-5
 SEED_RANGE = (-(2**63), 2**64)  # what a seed may be: a signed or unsigned 64-bit integer
+# What a repetition penalty may be: logits divided or multiplied by more overflow float32 (a penalty of 1e-40 made
+# every logit of the history infinite, and the softmax of infinities NaN: token 0, silently).
+PENALTY_RANGE = (1e-3, 1e3)
 # The value a log-probability of exactly 0 probability takes in an answer (JSON has no -inf; vLLM's choice).
 NEG_INF_LOGPROB = -9999.0
 _SEEDS = random.Random()  # seeded from the OS: the seeds of requests that name none
@@ -85,11 +88,11 @@ class SamplingParams:
     the wrong type, ``ValueError`` for one out of its range, each naming the argument.
 
     ``temperature`` >= 0 (below :data:`GREEDY_BELOW`, 0 included: greedy, the argmax); ``top_p`` in (0, 1];
-    ``top_k`` >= 1, or 0 or -1 for no top-k; ``min_p`` in [0, 1] (0: none); ``repetition_penalty`` > 0 (1: none;
-    transformers' rule: a logit of a token of the prompt or of the tokens generated so far is divided by it when
-    positive, multiplied when negative); ``seed`` an integer of 64 bits, or None (one is drawn when the request is
-    added); ``logprobs`` the number of top log-probabilities each token carries, 0 to :data:`MAX_TOP_LOGPROBS` (the
-    sampled token's own log-probability is always there).
+    ``top_k`` >= 1, or 0 or -1 for no top-k; ``min_p`` in [0, 1] (0: none); ``repetition_penalty`` in
+    :data:`PENALTY_RANGE` (1: none; transformers' rule: a logit of a token of the prompt or of the tokens generated so
+    far is divided by it when positive, multiplied when negative); ``seed`` an integer of 64 bits, or None (one is
+    drawn when the request is added); ``logprobs`` the number of top log-probabilities each token carries, 0 to
+    :data:`MAX_TOP_LOGPROBS` (the sampled token's own log-probability is always there).
     """
 
     temperature: float = 1.0
@@ -116,8 +119,9 @@ class SamplingParams:
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], not {self.min_p!r}")
         set_(self, "repetition_penalty", _number("repetition_penalty", self.repetition_penalty))
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be above 0, not {self.repetition_penalty!r}")
+        if not PENALTY_RANGE[0] <= self.repetition_penalty <= PENALTY_RANGE[1]:
+            raise ValueError(f"repetition_penalty must be in [{PENALTY_RANGE[0]}, {PENALTY_RANGE[1]}], not "
+                             f"{self.repetition_penalty!r}")  # fmt: skip
         if self.seed is not None:
             seed = _integer("seed", self.seed)
             if not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
@@ -220,7 +224,7 @@ def _history(state: Any) -> list[int]:
 def _child_index(request_id: str) -> int:
     """A child forked for ``num_return_sequences`` (upstream names it ``<parent>__child#<i>``) draws a stream of its
     own: ``i + 1`` is mixed into its parent's seed."""
-    _, sep, index = request_id.rpartition("__child#")
+    _, sep, index = request_id.rpartition(FORK_MARK)
     return int(index) + 1 if sep and index.isdigit() else 0
 
 

@@ -80,6 +80,8 @@ class ServedRequests:
         self._cb = manager
         self.outcomes: Counter[str] = Counter()
         self._lock = threading.Lock()
+        # The x-request-ids of cbpause.serve.openai's requests in flight, whose choices run under ids of their own.
+        self.client_ids: set[str] = set()
 
     def count(self, outcome: str) -> None:
         with self._lock:
@@ -504,7 +506,8 @@ def _openai_errors(app: Any) -> None:
         if not request.url.path.startswith("/v1/"):
             return await http_exception_handler(request, error)
         detail = error.detail if isinstance(error.detail, str) else json_text(error.detail)
-        return JSONResponse(openai_error(detail), status_code=error.status_code, headers=error.headers)
+        kind = "server_error" if error.status_code >= 500 else "invalid_request_error"
+        return JSONResponse(openai_error(detail, kind), status_code=error.status_code, headers=error.headers)
 
     @app.exception_handler(ValueError)
     async def bad_request(request: Any, error: ValueError) -> Any:

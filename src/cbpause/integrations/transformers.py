@@ -237,6 +237,9 @@ class PausableContinuousBatchingManager(
         self.checked_sampling(kwargs)
         if request_id is not None and not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, not {request_id!r}")
+        if request_id is not None and weights.FORK_MARK in request_id:  # it would be taken for a forked child's
+            raise ValueError(f"request_id {request_id!r}: {weights.FORK_MARK!r} marks the children transformers "
+                             "forks (num_return_sequences); choose another id")  # fmt: skip
         with self._submit_lock:
             self.refuse_after_fork()
             self.refuse_while_paused()

@@ -448,7 +448,7 @@ def never_share_stale_blocks(processor: Any, versions: weights.WeightVersions | 
         rid, stale = state.request_id, cache._cbpause_stale
         # A child forked from a request in flight at the last window (num_return_sequences: upstream names it
         # "<parent>__child#<i>", ContinuousBatchProcessor.update_batch) shares its parent's blocks: it is as stale.
-        if rid not in stale and rid.partition("__child#")[0] not in stale:
+        if rid not in stale and rid.partition(weights.FORK_MARK)[0] not in stale:
             cache._cbpause_marked = True
             mark(state, complete_blocks)
 

@@ -53,6 +53,9 @@ STALE = "stale: its oldest token is more than max_staleness weight versions behi
 MAX_STALE_RESTARTS = 3
 
 
+FORK_MARK = "__child#"  # transformers names a child it forks for num_return_sequences "<parent>__child#<i>"
+
+
 def generated_count(state: Any) -> int:
     """The tokens a request generated so far, those a retract (soft reset) moved into its prompt included."""
     moved = len(state.initial_tokens) - state._true_initial_tokens if state._true_initial_tokens else 0

@@ -179,8 +179,24 @@ def _served(app: Any, manager: Any, asked: int | None) -> tuple[Any, Any]:
     eos_ids = tuple(e for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if isinstance(e, int) and e >= 0)
     served = Served(name=app.state.served_name, checkpoint=app.state.checkpoint, vocab_size=_vocab(model),
                     max_model_len=max_model_len, default_max_tokens=generation.max_new_tokens,
-                    sampling=manager.sampler.default, eos_token_ids=eos_ids, chat=app.state.chat)  # fmt: skip
+                    sampling=manager.sampler.default, eos_token_ids=eos_ids, chat=app.state.chat,
+                    template_arguments=_template_arguments(_tokenizer(app.state.processor)))  # fmt: skip
     return served, size
+
+
+def _template_arguments(tokenizer: Any) -> frozenset:
+    """The chat template's own arguments (the installed release's ``apply_chat_template``'s), which a request's
+    ``chat_template_kwargs`` may not set."""
+    import inspect
+
+    from .generation import TEMPLATE_ARGUMENTS
+
+    try:
+        parameters = inspect.signature(tokenizer.apply_chat_template).parameters
+    except (TypeError, ValueError, AttributeError):
+        return TEMPLATE_ARGUMENTS
+    named = {n for n, p in parameters.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return TEMPLATE_ARGUMENTS | named
 
 
 def _vocab(model: Any) -> int:

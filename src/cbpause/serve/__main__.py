@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         tensor_parallel = _tensor_parallel(args)
+        for name in ("num_blocks", "page_size", "max_model_len"):  # transformers' own failures are a traceback
+            value = getattr(args, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
     except ValueError as error:
         sys.exit(f"cbpause serve: {error}")
     # With TP, --tp-timeout bounds the loop's own collectives too (the CPU group's all-reduce, broadcast and barrier)

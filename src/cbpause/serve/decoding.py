@@ -71,6 +71,7 @@ class ChoiceState:
     kv_versions: list = field(default_factory=list)
     error: Any = None  # an HTTP error, set when the choice failed
     restarts: int = 0  # the staleness bound's restarts seen
+    seen_labels: tuple = ([], [])  # the weight and KV spans of its last output
     sent_tokens: int = 0  # tokens already streamed to the client
     done: bool = False
 

@@ -24,8 +24,8 @@ MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_REQUEST_ID = 256
 # The most values an answer may carry: its choices' tokens, each with its top log-probabilities (64 choices of 4096
-# tokens with 20 top log-probabilities each would be 5 million, some 100 MB of JSON).
-MAX_ANSWER_VALUES = 2**21
+# tokens, or 12,483 tokens with 20 top log-probabilities each; a chat answer of 2**21 values was 140 MB of JSON).
+MAX_ANSWER_VALUES = 2**18
 
 # The arguments each route takes, by the value each must have when it is only accepted if neutral.
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
@@ -35,9 +35,28 @@ COMPLETION_KEYS = COMMON_KEYS | {"prompt", "logprobs", "echo", "suffix", "best_o
 CHAT_KEYS = COMMON_KEYS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "chat_template_kwargs",
                            "add_generation_prompt", "tools", "tool_choice", "response_format", "parallel_tool_calls"}
 # Accepted only absent, null or with the value that asks for nothing (an argument this server cannot honour).
-NEUTRAL = {"frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},), "echo": (False,),
+NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},), "echo": (False,),
            "tools": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},),
            "parallel_tool_calls": (True, False)}  # fmt: skip
+
+
+# A chat request's chat_template_kwargs are its template's variables: apply_chat_template's own arguments are not
+# (a stranger's chat_template ran its own Jinja with unbounded memory and CPU; tokenize, conversation... were 500s).
+# The server adds the names of the installed release's signature to these (Served.template_arguments).
+TEMPLATE_ARGUMENTS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs", "processor_kwargs",
+})  # fmt: skip
+
+
+def valid_text(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (JSON may carry a lone surrogate, ``"\\ud800"``, which no tokenizer takes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class OpenAIError(ValueError):
@@ -62,6 +81,7 @@ class Served:
     sampling: SamplingParams
     eos_token_ids: tuple[int, ...]
     chat: bool
+    template_arguments: frozenset = TEMPLATE_ARGUMENTS  # the chat template's own arguments, which requests may not set
 
     def model_card(self) -> dict:
         """The model as ``GET /v1/models`` lists it (vLLM's card: ``max_model_len`` and ``root`` too)."""
@@ -135,8 +155,8 @@ def _common(body: dict, served: Served, keys: set[str], errors: list[str]) -> di
         stops = tuple(stop)
     elif stop is not None:
         errors.append(f"stop={stop!r} (a string or a list of strings)")
-    if len(stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
-        errors.append(f"stop: at most {MAX_STOPS} strings of 1 to {MAX_STOP_CHARS} characters")
+    if len(stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS or not valid_text(s) for s in stops):
+        errors.append(f"stop: at most {MAX_STOPS} strings of 1 to {MAX_STOP_CHARS} characters of valid Unicode")
         stops = ()
     stop_ids = body.get("stop_token_ids")
     ids: tuple[int, ...] = ()
@@ -219,11 +239,13 @@ def parse_completion(body: dict, served: Served) -> Generation:
                       f"[0, {served.vocab_size}), or a list of such lists)")  # fmt: skip
     if any(isinstance(p, str) and not p for p in prompts):
         errors.append("prompt: an empty string")
+    if any(isinstance(p, str) and not valid_text(p) for p in prompts):
+        errors.append("prompt: not valid Unicode (a lone surrogate)")
     max_tokens = _positive_int(errors, "max_tokens", body.get("max_tokens"))
     logprobs = _logprobs_count(errors, "logprobs", body.get("logprobs"))
     best_of = body.get("best_of")
-    if best_of is not None and best_of != values["n"]:
-        errors.append(f"best_of={best_of!r} (not served: only absent or equal to n)")
+    if best_of is not None and (isinstance(best_of, bool) or not isinstance(best_of, int) or best_of != values["n"]):
+        errors.append(f"best_of={best_of!r} (not served: only absent or the integer n)")
     suffix = body.get("suffix")
     if suffix is not None and not isinstance(suffix, str):
         errors.append(f"suffix={suffix!r} (a string)")
@@ -261,6 +283,11 @@ def parse_chat(body: dict, served: Served) -> Generation:
     template = body.get("chat_template_kwargs")
     if template is not None and not isinstance(template, dict):
         errors.append(f"chat_template_kwargs={template!r} (an object)")
+    elif template:
+        reserved = sorted(set(template) & served.template_arguments)
+        if reserved:
+            errors.append(f"chat_template_kwargs {reserved} (the template's variables only: not the arguments of "
+                          "apply_chat_template; add_generation_prompt is a field of the request)")  # fmt: skip
     generation_prompt = body.get("add_generation_prompt", True)
     if not isinstance(generation_prompt, bool):
         errors.append(f"add_generation_prompt={generation_prompt!r} (true or false)")
@@ -278,6 +305,10 @@ def _message_problem(message: Any) -> str | None:
     if message.get("role") not in ("system", "developer", "user", "assistant", "tool"):
         return f"role {message.get('role')!r}"
     content = message.get("content")
+    texts = [content] if isinstance(content, str) else [p.get("text") for p in content if isinstance(p, dict)] \
+        if isinstance(content, list) else []  # fmt: skip
+    if any(isinstance(t, str) and not valid_text(t) for t in texts):
+        return "content is not valid Unicode (a lone surrogate): the prompt cannot be tokenized"
     if isinstance(content, str) or (content is None and message.get("role") == "assistant"):
         return None
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"

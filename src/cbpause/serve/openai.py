@@ -29,7 +29,7 @@ import uuid
 from typing import Any
 
 from fastapi import HTTPException, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .decoding import ChoiceState, Decoding, Detokenizer, chat_logprobs, completion_logprobs, cut_spans
 from .generation import (
@@ -44,7 +44,11 @@ from .generation import (
 )
 from .guard import BadJSON, parse_json_object
 
-__all__ = ["Run", "add_openai_routes"]
+__all__ = ["CHOICE_MARK", "Run", "add_openai_routes"]
+
+# The loop's id of choice i of a request of several is "<x-request-id>#<i>"; a client's x-request-id may not hold the
+# mark, so that its id never names another request's choice (nor a child transformers forks, "<parent>__child#<i>").
+CHOICE_MARK = "#"
 
 
 def add_openai_routes(app: Any, manager: Any, generate: Any, tokenizer: Any, served: Served, *,
@@ -68,8 +72,9 @@ def add_openai_routes(app: Any, manager: Any, generate: Any, tokenizer: Any, ser
         # (5.25's app names every request: its RequestIdMiddleware, which also answers with the id)
         request_id = getattr(request.state, "request_id", None) or request.headers.get("x-request-id") \
             or uuid.uuid4().hex
-        if len(request_id) > MAX_REQUEST_ID or not request_id.isprintable():
-            raise HTTPException(status_code=400, detail=f"x-request-id: at most {MAX_REQUEST_ID} printable characters")
+        if len(request_id) > MAX_REQUEST_ID or not request_id.isprintable() or CHOICE_MARK in request_id:
+            raise HTTPException(status_code=400, detail=f"x-request-id: at most {MAX_REQUEST_ID} printable characters, "
+                                f"without {CHOICE_MARK!r} (it names a request's choices)")  # fmt: skip
         try:
             generation = parse_chat(body, served) if chat else parse_completion(body, served)
             prompts = await asyncio.get_running_loop().run_in_executor(None, _tokenize, tokenizer, generation)
@@ -81,8 +86,11 @@ def add_openai_routes(app: Any, manager: Any, generate: Any, tokenizer: Any, ser
         run.start()
         if generation.stream:
             return _Stream(run)
-        answer = await run.answer(request)
-        return JSONResponse(answer)
+        await run.answer(request)
+        # Built and serialised in a worker thread: an answer of many choices with log-probabilities is megabytes of
+        # JSON, which on the event loop held every route (a lease's renewal too) for seconds (hostile review).
+        content = await asyncio.get_running_loop().run_in_executor(None, run.serialised)
+        return Response(content, media_type="application/json")
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -94,7 +102,17 @@ def add_openai_routes(app: Any, manager: Any, generate: Any, tokenizer: Any, ser
 
 
 def _tokenize(tokenizer: Any, generation: Generation) -> list[list[int]]:
-    """Each prompt's token ids (a chat's through the template), in a worker thread."""
+    """Each prompt's token ids (a chat's through the template), in a worker thread; ``OpenAIError`` for a prompt the
+    tokenizer or the template refuses (a template that raises on these messages, or on a variable's value)."""
+    try:
+        return _token_ids(tokenizer, generation)
+    except OpenAIError:
+        raise
+    except Exception as error:  # noqa: BLE001 -- the request's fault: its prompt, its template variables
+        raise OpenAIError(f"the prompt could not be tokenized: {type(error).__name__}: {error}"[:1000]) from None
+
+
+def _token_ids(tokenizer: Any, generation: Generation) -> list[list[int]]:
     if generation.chat:
         ids = tokenizer.apply_chat_template(
             [_plain(m) for m in generation.prompts[0]], add_generation_prompt=generation.add_generation_prompt,
@@ -140,7 +158,7 @@ class Run:
         self.decoding = Decoding(generation, served, self.stop_ids | set(served.eos_token_ids))
         n, many = generation.n, len(prompts) * generation.n > 1
         self.choices = [
-            ChoiceState(index=j * n + i, request_id=f"{request_id}-{j * n + i}" if many else request_id,
+            ChoiceState(index=j * n + i, request_id=f"{request_id}{CHOICE_MARK}{j * n + i}" if many else request_id,
                         prompt=prompt, max_tokens=budgets[j], sampling=generation.choice_sampling(i),
                         detokenizer=Detokenizer(tokenizer))
             for j, prompt in enumerate(prompts) for i in range(n)
@@ -155,6 +173,10 @@ class Run:
         choice is counted once by outcome whatever happens (``/metrics``): those never submitted as the refusal."""
         added: list[ChoiceState] = []
         try:
+            if self.request_id in self.generate.client_ids:  # its choices run under other ids: the loop cannot tell
+                self.generate.count("failed")
+                raise HTTPException(status_code=409, detail=f"x-request-id {self.request_id!r} is in use by a request "
+                                    "in flight: wait for its answer, or send another id")  # fmt: skip
             for choice in self.choices:
                 self.generate._refuse_duplicate(choice.request_id)
             for choice in self.choices:
@@ -170,6 +192,7 @@ class Run:
             for _ in range(len(self.choices) - len(added) - counted):
                 self.generate.count("rejected" if retry else "failed")
             raise
+        self.generate.client_ids.add(self.request_id)
         if self.metrics is not None:
             self.metrics.prompt_tokens += sum(len(p) for p in self.prompts)
 
@@ -191,6 +214,11 @@ class Run:
             if not choice.done:
                 choice.done = True
                 self._cancel(choice, "cancelled")
+
+    def release(self) -> None:
+        """The request's answer is out (or it ended): its x-request-id is free again (its choices' ids once the loop
+        delivered their last output).  Idempotent."""
+        self.generate.client_ids.discard(self.request_id)
 
     # --------------------------------------------------------------------------------------------- outputs
 
@@ -227,12 +255,17 @@ class Run:
             if choice.sent_tokens:  # tokens sent cannot be taken back: the stream ends (docs/serving.md)
                 choice.done = True
                 choice.error = _Restarted(self.generate._stream_restarted(choice.request_id, choice.sent_tokens))
+                # the labels of the tokens sent: the last output before the restart had them (its spans are dropped)
+                choice.weight_versions = cut_spans(choice.seen_labels[0], choice.sent_tokens)
+                choice.kv_versions = cut_spans(choice.seen_labels[1], choice.sent_tokens)
                 return []
             choice.tokens, choice.logprobs, choice.offsets, choice.text, choice.held = [], [], [], "", ""
             choice.detokenizer = Detokenizer(self.tokenizer)
         if result.error is not None:
             self._settle(choice, result)
             return []
+        choice.seen_labels = (list(getattr(result, "weight_versions", []) or []),
+                              list(getattr(result, "kv_versions", []) or []))  # fmt: skip
         pieces = self.decoding.feed(choice, result)
         if choice.finish_reason is not None:
             if not result.is_finished():  # a stop string: the loop request is cancelled, its output ignored
@@ -245,8 +278,9 @@ class Run:
 
     # ------------------------------------------------------------------------------------------- non-streamed
 
-    async def answer(self, request: Any) -> dict:
-        """The JSON answer once every choice ended; the client leaving first cancels them (``CancelledError``)."""
+    async def answer(self, request: Any) -> None:
+        """Until every choice ended (then :meth:`serialised` is the answer); the client leaving first cancels them
+        (``CancelledError``), and a choice that failed is the answer's HTTP error."""
         left = asyncio.ensure_future(_disconnected(request))
         try:
             while not all(c.done for c in self.choices):
@@ -261,14 +295,19 @@ class Run:
                     break
         except BaseException:
             self.cancel_all()
+            self.release()
             raise
         finally:
             left.cancel()
+        self.release()
         failed = [c for c in self.choices if c.error is not None]
         if failed:
             self.cancel_all()
             raise failed[0].error
-        return self._body()
+
+    def serialised(self) -> bytes:
+        """The JSON answer of a request whose every choice ended (:meth:`answer`), as bytes."""
+        return json.dumps(self._body(), ensure_ascii=False).encode()
 
     def _body(self) -> dict:
         g = self.generation
@@ -319,9 +358,10 @@ class Run:
         g = self.generation
         try:
             if g.chat:
+                prompt = {"prompt_token_ids": list(self.prompts[0])} if g.return_token_ids else {}
                 for c in self.choices:
                     yield self._event({"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                       "logprobs": None, "finish_reason": None})  # fmt: skip
+                                       "logprobs": None, "finish_reason": None}, **prompt)  # fmt: skip
             while not all(c.done for c in self.choices):
                 choice, result = await self._next()
                 for text, tokens, logprobs, offsets in self.process(choice, result):
@@ -333,11 +373,13 @@ class Run:
                     return
                 if choice.done:
                     yield self._event(self._finish_chunk(choice))
+            self.release()
             if g.include_usage:
                 yield self._event(None, usage=self._usage())
             yield "data: [DONE]\n\n"
         finally:
             self.cancel_all()
+            self.release()
 
     def _delta(self, c: ChoiceState, text: str, tokens: list[int], logprobs: list[float], offsets: list[int]) -> dict:
         g = self.generation
@@ -367,12 +409,12 @@ class Run:
                 entry["prompt_token_ids"] = list(c.prompt)
         return entry
 
-    def _event(self, choice: dict | None, usage: dict | None = None) -> str:
+    def _event(self, choice: dict | None, **top: Any) -> str:
+        """An SSE event of one choice's chunk (or none: the usage's), with ``top``'s fields at the chunk's top."""
         g = self.generation
         chunk = {"id": self.request_id, "object": "chat.completion.chunk" if g.chat else "text_completion",
-                 "created": self.created, "model": self.served.name, "choices": [] if choice is None else [choice]}
-        if usage is not None:
-            chunk["usage"] = usage
+                 "created": self.created, "model": self.served.name, "choices": [] if choice is None else [choice],
+                 **top}  # fmt: skip
         if choice is not None and len(self.choices) == 1 and "weight_versions" in choice:
             chunk["weight_versions"], chunk["kv_versions"] = choice["weight_versions"], choice["kv_versions"]
         return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
@@ -396,7 +438,9 @@ class _Stream(StreamingResponse):
 
 
 class _Restarted(Exception):
-    """A streamed choice the staleness bound restarted after its tokens were sent."""
+    """A streamed choice the staleness bound restarted after its tokens were sent: to retry, as a ``503``."""
+
+    status_code = 503
 
 
 def _error_event(choice: ChoiceState) -> str:

@@ -72,7 +72,8 @@ def rollout_clients_misuse(server: Guarded) -> None:
     import httpx
 
     def refused(body: dict, named: str, route: str = "/v1/completions") -> None:
-        answer = call("POST", server.url + route, json={"model": NAME, **body})
+        raw = json.dumps({"model": NAME, **body})  # (ASCII: a lone surrogate travels escaped, as a client sends it)
+        answer = call("POST", server.url + route, content=raw, headers={"content-type": "application/json"})
         check(answer.status_code == 400 and named in message(answer), f"{body}: {answer.status_code} {answer.text}")
 
     refused({"prompt": [[3]] * 33, "n": 2}, "choices")
@@ -87,6 +88,13 @@ def rollout_clients_misuse(server: Guarded) -> None:
     refused({"prompt": [3], "stop_token_ids": [True]}, "stop_token_ids")
     refused({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
             "messages[0]", "/v1/chat/completions")  # fmt: skip
+    # A stranger's own chat template (unbounded memory and CPU in the tokenizer's threads), a lone surrogate, a
+    # penalty that overflows float32 (issue 56's hostile review: 5.5 GB, 500s, silently token 0).
+    refused({"messages": [{"role": "user", "content": "t3"}],
+             "chat_template_kwargs": {"chat_template": "{{ 't3 ' * 100000000 }}"}}, "chat_template",
+            "/v1/chat/completions")  # fmt: skip
+    refused({"prompt": "\ud800"}, "prompt")
+    refused({"prompt": [3], "repetition_penalty": 1e-40}, "repetition_penalty")
     long_id = call("POST", server.url + "/v1/completions", json={"model": NAME, "prompt": [3], "max_tokens": 1},
                    headers={"x-request-id": "i" * 300})  # fmt: skip
     check(long_id.status_code == 400, f"a request id of 300 characters: {long_id.status_code}")
