@@ -334,7 +334,8 @@ class Sampler:
             picked_rows.extend([i] * len(tokens))
             picked_tokens.extend(tokens)
         seen = torch.zeros_like(logits, dtype=torch.bool)
-        seen[torch.tensor(picked_rows, dtype=torch.long), torch.tensor(picked_tokens, dtype=torch.long)] = True
+        index = torch.tensor([picked_rows, picked_tokens], dtype=torch.long, device=logits.device)
+        seen[index[0], index[1]] = True
         penalty = torch.tensor([p.repetition_penalty for p in params], device=logits.device).unsqueeze(-1)
         return torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
 

@@ -1,4 +1,4 @@
-"""``GET /metrics`` of ``cbpause serve``: Prometheus exposition through ``prometheus_client`` (issues 29, 56).
+"""``GET /metrics`` of ``cbpause serve``: Prometheus exposition through ``prometheus_client``.
 
 Each server has its own registry.  Counts that only grow are counters (``_total``), read from where they are kept at
 scrape time (a collector of their own: the requests' outcomes are counted by the generation engine, the pauses by the

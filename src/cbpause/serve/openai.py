@@ -88,7 +88,7 @@ def add_openai_routes(app: Any, manager: Any, generate: Any, tokenizer: Any, ser
             return _Stream(run)
         await run.answer(request)
         # Built and serialised in a worker thread: an answer of many choices with log-probabilities is megabytes of
-        # JSON, which on the event loop held every route (a lease's renewal too) for seconds (hostile review).
+        # JSON, which on the event loop held every route (a lease's renewal too) for seconds.
         content = await asyncio.get_running_loop().run_in_executor(None, run.serialised)
         return Response(content, media_type="application/json")
 

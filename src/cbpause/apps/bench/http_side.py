@@ -6,8 +6,8 @@ in-process one, on the same tiny checkpoint with the same traffic.
 * **HTTP**: ``POST /pause`` to a ``cbpause serve`` process on localhost, from sending the request to reading the
   lease (the window is open then), as a trainer sees it; and ``POST /resume``.
 
-Both while 4 client threads keep completions of 16 tokens in flight.  Then the cost of per-request sampling (issue
-56): on one server, rounds of completions from ``CLIENTS * 2`` client threads, every request sampled with the
+Both while 4 client threads keep completions of 16 tokens in flight.  Then the cost of per-request sampling
+(R-SAMPLING): on one server, rounds of completions from ``CLIENTS * 2`` client threads, every request sampled with the
 checkpoint's one configuration (``single``) or each with arguments of its own (``mixed``: its temperature, top-p,
 top-k, min-p, repetition penalty, seed and top log-probabilities, as RL rollout clients send them), the two kinds of
 round interleaved; tokens per second and each request's latency (p50, p99).  Writes ``http.json`` and ``http.md``

@@ -1,4 +1,4 @@
-"""The hostile user of ``cbpause serve``'s OpenAI routes (issues 39 and 56): the conventions an OpenAI client relies on,
+"""The hostile user of ``cbpause serve``'s OpenAI routes (R-SERVE-OPENAI): the conventions an OpenAI client relies on,
 and the rollout clients' surface misused (per-request sampling, ``n``, stops, token ids, log-probabilities).  Two
 cases of :data:`.serve_cases.CASES`, on the same guarded server."""
 
@@ -65,7 +65,7 @@ def openai_conventions(server: Guarded) -> None:
 
 
 def rollout_clients_misuse(server: Guarded) -> None:
-    """Issue 56's surface, misused: what a request may make the server hold is bounded (choices, stop strings, the
+    """The rollout clients' surface, misused: what a request may make the server hold is bounded (choices, stop strings, the
     answer's size, a request id); prompts of token ids outside the vocabulary, booleans for integers, a temperature
     so small that its logits would overflow; and clients that leave a request of several choices, streamed or not,
     leave none of them running."""
@@ -89,7 +89,7 @@ def rollout_clients_misuse(server: Guarded) -> None:
     refused({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
             "messages[0]", "/v1/chat/completions")  # fmt: skip
     # A stranger's own chat template (unbounded memory and CPU in the tokenizer's threads), a lone surrogate, a
-    # penalty that overflows float32 (issue 56's hostile review: 5.5 GB, 500s, silently token 0).
+    # penalty that overflows float32 (5.5 GB, 500s, and token 0 sampled silently, before these were refused).
     refused({"messages": [{"role": "user", "content": "t3"}],
              "chat_template_kwargs": {"chat_template": "{{ 't3 ' * 100000000 }}"}}, "chat_template",
             "/v1/chat/completions")  # fmt: skip

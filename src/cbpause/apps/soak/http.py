@@ -4,7 +4,7 @@ Two server processes (a tiny random Llama; one queues requests during a pause, o
 ``--minutes`` (or ``--seconds``), with a printed seed:
 
 * completions from client threads, a share of them from clients that give up early (they disconnect) or send
-  bad input (which must get a 4xx); most with per-request sampling as RL rollout clients send it (issue 56: seeds,
+  bad input (which must get a 4xx); most with per-request sampling as RL rollout clients send it (R-SAMPLING: seeds,
   temperature, top-p, top-k, min-p, repetition penalty, ``n`` choices, stop strings, log-probabilities, token ids in
   and out, chat requests), whose answers must carry a log-probability per token, and whose seeds must give the same
   tokens under the same version whatever ran beside them and whatever windows came between (``seeded``: the answers
@@ -167,7 +167,7 @@ TOKEN_ARGUMENTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty
 
 def request_body(rng: random.Random, n: int) -> tuple[dict, int]:
     """A generation request of ``n`` tokens a choice, and its number of choices: mostly the checkpoint's sampling, a
-    text prompt; often per-request sampling as RL rollout clients send it (issue 56: a seed, temperature, top-p,
+    text prompt; often per-request sampling as RL rollout clients send it (R-SAMPLING: a seed, temperature, top-p,
     top-k, min-p, a repetition penalty, log-probabilities, token ids in and out, several choices, a stop string), a
     chat request sometimes."""
     if rng.random() < 0.4:
