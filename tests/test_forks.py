@@ -104,7 +104,9 @@ def test_a_tp_rank_that_exits_at_start_fails_the_engine_s_wait_at_once_named(tmp
     """Hostile review: a bad option on rank 1 alone left rank 0 waiting for its peer until the 300-s health wait
     ran out, and the message named the server that waited, not the one that exited."""
     from cbpause.testing.servers import serve_tp_processes
+    from cbpause.testing.trl_cpu import save_tiny_policy
 
+    checkpoint = save_tiny_policy(tmp_path / "tiny", vocab_size=32)  # rank 0 starts well and waits for its peer
     with pytest.raises(RuntimeError, match=r"TP rank 1 exited with 2 before"):  # argparse's exit status
-        with serve_tp_processes(tmp_path / "no-checkpoint", 2, rank_args=[(), ("--bogus",)]):
+        with serve_tp_processes(checkpoint, 2, rank_args=[(), ("--bogus",)]):
             pass

@@ -80,8 +80,19 @@ def _die_with_the_fork_server() -> None:
     parent = os.getppid()
     with contextlib.suppress(OSError, AttributeError):  # not Linux: a fork server's death leaves its children
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # it died before the line above
+    # The fork server died before the line above: while this child was still unpickling its work, or even before the
+    # first line, when this child was already someone else's (init's) and the death signal will never come.
+    if os.getppid() != parent or not _a_fork_server(parent):
         os._exit(1)
+
+
+def _a_fork_server(pid: int) -> bool:
+    """Whether process ``pid`` is a fork server of multiprocessing (True where ``/proc`` cannot tell)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"multiprocessing.forkserver" in cmdline.read()
+    except OSError:
+        return True
 
 
 def _enter(env: Mapping[str, str], log: str) -> None:

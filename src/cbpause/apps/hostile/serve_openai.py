@@ -65,10 +65,10 @@ def openai_conventions(server: Guarded) -> None:
 
 
 def rollout_clients_misuse(server: Guarded) -> None:
-    """The rollout clients' surface, misused: what a request may make the server hold is bounded (choices, stop strings, the
-    answer's size, a request id); prompts of token ids outside the vocabulary, booleans for integers, a temperature
-    so small that its logits would overflow; and clients that leave a request of several choices, streamed or not,
-    leave none of them running."""
+    """The rollout clients' surface, misused: what a request may make the server hold is bounded (choices, stop
+    strings, the answer's size, a request id); prompts of token ids outside the vocabulary, booleans for integers, a
+    temperature so small that its logits would overflow; and clients that leave a request of several choices, streamed
+    or not, leave none of them running."""
     import httpx
 
     def refused(body: dict, named: str, route: str = "/v1/completions") -> None:

@@ -40,7 +40,7 @@ def leases_under_races() -> None:
                 raise Wrong(f"LeaseGone for a lease that is {lease.state}") from None
         table.resume_lease(lease.id) if lease.state == "held" else None
     app = __import__("fastapi").FastAPI()
-    control._weight_routes(app, manager, table, None)
+    control._weight_routes(app, manager, table, None, None)  # no weights directory, no metrics: the lease checks only
     with TestClient(app) as http:
         for bad in (123, ["x"], None):
             status = http.post("/update_weight_version", json={"lease_id": bad, "weight_version": 1}).status_code
