@@ -1,8 +1,9 @@
-"""``cbpause serve``: transformers' OpenAI-compatible server on a cbpause manager, with pauses leased over HTTP.
+"""``cbpause serve``: the OpenAI requests RL rollout clients send, on a cbpause manager, with pauses leased over HTTP.
 
-The serving layer (issue 29).  :func:`build_app` assembles transformers serve's app
-(:mod:`cbpause.integrations.serving`, the only module that knows its internals) with the control routes
-(:mod:`.control`), the leases (:mod:`.leases`) and the metrics (:mod:`.metrics`).  ``python -m cbpause.serve
+The serving layer.  :func:`build_app` assembles transformers serve's app (:mod:`cbpause.integrations.serving`, the
+only module that knows its internals) with the OpenAI routes (:mod:`.openai`: per-request sampling, token ids,
+log-probabilities), the control routes (:mod:`.control`), the leases (:mod:`.leases`), the KV cache's size
+(:mod:`.capacity`) and the metrics (:mod:`.metrics`).  ``python -m cbpause.serve
 CHECKPOINT`` or ``cbpause serve CHECKPOINT`` runs it; ``docs/serving.md`` is its manual.
 """
 
