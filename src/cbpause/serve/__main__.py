@@ -16,9 +16,10 @@ from .leases import MAX_LEASES
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cbpause serve", description="Serve a local checkpoint with the OpenAI "
-                                "requests RL rollout clients send (per-request sampling, seeds, log-probabilities, "
-                                "token ids) on a cbpause manager, with leased pauses over HTTP (docs/serving.md).")  # fmt: skip
+    description = ("Serve a local checkpoint with the OpenAI requests RL rollout clients send (per-request sampling, "
+                   "seeds, log-probabilities, token ids) on a cbpause manager, with leased pauses over HTTP "
+                   "(docs/serving.md).")  # fmt: skip
+    p = argparse.ArgumentParser(prog="cbpause serve", description=description)
     p.add_argument("checkpoint", help="a local model directory (config, weights, tokenizer)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
