@@ -9,6 +9,7 @@ import json
 import re
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -59,6 +60,23 @@ def client(server):
 
 def post(url: str, **kwargs):
     return httpx.post(url, timeout=HANG_S, **kwargs)
+
+
+def events_of(lines) -> Iterator[dict]:
+    """The data events of a server-sent stream, read lazily: a test stops reading where it acts on the server."""
+    return (json.loads(line[6:]) for line in lines if line.startswith("data: {"))
+
+
+def token_ids(events) -> list[int]:
+    return [t for e in events if e.get("choices") for t in e["choices"][0].get("token_ids") or []]
+
+
+def until_first_tokens(events) -> list[int]:
+    """Reads a stream until it has sent a token: the request is in flight, with a position to keep."""
+    for event in events:
+        if tokens := token_ids([event]):
+            return tokens
+    raise AssertionError("the stream ended before its first token")
 
 
 def text_of(tokens: list[int]) -> str:
@@ -234,20 +252,13 @@ def test_a_seeded_request_keeps_its_place_and_its_stream_across_a_pause(server, 
     body = {"prompt": [3, 4], "max_tokens": 400, "temperature": 1.0, "seed": 99, "stream": True,
             "return_token_ids": True}  # fmt: skip
     expected = post(url + "/v1/completions", json={**body, "stream": False}).json()["choices"][0]["token_ids"]
-    tokens = []
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=HANG_S) as answer:
-        lines = answer.iter_lines()
-        for line in lines:
-            if line.startswith("data: {"):
-                tokens += json.loads(line[6:])["choices"][0].get("token_ids") or []
-                if tokens:
-                    break
+        events = events_of(answer.iter_lines())
+        tokens = until_first_tokens(events)
         lease = post(url + "/pause", json={"mode": mode}).json()
         assert "lease_id" in lease, lease
         post(url + "/resume", json={"lease_id": lease["lease_id"]})
-        for line in lines:
-            if line.startswith("data: {") and json.loads(line[6:])["choices"]:
-                tokens += json.loads(line[6:])["choices"][0].get("token_ids") or []
+        tokens += token_ids(events)
     assert tokens == expected
 
 
@@ -309,18 +320,13 @@ def test_the_metrics_table_of_the_docs_is_the_exposition_s():
 def test_an_abort_pause_ends_a_stream_with_a_retryable_error_event_labelled_with_what_it_sent(server):
     url = server[0]
     body = {"prompt": [3, 4], "max_tokens": 3000, "seed": 2, "stream": True, "return_token_ids": True}
-    sent, events = [], []
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=HANG_S) as answer:
-        lines = answer.iter_lines()
-        for line in lines:
-            if line.startswith("data: {"):
-                sent += json.loads(line[6:])["choices"][0].get("token_ids") or []
-                if sent:
-                    break
+        stream = events_of(answer.iter_lines())
+        sent = until_first_tokens(stream)
         lease = post(url + "/pause", json={"mode": "abort"}).json()
         post(url + "/resume", json={"lease_id": lease["lease_id"]})
-        events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
-    sent += [t for e in events if e.get("choices") for t in e["choices"][0].get("token_ids") or []]
+        events = list(stream)
+    sent += token_ids(events)
     last = events[-1]
     assert last["error"]["code"] == 503 and "abort" in last["error"]["message"], last
     assert last["weight_versions"] == [[0, None]] and len(sent) < 3000, (last, len(sent))
@@ -388,18 +394,13 @@ def test_a_stream_the_staleness_bound_restarts_ends_with_a_retryable_error_label
         post(url + "/update_weight_version", json={"lease_id": lease, "weight_version": 0})
         post(url + "/resume", json={"lease_id": lease})
         body = {"prompt": [3, 4], "max_tokens": 3000, "stream": True, "return_token_ids": True, "seed": 5}
-        sent = []
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=HANG_S) as answer:
-            lines = answer.iter_lines()
-            for line in lines:
-                if line.startswith("data: {"):
-                    sent += json.loads(line[6:])["choices"][0].get("token_ids") or []
-                    if sent:
-                        break
+            stream = events_of(answer.iter_lines())
+            until_first_tokens(stream)
             lease = post(url + "/pause", json={"mode": "keep"}).json()["lease_id"]
             post(url + "/update_weight_version", json={"lease_id": lease, "weight_version": 1})
             post(url + "/resume", json={"lease_id": lease})
-            events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+            events = list(stream)
         last = events[-1]
         assert last["error"]["code"] == 503 and "staleness" in last["error"]["message"], last
         assert last["weight_versions"] == [[0, 0]], last

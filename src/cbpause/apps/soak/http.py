@@ -62,6 +62,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -188,6 +189,24 @@ def request_body(rng: random.Random, n: int) -> tuple[dict, int]:
     return body, choices
 
 
+def twice_at_once(send: Callable[[], httpx.Response]) -> tuple[list, bool]:
+    """Sends one request from two threads at once: the answers (a response, or the transport's error) and whether
+    the other thread is still waiting past the hang bound."""
+    answers: list = []
+
+    def once() -> None:
+        try:
+            answers.append(send())
+        except httpx.HTTPError as error:
+            answers.append(error)
+
+    other = threading.Thread(target=once, name="twice-at-once")
+    other.start()
+    once()
+    other.join(timeout=HANG_S + 5)
+    return answers, other.is_alive()
+
+
 def duplicate_pair(url: str, http: httpx.Client, ledger: Ledger, rng: random.Random) -> None:
     """Issue 39, point 2: a duplicate id stole the answer of the request in flight.  Both are answered: the first
     with its tokens (or a 503 during a pause on the rejecting server), the second with them too or a 409."""
@@ -196,19 +215,8 @@ def duplicate_pair(url: str, http: httpx.Client, ledger: Ledger, rng: random.Ran
     with ledger.lock:
         ledger.sent[url] += 2
     ledger.count("requests", 2)
-    answers: list = []
-
-    def send() -> None:
-        try:
-            answers.append(http.post(url + "/v1/completions", json=body, headers={"x-request-id": rid}))
-        except httpx.HTTPError as error:
-            answers.append(error)
-
-    first = threading.Thread(target=send, name="duplicate-first")
-    first.start()
-    send()
-    first.join(timeout=HANG_S + 5)
-    if first.is_alive() or len(answers) != 2:
+    answers, hung = twice_at_once(lambda: http.post(url + "/v1/completions", json=body, headers={"x-request-id": rid}))
+    if hung or len(answers) != 2:
         ledger.count("hangs")
         ledger.problem(f"{url}: a duplicate pair got {len(answers)} answers")
         return
@@ -236,20 +244,9 @@ def twin_pair(url: str, http: httpx.Client, ledger: Ledger, rng: random.Random) 
     with ledger.lock:
         ledger.sent[url] += 2 * choices
     ledger.count("requests", 2)
-    answers: list = []
-
-    def send() -> None:
-        try:
-            answers.append(http.post(url + route_of(body), json=body))
-        except httpx.HTTPError as error:
-            answers.append(error)
-
-    other = threading.Thread(target=send, name="twin")
-    other.start()
-    send()
-    other.join(timeout=HANG_S + 5)
-    if other.is_alive() or any(not isinstance(a, httpx.Response) for a in answers):
-        ledger.count("hangs" if other.is_alive() else "lost")
+    answers, hung = twice_at_once(lambda: http.post(url + route_of(body), json=body))
+    if hung or any(not isinstance(a, httpx.Response) for a in answers):
+        ledger.count("hangs" if hung else "lost")
         ledger.problem(f"{url}: a twin pair got {answers}")
         return
     for a in answers:
