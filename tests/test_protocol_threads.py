@@ -595,3 +595,41 @@ def test_a_steady_window_without_peers_replays_its_close_and_barrier_from_a_memo
     assert [len(r) for r in remembered] == [0, 2], remembered
     assert slow == [True], slow  # the second window with the barrier replayed the pair (pause_window's tail)
     assert all(s.phase == "body" for s in ends) and ends[2] is ends[3], ends
+
+
+def test_a_pause_from_a_signal_handler_on_the_loop_s_thread_is_refused_at_any_line():
+    """A signal handler runs on the main thread, between any two bytecodes of it: when the main thread is the loop,
+    a pause asked there is the loop's own (D4), and it lands inside the protocol's own transitions too.  Each is the
+    D4 refusal, before the lock, and the loop goes on with nothing changed."""
+    import signal
+
+    status = ours()
+    loop = FakeLoop(status)
+    outcomes: list[BaseException | str] = []
+
+    def handler(signum, frame):
+        try:
+            status.request_and_enter_pause(loop.wake, timeout=HANG_S)
+            outcomes.append("entered")
+        except BaseException as error:  # noqa: BLE001 -- every outcome is checked below
+            outcomes.append(error)
+
+    def step(loop):
+        if loop.steps == 1:  # the loop's thread is known from its first look at the pause request on
+            signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
+        if len(outcomes) >= 200 and status.local_status == status.DONT_STOP:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            loop.work = 3
+            status.request_stop(status.FLUSH_AND_STOP, 0)
+
+    loop.hooks["step"] = step
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        status.clear()
+        loop.run()  # on this, the main, thread
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    refused = [o for o in outcomes if isinstance(o, RuntimeError) and "own thread" in str(o)]
+    assert len(refused) == len(outcomes) >= 200, [o for o in outcomes if o not in refused][:3]
+    assert loop.error is None and not loop.violations and status.state.count == 0

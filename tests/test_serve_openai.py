@@ -341,8 +341,9 @@ def test_what_the_hostile_review_found_is_a_400_or_served_never_a_500(server):
     user = [{"role": "user", "content": "t3"}]
     refused = [
         ("/v1/completions", '{"prompt":"\\ud800","max_tokens":2}', "prompt"),
-        ("/v1/completions", '{"prompt":["t3","\\udfff"],"max_tokens":2}', "prompt"),
-        ("/v1/chat/completions", '{"messages":[{"role":"user","content":"\\ud800"}],"max_tokens":2}', "prompt"),
+        ("/v1/completions", '{"prompt":["t3","\\udfff"],"max_tokens":2}', "prompt[1]"),
+        ("/v1/chat/completions", '{"messages":[{"role":"user","content":"\\ud800"}],"max_tokens":2}',
+         "messages[0].content"),
         *[("/v1/chat/completions", json.dumps({"messages": user, "max_tokens": 2, "chat_template_kwargs": kwargs}),
            next(iter(kwargs))) for kwargs in (  # fmt: skip
             {"add_generation_prompt": False}, {"tokenize": False}, {"conversation": []}, {"documents": 5},

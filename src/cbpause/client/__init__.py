@@ -47,6 +47,7 @@ __all__ = ["Fleet", "FleetError"]
 logger = logging.getLogger("cbpause.client")
 
 RENEWALS_PER_TTL = 3  # renew every ttl / 3: two renewals may be lost before a lease expires
+MIN_RENEW_S = 0.05  # however short the ttl, a fleet renews each lease at most 20 times a second
 SIGNAL_CHECK_S = 0.2  # how soon a Ctrl-C interrupts a wait for the servers' pauses
 
 
@@ -113,8 +114,12 @@ class Fleet:
         """``TrainerPause`` on every server; renewals while the block runs; ``TrainerRelease`` at its end.
 
         ``timeout``: seconds each server may take to open its window (``None``: no limit); ``ttl``: seconds a lease
-        lives without a renewal (renewed every ``ttl / 3``).  Both are checked here, before any server is asked
-        (``ValueError``).  A server that answers without a lease id counts as failed; whatever fails, the leases
+        lives without a renewal (renewed every ``ttl / 3``, and at most every :data:`MIN_RENEW_S`: a ttl shorter than
+        three times that may expire between renewals).  Both are checked here, before any server is asked
+        (``ValueError``).  With no ``timeout``, each server must first answer ``GET /health`` within the fleet's
+        ``request_timeout``, and the pause's connection is bounded by it too: only the wait for the window is not
+        (a server that accepts connections and never answers fails, it does not hold the call for ever).  A server
+        that answers without a lease id counts as failed; whatever fails, the leases
         already taken are resumed before :class:`FleetError` is raised, and so they are if the call is interrupted.
         """
         if mode not in MODES:
@@ -131,8 +136,8 @@ class Fleet:
             raise FleetError("could not pause", failed)
         self.leases, self.lost = taken, {}
         stop = threading.Event()
-        renewer = threading.Thread(target=self._renew, args=(stop, ttl / RENEWALS_PER_TTL), daemon=True,
-                                   name="cbpause-fleet-renewer")  # fmt: skip
+        every = max(ttl / RENEWALS_PER_TTL, MIN_RENEW_S)
+        renewer = threading.Thread(target=self._renew, args=(stop, every), daemon=True, name="cbpause-fleet-renewer")
         renewer.start()
         try:
             yield self
@@ -295,7 +300,8 @@ class Fleet:
 
         def ask(url: str) -> None:
             try:
-                r: Any = self._post(url, "/pause", body, timeout=wait, forever=forever, http=http)
+                r: Any = self._alive(url, http) if forever else None
+                r = r or self._post(url, "/pause", body, timeout=wait, forever=forever, http=http)
             except BaseException as error:  # noqa: BLE001 -- reported, as _each does
                 r = f"{type(error).__name__}: {error}"
             lease = r.get("lease_id") if isinstance(r, dict) else None
@@ -365,12 +371,22 @@ class Fleet:
             if not isinstance(r, dict):
                 logger.warning("resuming %s failed (%s); its lease expires within its ttl", url, r)
 
+    def _alive(self, url: str, http: httpx.Client) -> str | None:
+        """None if the server answers ``GET /health`` within ``request_timeout``; else why not."""
+        try:
+            response = http.get(url + "/health", timeout=self.request_timeout)
+        except httpx.HTTPError as error:
+            return f"no answer to /health within {self.request_timeout} s ({type(error).__name__}: {error})"
+        return None if response.status_code == 200 else f"{response.status_code} from /health: {response.text[:200]}"
+
     def _post(self, url: str, route: str, body: dict, timeout: float | None = None, forever: bool = False,
               http: httpx.Client | None = None) -> dict | str:  # fmt: skip
         """The answer's JSON, or a text saying why there is none (the status and the server's message).  ``timeout``
-        (default ``request_timeout``) bounds the request, unless ``forever``."""
+        (default ``request_timeout``) bounds the request; ``forever``: only its connection is bounded, not the wait
+        for its answer."""
+        limit = self.request_timeout
         try:
-            bound = None if forever else (timeout or self.request_timeout)
+            bound = httpx.Timeout(None, connect=limit, write=limit, pool=limit) if forever else (timeout or limit)
             response = (http or self._http).post(url + route, json=body, timeout=bound)
         except httpx.HTTPError as error:
             return f"no answer ({type(error).__name__}: {error})"

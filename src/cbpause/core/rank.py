@@ -231,8 +231,8 @@ class RankCore:
         """R-NO-SELF-PAUSE (D4): a pause asked from the loop's own thread would wait for itself."""
         if self._loop_thread is not None and self._loop_thread == threading.get_ident():
             raise RuntimeError(
-                "pause() called from the generation loop's own thread (a callback or logits processor): "
-                "the loop would wait for itself"
+                "pause() called from the generation loop's own thread (a callback, a logits processor, a signal "
+                "handler while the loop runs on the main thread): the loop would wait for itself"
             )
 
     def _release_dead_holders(self) -> int:

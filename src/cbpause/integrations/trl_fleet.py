@@ -25,6 +25,7 @@ import itertools
 import logging
 import queue
 import random
+import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -143,6 +144,9 @@ class FleetEngine:
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="cbpause-fleet-engine")
         self._results: queue.Queue = queue.Queue()
         self._ids, self._next = itertools.count(), itertools.cycle(range(len(self.urls)))
+        # Two engines (two workers, two trainers) on one server must never send the same id: the server refuses an
+        # id still in flight, and a trace names each request by it.
+        self._prefix = f"fleet-{secrets.token_hex(6)}"
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -152,7 +156,7 @@ class FleetEngine:
     def add_request(self, prompt_ids: list[int], max_new_tokens: int) -> str | None:
         if self._closed:
             return None
-        request_id = f"fleet-{next(self._ids)}"
+        request_id = f"{self._prefix}-{next(self._ids)}"
         url = self.urls[next(self._next)]
         self._pool.submit(self._complete, url, request_id, list(prompt_ids), max_new_tokens)
         return request_id
@@ -189,7 +193,7 @@ class FleetEngine:
                     if "aborted" in detail:  # an abort pause or the staleness bound ended it: the worker resubmits
                         self._results.put(_Answer(request_id, error=f"{ABORTED_BY_PAUSE} (on {url}): {detail}"))
                         return
-                    time.sleep(float(r.headers["Retry-After"]))  # refused during a pause: sent again, as asked
+                    time.sleep(_retry_after(r.headers["Retry-After"]))  # refused during a pause: sent again, as asked
                     continue
                 break
             if r.status_code != 200:
@@ -205,3 +209,15 @@ class FleetEngine:
             self._results.put(_Answer(request_id, tokens, logprobs, versions))
         except Exception as error:  # noqa: BLE001 -- the worker sees it as a failed request
             self._results.put(_Answer(request_id, error=f"{type(error).__name__}: {error}"))
+
+
+MAX_RETRY_AFTER_S = 30.0  # however long a server asks a refused request to wait: close() waits for that sleep
+
+
+def _retry_after(header: str) -> float:
+    """A ``Retry-After`` in seconds, within ``[0.05, MAX_RETRY_AFTER_S]`` (1 s when it is not a number)."""
+    try:
+        seconds = float(header)
+    except ValueError:
+        return 1.0
+    return min(max(seconds, 0.05), MAX_RETRY_AFTER_S) if seconds == seconds else 1.0

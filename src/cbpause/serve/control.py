@@ -59,6 +59,9 @@ COMPAT: dict[tuple[str, str, bool | None], tuple[str, str]] = {
 NEEDS_LEASE = "a weight update needs the lease_id of a pause this server holds"
 
 
+MAX_VERSION_CHARS = 256  # a version names a policy: a step number, a hash, a run name
+
+
 class BadRequest(ValueError):
     """Input the server refuses (a 400)."""
 
@@ -366,10 +369,17 @@ def copy_and_commit(leases: LeaseTable, lease: Any, manager: Any, tensors: dict,
 
 
 def weight_version_of(body: dict) -> Any:
-    """The body's ``weight_version``: an integer, a string or ``None``; ``BadRequest`` (a 400) for anything else."""
+    """The body's ``weight_version``: an integer of 64 bits, a string of at most :data:`MAX_VERSION_CHARS` characters,
+    or ``None``; ``BadRequest`` (a 400) for anything else, before anything is set.  The bounds are what every answer
+    and ``/metrics`` can carry: a version the server took must never make it unable to answer (a lone surrogate is the
+    guard's 400)."""
     v = body.get("weight_version")
     if v is not None and (isinstance(v, bool) or not isinstance(v, (int, str))):
-        raise BadRequest(f"weight_version must be an integer, a string or null, not {v!r}")
+        raise BadRequest(f"weight_version must be an integer, a string or null, not {v!r}"[:300])
+    if isinstance(v, int) and not -(2**63) <= v < 2**63:
+        raise BadRequest("weight_version must be an integer of 64 bits (as /metrics carries it)")
+    if isinstance(v, str) and len(v) > MAX_VERSION_CHARS:
+        raise BadRequest(f"weight_version must be a string of at most {MAX_VERSION_CHARS} characters")
     return v
 
 

@@ -50,15 +50,6 @@ TEMPLATE_ARGUMENTS = frozenset({
 })  # fmt: skip
 
 
-def valid_text(text: str) -> bool:
-    """Whether ``text`` is valid Unicode (JSON may carry a lone surrogate, ``"\\ud800"``, which no tokenizer takes)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 class OpenAIError(ValueError):
     """A request this server refuses: ``status`` (400 by default) and a message naming what is refused."""
 
@@ -155,8 +146,8 @@ def _common(body: dict, served: Served, keys: set[str], errors: list[str]) -> di
         stops = tuple(stop)
     elif stop is not None:
         errors.append(f"stop={stop!r} (a string or a list of strings)")
-    if len(stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS or not valid_text(s) for s in stops):
-        errors.append(f"stop: at most {MAX_STOPS} strings of 1 to {MAX_STOP_CHARS} characters of valid Unicode")
+    if len(stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+        errors.append(f"stop: at most {MAX_STOPS} strings of 1 to {MAX_STOP_CHARS} characters")
         stops = ()
     stop_ids = body.get("stop_token_ids")
     ids: tuple[int, ...] = ()
@@ -239,8 +230,6 @@ def parse_completion(body: dict, served: Served) -> Generation:
                       f"[0, {served.vocab_size}), or a list of such lists)")  # fmt: skip
     if any(isinstance(p, str) and not p for p in prompts):
         errors.append("prompt: an empty string")
-    if any(isinstance(p, str) and not valid_text(p) for p in prompts):
-        errors.append("prompt: not valid Unicode (a lone surrogate)")
     max_tokens = _positive_int(errors, "max_tokens", body.get("max_tokens"))
     logprobs = _logprobs_count(errors, "logprobs", body.get("logprobs"))
     best_of = body.get("best_of")
@@ -305,10 +294,6 @@ def _message_problem(message: Any) -> str | None:
     if message.get("role") not in ("system", "developer", "user", "assistant", "tool"):
         return f"role {message.get('role')!r}"
     content = message.get("content")
-    texts = [content] if isinstance(content, str) else [p.get("text") for p in content if isinstance(p, dict)] \
-        if isinstance(content, list) else []  # fmt: skip
-    if any(isinstance(t, str) and not valid_text(t) for t in texts):
-        return "content is not valid Unicode (a lone surrogate): the prompt cannot be tokenized"
     if isinstance(content, str) or (content is None and message.get("role") == "assistant"):
         return None
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"

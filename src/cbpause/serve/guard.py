@@ -10,7 +10,9 @@ routes alike), so that no route can forget a rule:
   byte is read, or as soon as a chunked body passes the limit: the server never holds more than that per request.
 * **JSON.** A ``POST`` body declared JSON (or with no ``Content-Type``) that is not JSON a route can read
   (malformed, an integer too long for Python to parse, nesting too deep, a top level that is not an object) is a
-  ``400`` before any route sees it, so that no route's own parser ends in a ``500``.  The body, read once, is handed
+  ``400`` before any route sees it, so that no route's own parser ends in a ``500``.  So is a string that is not
+  valid Unicode (a lone surrogate, ``"\\ud800"``, which JSON can carry and UTF-8 cannot): a route that stored one (a
+  weight version, a holder's name) could no longer answer anything that names it.  The body, read once, is handed
   on to the route unchanged.
 
 Decisions (``docs/serving.md``): the limits hold for every route; ``/health`` stays open, since a load balancer's
@@ -36,7 +38,8 @@ class BadJSON(ValueError):
 def parse_json_object(raw: bytes) -> dict | None:
     """The JSON object in ``raw``; ``None`` for an empty body; :class:`BadJSON` for anything else a route cannot
     read: bytes that are not UTF-8 or not JSON, nesting deeper than the parser recurses (``RecursionError``), an
-    integer of more digits than Python parses (``int_max_str_digits``), a top level that is not an object."""
+    integer of more digits than Python parses (``int_max_str_digits``), a top level that is not an object, a string
+    (a key or a value) that is not valid Unicode."""
     if not raw.strip():
         return None
     try:
@@ -45,7 +48,38 @@ def parse_json_object(raw: bytes) -> dict | None:
         raise BadJSON(f"malformed JSON: {error}") from None
     if not isinstance(body, dict):
         raise BadJSON(f"the body must be a JSON object, not {type(body).__name__}")
+    if b"\\u" in raw and (where := _lone_surrogate(body, "")) is not None:  # only an escape can carry one
+        raise BadJSON(f"{where or 'a key'}: not valid Unicode (a lone surrogate)")
     return body
+
+
+def _valid(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (JSON may carry a lone surrogate, ``"\\ud800"``, which UTF-8 cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _lone_surrogate(value: Any, path: str) -> str | None:
+    """The path of a string in ``value`` that is not valid Unicode (``messages[0].content``), or None.  An
+    explicit stack, not recursion: the parser took the nesting, but the body may sit near the recursion limit."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if not _valid(item):
+                return where
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                name = f"{where}.{key}" if where else key
+                if not _valid(key):
+                    return where or "a key"
+                stack.append((inner, name))
+        elif isinstance(item, list):
+            stack.extend((inner, f"{where}[{i}]") for i, inner in enumerate(item))
+    return None
 
 
 class Guard:

@@ -84,6 +84,7 @@ class ServerMetrics:
         self.leases_held.set(len(self.leases.held()))
         self.in_flight.set(len(self.manager._live_ids))
         version = self.manager.weight_version
-        self.version.set(version if isinstance(version, int) and not isinstance(version, bool) else -1)
+        integer = isinstance(version, int) and not isinstance(version, bool) and abs(version) < 2**63
+        self.version.set(version if integer else -1)  # (an int past 1e308 would end the scrape)
         self.scrapes.inc()
         return generate_latest(self.registry)

@@ -35,6 +35,7 @@ from .serve_support import (
     resume,
     wait_in_flight,
 )
+from .serve_transfer import fleet_client_limits, values_no_answer_could_carry
 from .support import WAIT, Lost, Silent, Wrong
 
 __all__ = ["CASES", "Guarded", "VOCAB", "guarded_server", "serve_hostile_clients"]
@@ -494,7 +495,8 @@ CASES: dict[str, Callable[[Guarded], None]] = {case.__name__: case for case in (
     leaver_leaves_no_lease, bad_bodies, symlink_out_of_the_weights_dir, fifo_named_safetensors, strangers_are_refused,
     openai_conventions, rollout_clients_misuse, fleet_checks_and_releases, second_trainer_is_fenced,
     weight_groups_refuse_bad_input_and_are_capped, transfer_cut_while_receiving_keeps_the_weights,
-    sigterm_answers_and_exits, tp_engine_refuses_what_would_part_its_ranks, lease_log_is_a_behaviour,
+    sigterm_answers_and_exits, tp_engine_refuses_what_would_part_its_ranks, values_no_answer_could_carry,
+    fleet_client_limits, lease_log_is_a_behaviour,
 )}  # fmt: skip
 
 

@@ -1,0 +1,97 @@
+"""The hostile user of weight transfer and of the fleet's client limits: what a hostile round of the weight routes
+found besides the wire itself.  Cases of :data:`.serve_cases.CASES`, on the same guarded server."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from .serve_support import KEY, Guarded, call, check, lease, message, resume
+from .support import WAIT, Silent, Wrong
+
+__all__ = ["fleet_client_limits", "values_no_answer_could_carry"]
+
+
+def values_no_answer_could_carry(server: Guarded) -> None:
+    """A lone surrogate as a lease holder's name or a weight version was taken, and every answer that named it was a
+    400 from then on (``/is_paused``, ``/weight_info``, every completion); an integer version past 64 bits ended
+    ``/metrics``.  Each is a 400 before anything is set, and the server answers on."""
+    before = call("GET", server.url + "/weight_info").json()["weight_version"]
+    raw = {"content-type": "application/json"}
+    answer = call("POST", server.url + "/pause", content=b'{"holder": "\\ud800x", "ttl": 5}', headers=raw)
+    check(answer.status_code == 400 and "holder" in message(answer), f"a surrogate holder: {answer.status_code}")
+    held = lease(server.url)
+    try:
+        for version, named in ((b'"\\udc00v"', "weight_version"), (str(2**64).encode(), "64 bits"),
+                               (b'"' + b"v" * 300 + b'"', "256")):  # fmt: skip
+            body = b'{"lease_id": "' + held.encode() + b'", "weight_version": ' + version + b"}"
+            answer = call("POST", server.url + "/update_weight_version", content=body, headers=raw)
+            check(answer.status_code == 400 and named in message(answer),
+                  f"version {version[:20]!r}: {answer.status_code} {answer.text[:200]}")  # fmt: skip
+        answer = call("POST", server.url + "/init_weights_update_group", content=b'{"group_name": "\\udfff", '
+                      b'"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2}',
+                      headers=raw)  # fmt: skip
+        check(answer.status_code == 400, f"a surrogate group name: {answer.status_code}")
+    finally:
+        resume(server.url, held)
+    for route in ("/is_paused", "/weight_info", "/metrics", "/v1/models"):
+        answer = call("GET", server.url + route)
+        check(answer.status_code == 200, f"{route} after the refusals: {answer.status_code} {answer.text[:200]}",
+              Silent)  # fmt: skip
+    check(call("GET", server.url + "/weight_info").json()["weight_version"] == before, "a refused version was set")
+
+
+def fleet_client_limits(server: Guarded) -> None:
+    """``Fleet.pause(ttl=1e-6)`` renewed in a busy loop; ``Fleet.pause(timeout=None)`` against a server that accepts
+    connections and never answers waited for ever; two ``FleetEngine`` s on one server sent the same request ids."""
+    import httpx
+
+    from ...client import MIN_RENEW_S, Fleet, FleetError
+    from ...integrations.trl_fleet import FleetEngine
+
+    renewals: list[float] = []
+    enough = threading.Event()
+
+    def fake(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/renew"):
+            renewals.append(time.monotonic())
+            if len(renewals) >= 6:
+                enough.set()
+        return httpx.Response(200, json={"lease_id": "fake", "resumed": True})
+
+    fleet = Fleet(["http://fake"], transport=httpx.MockTransport(fake))
+    with fleet.pause(ttl=1e-6):
+        check(enough.wait(WAIT), "the renewals stopped", Silent)
+    spans = [b - a for a, b in zip(renewals, renewals[1:], strict=False)]
+    check(min(spans[:5]) >= MIN_RENEW_S * 0.9, f"renewals {spans[:5]} s apart: faster than one per {MIN_RENEW_S} s")
+
+    with socket.socket() as silent:  # accepts (the kernel's backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        outcome: dict = {}
+
+        def pause_for_ever() -> None:
+            try:
+                with Fleet([url], request_timeout=0.5).pause(timeout=None):
+                    outcome["entered"] = True
+            except FleetError as error:
+                outcome["error"] = error
+
+        thread = threading.Thread(target=pause_for_ever, daemon=True)
+        thread.start()
+        thread.join(WAIT)
+        check(not thread.is_alive(), "Fleet.pause(timeout=None) waits for ever on a server that never answers", Silent)
+        check("/health" in str(outcome.get("error")), f"a silent server: {outcome}")
+
+    engines = [FleetEngine([server.url], api_key=KEY) for _ in range(2)]
+    try:
+        ids = [engine.add_request([3, 4], 2) for engine in engines for _ in range(3)]
+        check(len(set(ids)) == len(ids), f"two engines on one server sent the same request ids: {ids}")
+        answers = [engine.get_result(timeout=WAIT) for engine in engines for _ in range(3)]
+        failed = [a.error for a in answers if a is None or a.error is not None]
+        check(not failed, f"requests of two engines on one server failed: {failed[:2]}", Wrong)
+    finally:
+        for engine in engines:
+            engine.close()
