@@ -208,9 +208,9 @@ def test_the_weight_sync_refuses_misuse_and_copies_nothing_after_a_bad_parameter
         assert torch.equal(params[names[0]], before[names[0]] + 1)  # the prefix was stripped, the copy made
         assert torch.equal(params[names[2]], before[names[2]])  # nothing after the faulty name
         assert manager.weight_version == PartialSync(1)
-        with pytest.raises(ValueError, match="engine's is"):
+        with pytest.raises(ValueError, match="the model's is"):
             sync.send_weights([(names[1], params[names[1]].double())])
-        with pytest.raises(ValueError, match="engine's is"):
+        with pytest.raises(ValueError, match="the model's is"):
             sync.send_weights([(names[1], params[names[1]][:1])])
         with pytest.raises(ValueError, match="no tensor"):  # issue 39, point 14: it counted as a full sync
             sync.send_weights(iter([]))

@@ -60,6 +60,7 @@ import torch  # noqa: E402
 from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, async_grpo_trainer, packing  # noqa: E402
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample  # noqa: E402
 
+from .manifest import entry, model_tensors  # noqa: E402
 from .modes import ABORTED_BY_PAUSE  # noqa: E402
 from .weights import STALE, PartialSync, engine_name  # noqa: E402
 
@@ -132,18 +133,12 @@ class PauseWeightSync:
         sync happened: the version is unchanged).  ``RuntimeError`` outside ``pause()``."""
         if self._pause is None:
             raise RuntimeError("send_weights() outside pause(): the loop would step while the weights change")
-        params = dict(self.manager.model.named_parameters())
+        own = model_tensors(self.manager.model)
         copied = 0
         try:
             with torch.no_grad():
                 for name, tensor in iterator:
-                    target = params.get(engine_name(name))
-                    if target is None:
-                        raise KeyError(f"the engine's model has no parameter {engine_name(name)!r} (sent as {name!r})")
-                    if target.shape != tensor.shape or target.dtype != tensor.dtype:
-                        raise ValueError(f"parameter {name!r}: the engine's is {tuple(target.shape)} {target.dtype}, "
-                                         f"the sent one {tuple(tensor.shape)} {tensor.dtype}")  # fmt: skip
-                    target.copy_(tensor)
+                    own[entry(own, name, tuple(tensor.shape), tensor.dtype).name].copy_(tensor)
                     copied += 1
         except BaseException:
             if copied:

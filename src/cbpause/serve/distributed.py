@@ -38,68 +38,18 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from ..client.weight_group import BACKENDS, DEFAULT_GROUP, WeightGroup
+from ..integrations.manifest import check_manifest
 from . import weights_io
 from .control import NEEDS_LEASE, _body, _jsonable, copy_and_commit, weight_version_of
 from .leases import Fenced, LeaseGone, LeaseTable, Superseded, UnknownLease, WriteBusy, checked_seconds
 
-__all__ = ["MAX_GROUPS", "MAX_JOIN_S", "MAX_STUCK", "WeightGroups", "add_distributed_routes", "check_manifest",
-           "dtype_of"]
+__all__ = ["MAX_GROUPS", "MAX_JOIN_S", "MAX_STUCK", "WeightGroups", "add_distributed_routes"]
 
 MAX_GROUPS = 4  # weight-update groups joining or joined at once: each holds sockets to every member
 MAX_JOIN_S = 600.0  # the longest a join may wait for the other members
 MAX_STUCK = 16  # joins past their timeout whose thread torch's store still holds (a master that never answers)
 JOIN_GRACE_S = 2.0  # past a join's own timeout, how long its route waits for torch to give up by itself
 DEFAULT_TIMEOUT_S = 60.0  # each collective's deadline, when the trainer names none
-
-
-def dtype_of(name: Any) -> Any:
-    """The torch dtype a manifest names as ``weight_info`` writes it (``"float32"``, ``"bfloat16"``), or
-    ``ValueError``."""
-    import torch
-
-    dtype = getattr(torch, name, None) if isinstance(name, str) and name.isidentifier() else None
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"{name!r} is not a torch dtype (as /weight_info names them: 'float32', 'bfloat16', ...)")
-    return dtype
-
-
-def check_manifest(model: Any, names: Any, dtypes: Any, shapes: Any) -> list[tuple[str, tuple[int, ...], Any]]:
-    """An update's tensors, ``(model's name, shape, dtype)`` in the order they will be broadcast, each checked against
-    the model's own tensor; ``ValueError`` naming every tensor refused, before anything is received."""
-    from ..integrations.weights import engine_name
-
-    if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)):
-        raise ValueError("names, dtypes and shapes must be lists")
-    if not names or not len(names) == len(dtypes) == len(shapes):
-        raise ValueError(f"names, dtypes and shapes must be as long as each other, and not empty: {len(names)}, "
-                         f"{len(dtypes)}, {len(shapes)}")  # fmt: skip
-    own = dict(model.state_dict(keep_vars=True))
-    refused, manifest, seen = [], [], set()
-    for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
-        if not isinstance(name, str) or (target := own.get(engine_name(name))) is None:
-            refused.append(f"{name!r}: the model has no such tensor")
-            continue
-        if engine_name(name) in seen:
-            refused.append(f"{name!r}: its tensor is named twice")
-            continue
-        seen.add(engine_name(name))
-        if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
-            refused.append(f"{name!r}: shape {shape!r} is not a list of integers")
-            continue
-        try:
-            torch_dtype = dtype_of(dtype)
-        except ValueError as error:
-            refused.append(f"{name!r}: {error}")
-            continue
-        if tuple(shape) != tuple(target.shape) or torch_dtype != target.dtype:
-            refused.append(f"{name!r} is {tuple(shape)} {dtype}; the model's is {tuple(target.shape)} "
-                           f"{str(target.dtype).removeprefix('torch.')}")  # fmt: skip
-            continue
-        manifest.append((engine_name(name), tuple(shape), torch_dtype))
-    if refused:
-        raise ValueError(f"refused before any transfer: {'; '.join(refused[:8])}"
-                         + (f"; and {len(refused) - 8} more" if len(refused) > 8 else ""))  # fmt: skip
-    return manifest
 
 
 class Refused(Exception):

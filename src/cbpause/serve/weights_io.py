@@ -63,44 +63,36 @@ def weight_files(path: Path, root: Path | None = None) -> list[Path]:
 
 
 def load_checked(model: Any, path: Path, root: Path | None = None) -> dict[str, Any]:
-    """The tensors under ``path`` keyed by the model's own names, each checked against the model's tensor: first
-    every name and shape from the files' headers (nothing loaded yet), then each tensor's dtype once loaded.  Only
-    the files :func:`weight_files` allows are opened."""
+    """The tensors under ``path`` keyed by the model's own names, each checked against the model's tensor
+    (:func:`~cbpause.integrations.manifest.entry`): first every name and shape from the files' headers (nothing loaded
+    yet), then each tensor's dtype once loaded.  Only the files :func:`weight_files` allows are opened."""
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
-    from ..integrations.weights import engine_name
+    from ..integrations.manifest import entry, model_tensors
 
     files = weight_files(path, root)
-    own = dict(model.state_dict(keep_vars=True))
+    own = model_tensors(model)
     tensors: dict[str, Any] = {}
     for file in files:  # the headers first: a file of the wrong model costs no read of its tensors
         try:
             with safe_open(str(file), framework="pt") as header:
                 for name in header.keys():
-                    target = own.get(engine_name(name))
-                    if target is None:
-                        raise ValueError(f"{file.name}: the model has no tensor {engine_name(name)!r} (written as "
-                                         f"{name!r})")  # fmt: skip
-                    shape = tuple(header.get_slice(name).get_shape())
-                    if shape != tuple(target.shape):
-                        raise ValueError(f"{file.name}: tensor {name!r} is {shape}; the model's is "
-                                         f"{tuple(target.shape)}")  # fmt: skip
+                    entry(own, name, tuple(header.get_slice(name).get_shape()), None)
         except (SafetensorError, OSError) as error:
             raise ValueError(f"{file.name}: not a readable safetensors file ({error})") from None
+        except ValueError as error:
+            raise ValueError(f"{file.name}: {error}") from None
     for file in files:
         try:
             loaded = load_file(str(file), device="cpu")
         except (SafetensorError, OSError) as error:
             raise ValueError(f"{file.name}: not a readable safetensors file ({error})") from None
         for name, tensor in loaded.items():
-            target = own.get(engine_name(name))
-            if target is None:
-                raise ValueError(f"{file.name}: the model has no tensor {engine_name(name)!r} (written as {name!r})")
-            if target.shape != tensor.shape or target.dtype != tensor.dtype:
-                raise ValueError(f"{file.name}: tensor {name!r} is {tuple(tensor.shape)} {tensor.dtype}; the model's "
-                                 f"is {tuple(target.shape)} {target.dtype}")  # fmt: skip
-            tensors[engine_name(name)] = tensor
+            try:
+                tensors[entry(own, name, tuple(tensor.shape), tensor.dtype).name] = tensor
+            except ValueError as error:
+                raise ValueError(f"{file.name}: {error}") from None
     if not tensors:
         raise ValueError(f"the safetensors file(s) at {str(path)!r} hold no tensor")
     return tensors
@@ -124,7 +116,9 @@ def copy_in(model: Any, tensors: dict[str, Any], alive: Any = None, lock: Any = 
 
     import torch
 
-    own = dict(model.state_dict(keep_vars=True))
+    from ..integrations.manifest import model_tensors
+
+    own = model_tensors(model)
     copied = 0
     with torch.no_grad():
         for name, tensor in tensors.items():
