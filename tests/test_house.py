@@ -84,9 +84,10 @@ def test_data_flows_down(layer):
     """The tooling, the testing kit, the integration and the server never import the applications (nor the server,
     but itself); the tooling and the testing kit never import the integration; the client imports nothing of cbpause.
     One exception: the server imports the weight-update group's wire protocol, which both ends speak
-    (``cbpause.client.weight_group``: torch only, nothing of the client's HTTP side)."""
+    (``cbpause.client.weight_group`` and its packed buckets, ``cbpause.client.buckets``: torch only, nothing of the
+    client's HTTP side)."""
     forbidden = {"cbpause.apps", "cbpause.client"} | ({"cbpause.serve"} if layer != "serve" else set())
-    allowed = {"cbpause.client.weight_group"} if layer == "serve" else set()
+    allowed = {"cbpause.client.weight_group", "cbpause.client.buckets"} if layer == "serve" else set()
     if layer == "client":  # its own modules only
         allowed = {module_name(path) for path in (SRC / "client").rglob("*.py")} | {"cbpause.client"}
     if layer not in ("integrations", "serve"):

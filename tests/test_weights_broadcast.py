@@ -23,6 +23,8 @@ from cbpause.testing import HANG_S  # noqa: E402
 from cbpause.testing.servers import serve_process  # noqa: E402
 
 from .conftest import TLA_DIR  # noqa: E402
+
+BUCKET = 64 * 1024  # the tiny model's 360 kB in several buckets: a failure can land between two of them
 from .test_serve import VOCAB, complete, policy  # noqa: E402
 
 # One process of CI's two runs the module, which starts its servers once (tests/conftest.py, _group_for_xdist).
@@ -113,14 +115,24 @@ def test_a_bad_manifest_is_a_4xx_on_every_server_with_nothing_copied_and_no_hang
     name = next(iter(new))
     bad = [("model.no_such.weight", torch.zeros(2)), (name, new[name].double()), (name, new[name][:1])]
     with Fleet(urls, request_timeout=HANG_S) as fleet:
-        fleet.init_weights_update_group("127.0.0.1", timeout=HANG_S)
         for pair in bad:
+            fleet.init_weights_update_group("127.0.0.1", timeout=HANG_S)
             with fleet.pause(ttl=HANG_S):
                 with pytest.raises(FleetError) as refused:
                     fleet.update_weights_from_distributed([pair], weight_version=9)
             assert set(refused.value.failed) == set(urls) and refused.value.updated == []
-            assert all(reason.startswith("400 ") for reason in refused.value.failed.values()), refused.value.failed
-            assert fleet.weight_group is not None  # a refusal is a vote: the group stays usable
+            assert all(reason.startswith("400 ") and "left the weight-update group" in reason
+                       for reason in refused.value.failed.values()), refused.value.failed  # fmt: skip
+            assert fleet.weight_group is None  # each server left the group at once: the trainer's vote failed
+        fleet.init_weights_update_group("127.0.0.1", timeout=HANG_S)
+        # A stock trainer casts no vote: its refused manifest is answered all the same, before any collective.
+        with fleet.pause(ttl=HANG_S):
+            body = {"group_name": fleet.weight_group.name, "names": ["model.no_such.weight"], "dtypes": ["float32"],
+                    "shapes": [[2]], "lease_id": fleet.leases[urls[0]]}
+            answer = httpx.post(urls[0] + "/update_weights_from_distributed", json=body, timeout=HANG_S)
+            assert answer.status_code == 400 and "no_such" in answer.text, answer.text
+        fleet.destroy_weights_update_group()
+        fleet.init_weights_update_group("127.0.0.1", timeout=HANG_S)
         # Not a tensor: refused before any server is asked (it blocked for the group's deadline: review).
         with fleet.pause(ttl=HANG_S), pytest.raises(ValueError, match="not a tensor"):
             fleet.update_weights_from_distributed([(name, new[name].detach().numpy())], weight_version=9)
@@ -160,20 +172,20 @@ def test_a_server_killed_mid_transfer_is_named_and_the_survivor_keeps_its_old_we
     arrived = threading.Event()
 
 
-    with Fleet(urls, request_timeout=HANG_S) as fleet:
+    with Fleet(urls, request_timeout=HANG_S, bucket_bytes=BUCKET) as fleet:
         fleet.init_weights_update_group("127.0.0.1", timeout=HANG_S)
         group = fleet.weight_group
-        send = group.send
+        broadcast, sent = group.broadcast, []
 
-        def send_then_kill(tensors):  # the first server dies once half the update has been sent
-            half = len(tensors) // 2
-            send(tensors[:half])
-            os.kill(processes[0].pid, signal.SIGKILL)
-            processes[0].wait(timeout=HANG_S)  # dead before the rest is sent: it can take no part in the last vote
-            arrived.set()
-            send(tensors[half:])
+        def broadcast_then_kill(tensor):  # the first server dies once bucket 0 has arrived whole
+            if len(sent) == 2:
+                os.kill(processes[0].pid, signal.SIGKILL)
+                processes[0].wait(timeout=HANG_S)  # dead before the rest is sent: it can take no part in the last vote
+                arrived.set()
+            sent.append(tensor)
+            broadcast(tensor)
 
-        group.send = send_then_kill
+        group.broadcast = broadcast_then_kill
         with fleet.pause(ttl=HANG_S):
             with pytest.raises(FleetError) as failed:
                 fleet.update_weights_from_distributed(big.named_parameters(), weight_version=5)
@@ -184,6 +196,11 @@ def test_a_server_killed_mid_transfer_is_named_and_the_survivor_keeps_its_old_we
     assert text(urls[1]) == before and info(urls[1])["weight_version"] is None
     actions = replays(logs[1], tmp_path / "survivor")
     assert "Received" not in actions and actions[-2:] == ["WriteFail", "ResumeLease"], actions
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started (a server's receiving process for a weight-update group)."""
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def stopped(pid: int) -> None:
@@ -205,22 +222,24 @@ def test_a_server_that_hangs_mid_transfer_costs_the_trainer_a_deadline_not_the_t
     with Fleet(urls, request_timeout=HANG_S) as fleet:
         fleet.init_weights_update_group("127.0.0.1", timeout=10)
         group, frozen = fleet.weight_group, []
-        send = group.send
+        broadcast = group.broadcast
 
-        def send_then_freeze(tensors):  # after the first vote, before any tensor: it can neither receive nor vote
-            os.kill(processes[0].pid, signal.SIGSTOP)
-            frozen.append(True)
-            stopped(processes[0].pid)
-            send(tensors)
+        def broadcast_then_freeze(tensor):  # after the first vote, before any bucket: it can neither receive nor vote
+            if not frozen:
+                for pid in (processes[0].pid, *children(processes[0].pid)):
+                    os.kill(pid, signal.SIGSTOP)
+                    frozen.append(pid)
+                    stopped(pid)
+            broadcast(tensor)
 
-        group.send = send_then_freeze
+        group.broadcast = broadcast_then_freeze
         with fleet.pause(ttl=HANG_S):
             try:
                 with pytest.raises(FleetError) as failed:
                     fleet.update_weights_from_distributed(policy(seed=21).named_parameters(), weight_version=7)
             finally:  # before the pause ends: its resume would wait for the frozen server
-                if frozen:
-                    os.kill(processes[0].pid, signal.SIGCONT)
+                for pid in frozen:
+                    os.kill(pid, signal.SIGCONT)
         assert "of the transfer's end" in failed.value.failed[urls[0]], failed.value.failed
         assert failed.value.updated == [] and fleet.weight_group is None
     assert text(urls[1]) == before and info(urls[1])["weight_version"] is None

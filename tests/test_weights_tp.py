@@ -125,7 +125,7 @@ def test_an_update_by_broadcast_reaches_every_rank_s_shard_and_labels_the_engine
         want = expected_text(new, PROMPT, 6).strip()
         assert text(urls[0]) == want != before
         assert [info(url)["weight_version"] for url in urls] == [1, 1]
-        # A bad manifest: a 4xx on every rank, nothing copied, the group still usable.
+        # A bad manifest: a 4xx at once on every rank, nothing copied; each rank left the group.
         name, tensor = next(iter(new.named_parameters()))
         with fleet.pause(ttl=HANG_S):
             with pytest.raises(FleetError) as refused:
@@ -133,6 +133,8 @@ def test_an_update_by_broadcast_reaches_every_rank_s_shard_and_labels_the_engine
         assert set(refused.value.failed) == set(urls)
         assert all(reason.startswith("400 ") for reason in refused.value.failed.values()), refused.value.failed
         assert text(urls[0]) == want and [info(url)["weight_version"] for url in urls] == [1, 1]
+        assert fleet.weight_group is None
+        fleet.init_weights_update_group("127.0.0.1", timeout=HANG_S)
         with fleet.pause(ttl=HANG_S):
             fleet.update_weights_from_distributed(policy(seed=8).named_parameters(), weight_version=2)
         assert text(urls[0]) == expected_text(policy(seed=8), PROMPT, 6).strip()
@@ -201,19 +203,19 @@ def test_a_fleet_pause_refused_on_one_rank_does_not_lose_the_engine(checkpoint, 
 def test_a_rank_killed_mid_transfer_is_named_and_the_engine_serves_no_mix(tp_engine_to_kill):
     urls, processes, _, _ = tp_engine_to_kill
     big = policy(seed=11)
-    with Fleet(urls, request_timeout=HANG_S) as fleet:
+    with Fleet(urls, request_timeout=HANG_S, bucket_bytes=64 * 1024) as fleet:
         fleet.init_weights_update_group("127.0.0.1", timeout=HANG_S)
         group = fleet.weight_group
-        send = group.send
+        broadcast, sent = group.broadcast, []
 
-        def send_then_kill(tensors):  # rank 1 dies once half the update has been sent
-            half = len(tensors) // 2
-            send(tensors[:half])
-            os.kill(processes[1].pid, signal.SIGKILL)
-            processes[1].wait(timeout=HANG_S)
-            send(tensors[half:])
+        def broadcast_then_kill(tensor):  # rank 1 dies once bucket 0 has arrived whole
+            if len(sent) == 2:
+                os.kill(processes[1].pid, signal.SIGKILL)
+                processes[1].wait(timeout=HANG_S)
+            sent.append(tensor)
+            broadcast(tensor)
 
-        group.send = send_then_kill
+        group.broadcast = broadcast_then_kill
         with fleet.pause(ttl=HANG_S):
             with pytest.raises(FleetError) as failed:
                 fleet.update_weights_from_distributed(big.named_parameters(), weight_version=5)

@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from .buckets import DEFAULT_BUCKET_BYTES, layout
 from .weight_group import DEFAULT_GROUP
 
 __all__ = ["Fleet", "FleetError"]
@@ -78,15 +79,19 @@ class Fleet:
     """A set of ``cbpause serve`` servers (their base URLs).  ``holder`` names this trainer in the servers' logs
     (default: host and process id).  ``request_timeout``: seconds for a control request beyond the pause's own
     timeout.  ``api_key``: the servers' ``--api-key`` (default: ``$CBPAUSE_API_KEY``), sent as a bearer token.
-    Thread-safe for one pause at a time."""
+    ``bucket_bytes``: the size of the packed, checked buckets a broadcast sends (:mod:`.buckets`; a server stages
+    two).  Thread-safe for one pause at a time."""
 
     def __init__(self, urls: Iterable[str], *, holder: str | None = None, request_timeout: float = 10.0,
-                 api_key: str | None = None, transport: Any = None) -> None:  # fmt: skip
+                 api_key: str | None = None, transport: Any = None,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:  # fmt: skip
         self.urls = [str(u).rstrip("/") for u in urls]
         if not self.urls or len(set(self.urls)) != len(self.urls):
             raise ValueError(f"a fleet needs one or more distinct server URLs, not {self.urls!r}")
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}"
         self.request_timeout = _seconds("request_timeout", request_timeout, none=False, zero=False)
+        layout([], bucket_bytes)  # ValueError for a size out of bounds, before any server is asked
+        self.bucket_bytes = bucket_bytes
         api_key = api_key if api_key is not None else os.environ.get("CBPAUSE_API_KEY") or None
         headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
         self._client_options = {"timeout": request_timeout, "transport": transport, "headers": headers}
@@ -220,7 +225,7 @@ class Fleet:
             raise FleetError("missed the update", {url: f"lease lost: {why}" for url, why in lost.items()})
         body = {"names": [n for n, _ in pairs], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in pairs],
                 "shapes": [list(t.shape) for _, t in pairs], "group_name": group.name,
-                "weight_version": weight_version}  # fmt: skip
+                "weight_version": weight_version, "bucket_bytes": self.bucket_bytes}  # fmt: skip
         # A server answers once the collectives ended, but for the copy from its buffers: the request's bound is the
         # whole transfer's, and the trainer waits for the answers one group timeout past its own collectives' end,
         # so that a server that hangs costs a deadline, not the transfer's bound (found by review: 135 s).
@@ -233,7 +238,7 @@ class Fleet:
                      for url in self.urls}  # fmt: skip
             try:
                 if group.vote(True):
-                    group.send([t for _, t in pairs])
+                    group.send([t for _, t in pairs], self.bucket_bytes)
                     sent = group.vote(True)
             except BaseException as error:
                 # A collective failed (or the call was interrupted in one): the group is unusable on every member.

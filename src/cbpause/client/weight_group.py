@@ -24,6 +24,8 @@ import datetime
 import threading
 from typing import Any
 
+from . import buckets
+
 __all__ = ["BACKENDS", "DEFAULT_GROUP", "WeightGroup"]
 
 BACKENDS = ("gloo", "nccl")
@@ -72,23 +74,60 @@ class WeightGroup:
         self._collective(lambda: self._group.allreduce([flag], _min_op(self.timeout)))
         return bool(flag.item())
 
-    def send(self, tensors: list[Any]) -> None:
-        """Rank 0: broadcast each tensor, in the order of the receivers' manifest."""
-        for tensor in tensors:
-            data = tensor.detach().contiguous().to(self.device)
-            self._collective(lambda data=data: self._group.broadcast(data, 0, self.timeout))
+    def broadcast(self, tensor: Any) -> None:
+        """One broadcast from rank 0 of ``tensor`` (contiguous, on this member's device), within the deadline."""
+        self._collective(lambda: self._group.broadcast(tensor, 0, self.timeout))
 
-    def receive(self, manifest: list[tuple[str, tuple[int, ...], Any]], progress: Any = None) -> dict[str, Any]:
-        """A receiving rank: every tensor of ``manifest`` (:func:`check_manifest`), each into a buffer of its own
-        (staging); ``RuntimeError`` if a peer leaves or a broadcast passes the deadline, with nothing returned.
-        ``progress()`` is called after each tensor (the lease table pushes the write's deadline on)."""
+    def send(self, tensors: list[Any], bucket_bytes: int | None = None) -> None:
+        """Rank 0: broadcast ``tensors``, in the order of the receivers' manifest: packed into buckets of
+        ``bucket_bytes`` (:mod:`.buckets`: each a header and its bytes), or, with ``None``, one broadcast per tensor
+        (the format of a stock trainer, which carries no check)."""
         import torch
 
-        received = {}
-        for name, shape, dtype in manifest:
-            buffer = torch.empty(shape, dtype=dtype, device=self.device)
-            self._collective(lambda buffer=buffer: self._group.broadcast(buffer, 0, self.timeout))
-            received[name] = buffer
+        if bucket_bytes is None:
+            for tensor in tensors:
+                self.broadcast(tensor.detach().contiguous().to(self.device))
+            return
+        manifest = [(str(i), tuple(t.shape), t.dtype) for i, t in enumerate(tensors)]
+        buffer: Any = None
+        start = 0
+        for bucket in buckets.layout(manifest, bucket_bytes):
+            if buffer is None or buffer.numel() < bucket.nbytes:
+                buffer = torch.empty(bucket.nbytes, dtype=torch.uint8)
+            packed = buckets.pack(bucket, [t.to("cpu") for t in tensors[start : start + len(bucket.slots)]], buffer)
+            start += len(bucket.slots)
+            head = torch.tensor(buckets.header(bucket, packed), dtype=torch.int64)
+            self.broadcast(head.to(self.device))
+            self.broadcast(packed.to(self.device))
+
+    def receive(self, manifest: list[tuple[str, tuple[int, ...], Any]], progress: Any = None,
+                bucket_bytes: int | None = None) -> dict[str, Any]:  # fmt: skip
+        """A receiving rank in this process: every tensor of ``manifest``, each into a buffer of its own (staging),
+        packed as :meth:`send` sends them; ``RuntimeError`` if a peer leaves, a broadcast passes the deadline or a
+        bucket is not what the manifest lays out (its header, its checksum), with nothing returned.  ``progress()`` is
+        called after each tensor or bucket (the lease table pushes the write's deadline on).  (A server receives in a
+        process of its own over gloo, whose size check would end this one: ``cbpause.serve.receiver``.)"""
+        import torch
+
+        received: dict[str, Any] = {}
+        if bucket_bytes is None:
+            for name, shape, dtype in manifest:
+                buffer = torch.empty(shape, dtype=dtype, device=self.device)
+                self.broadcast(buffer)
+                received[name] = buffer
+                if progress is not None:
+                    progress()
+            return received
+        for bucket in buckets.layout(manifest, bucket_bytes):
+            head = torch.zeros(buckets.HEADER_WORDS, dtype=torch.int64, device=self.device)
+            self.broadcast(head)
+            payload = torch.full((bucket.nbytes,), 255, dtype=torch.uint8, device=self.device)
+            self.broadcast(payload)
+            why = buckets.refusal(bucket, head.tolist(), buckets.checksum(payload))
+            if why is not None:
+                self.broken = why
+                raise RuntimeError(why)
+            received.update((name, tensor.clone()) for name, tensor in buckets.unpack(bucket, payload))
             if progress is not None:
                 progress()
         return received

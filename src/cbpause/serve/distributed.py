@@ -1,29 +1,36 @@
-"""Weights by broadcast: the routes that let a trainer send an update over torch.distributed (issue 42).
+"""Weights by broadcast: the routes that let a trainer send an update over torch.distributed.
 
 * ``POST /init_weights_update_group`` ``{master_address, master_port, rank_offset, world_size, group_name, backend,
-  timeout}``: join the trainer's weight-update group (:class:`~cbpause.client.weight_group.WeightGroup`, a group of its
-  own, not the tensor-parallel one) as rank ``rank_offset``; the answer comes once every member has joined, or a
-  ``504`` after ``timeout`` seconds.
+  timeout}``: join the trainer's weight-update group (a group of its own, not the tensor-parallel one) as rank
+  ``rank_offset``; the answer comes once every member has joined, or a ``504`` after ``timeout`` seconds.  Over gloo
+  the server's end of the group is a process of its own (:mod:`.receiver`: what arrives on the wire cannot end the
+  server); over NCCL it is in the server's process (:class:`~cbpause.client.weight_group.WeightGroup`).
 * ``POST /update_weights_from_distributed`` ``{names, dtypes, shapes, group_name, weight_version, lease_id,
-  write_timeout}``: receive each tensor broadcast by rank 0 and copy it in place, under the pause held by that lease
-  (``WriteBegin`` with a staged transfer, ``Received``, ``WriteEnd``: ``tla/FleetPause.tla``).
+  write_timeout, bucket_bytes}``: receive the update broadcast by rank 0 and copy it in place, under the pause held by
+  that lease (``WriteBegin`` with a staged transfer, ``Received``, ``WriteEnd``: ``tla/FleetPause.tla``).  With
+  ``bucket_bytes`` the tensors come packed in buckets of that size, each with a header and a checksum that are checked
+  before it is used (:mod:`cbpause.client.buckets`; what :class:`~cbpause.client.Fleet` sends); without, one
+  broadcast per tensor, the format of a stock SGLang-style trainer, which carries no check but its length.
 * ``POST /destroy_weights_update_group`` ``{group_name}``.
 
-An update is :mod:`cbpause.client.weight_group`'s three collectives: a vote, the tensors, a vote.  A server that
+An update in cbpause's own format (``bucket_bytes`` named) is :mod:`cbpause.client.weight_group`'s three collectives:
+a vote, the buckets, a vote; a stock trainer's is its tensors only, and each server takes what it received whole.
+Every check comes first, and a refusal is answered at once, before any collective, whoever sent it. A server that
 refuses an update that names a lease it issued (a lease gone, the fence, a manifest that does not match the model)
-still takes part in the first vote, with a no: every member learns at once that the update will not happen, and nobody
-waits in a broadcast nobody sends (the refusal is the server's 4xx); a request that names no lease this server issued
-is refused at once, outside the group's collectives (the lease id is the trainer's credential: a stray request must
-not break the group).  The tensors arrive in staging buffers (R-STAGED-TRANSFER): a transfer that fails (a peer lost,
-a deadline passed, a member that refused) leaves the weights and their label as they were; only the copy from the
-buffers, after the second vote, touches the model.  A collective that fails leaves the group unusable (gloo's pairs
-are in an unknown state): it is dropped, and the trainer initialises a new one.
+also leaves the group: its connections close, and the trainer and the other members fail their next collective at once
+instead of waiting for a vote or a broadcast that will not come. A request that names no lease this server issued is
+refused without touching the group (the lease id is the trainer's credential: a stray request must not break the
+group). The tensors arrive in staging buffers (R-STAGED-TRANSFER): a transfer that fails (a peer lost, a deadline
+passed, a member that refused, a bucket whose bytes are not its manifest's) leaves the weights and their label as they
+were; only the copy from the buffers, after the second vote, touches the model. A collective that fails leaves the
+group unusable (gloo's pairs are in an unknown state): it is dropped, and the trainer initialises a new one.
 
 Limits on what a caller can make the server hold: :data:`MAX_GROUPS` groups (joining or joined); a join waits
 ``timeout`` seconds at most (:data:`MAX_JOIN_S`), even for a master that never answers, and :data:`MAX_STUCK` joins at
-most may stay stuck past it; one update at a time per group; every collective has the group's deadline, pushed on by
-each tensor that arrives (a transfer that progresses never loses its lease; one that stops ends within the deadline).
-The routes sit behind :mod:`.guard`'s API key like every other.
+most may stay stuck past it (over NCCL: a gloo join's process is killed); one update at a time per group; every
+collective has the group's deadline, pushed on by each bucket that arrives (a transfer that progresses never loses its
+lease; one that stops ends within the deadline, or at once when the group is destroyed).  The routes sit behind
+:mod:`.guard`'s API key like every other.
 """
 
 from __future__ import annotations
@@ -37,11 +44,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from ..client.buckets import MAX_BUCKET_BYTES, MIN_BUCKET_BYTES
 from ..client.weight_group import BACKENDS, DEFAULT_GROUP, WeightGroup
 from ..integrations.manifest import check_manifest
 from . import weights_io
 from .control import NEEDS_LEASE, _body, _jsonable, copy_and_commit, weight_version_of
 from .leases import Fenced, LeaseGone, LeaseTable, Superseded, UnknownLease, WriteBusy, checked_seconds
+from .receiver import ReceivingGroup
 
 __all__ = ["MAX_GROUPS", "MAX_JOIN_S", "MAX_STUCK", "WeightGroups", "add_distributed_routes"]
 
@@ -93,8 +102,9 @@ class WeightGroups:
 
         def build() -> None:
             try:
-                out["group"] = WeightGroup(address, port, rank, world, group_name=name, backend=backend,
-                                           timeout_s=timeout, device=device)  # fmt: skip
+                kind = ReceivingGroup if backend == "gloo" else WeightGroup  # (see .receiver)
+                out["group"] = kind(address, port, rank, world, group_name=name, backend=backend, timeout_s=timeout,
+                                    device=device)  # fmt: skip
             except Exception as error:  # noqa: BLE001 -- the route's 504
                 out["error"] = error
             with self._lock:
@@ -218,9 +228,10 @@ def _device(model: Any) -> Any:
 def update_weights_from_distributed(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups) -> dict:
     """The route's work, in a worker thread: ``{"updated": n, "weight_version": v}`` or ``Refused``.
 
-    The first vote is taken whatever the checks found (a refusal votes no), if the request names a lease this server
-    issued; a request that names none, one on a group unknown here or busy with another update never reaches the
-    group's collectives (the trainer's vote, if a trainer sent it, waits for it until the group's deadline)."""
+    Every check comes before any collective, and a refusal is answered at once: under a lease this server issued, the
+    server also leaves the group (the trainer's collectives fail at once, whether it votes or not); a request that
+    names no such lease, one on a group unknown here or busy with another update, never touches the group (a
+    stranger must not break it)."""
     group = groups.get(body.get("group_name", DEFAULT_GROUP))
     if not group.busy.acquire(blocking=False):
         raise Refused(409, "an update over this weight-update group is under way: one at a time")
@@ -241,27 +252,30 @@ def _transfer(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups
                 raise Refused(409, NEEDS_LEASE)
             new = weight_version_of(body)
             manifest = check_manifest(manager.model, body.get("names"), body.get("dtypes"), body.get("shapes"))
+            bucket_bytes = _bucket_bytes(body)
             lease = stack.enter_context(leases.write_weights(body["lease_id"], body.get("write_timeout",
                                         3 * group.timeout_s), new, staged=True))  # fmt: skip
-        except Exception as error:  # noqa: BLE001 -- a refusal is a no in the vote (of a member), then the answer
+        except Exception as error:  # noqa: BLE001 -- the answer, at once
             refusal = _refusal(error)
-            if member:
-                try:
-                    _vote(groups, group, False)
-                except Refused:  # the refusal says more than the vote that failed after it
-                    pass
+            if member and groups.drop(group.name, group):
+                # No vote: a stock trainer casts none and would leave it waiting.  Leaving the group closes this
+                # member's connections, so the trainer and the other members fail their next collective at once.
+                refusal = Refused(refusal.status, f"{refusal}; this server left the weight-update group "
+                                  f"{group.name!r} at once: initialise it again")  # fmt: skip
             raise refusal from None
+        voting = bucket_bytes is not None  # cbpause's own protocol; a stock trainer broadcasts its tensors only
         try:
-            if not _vote(groups, group, True):
+            if voting and not _vote(groups, group, True):
                 raise Refused(409, "another member of the weight-update group refused this update: nothing was "
                                    "received; the weights are as they were")  # fmt: skip
             try:
-                staged = group.receive(manifest, progress=lambda: leases.progress(lease, group.timeout_s))
+                staged = group.receive(manifest, progress=lambda: leases.progress(lease, group.timeout_s),
+                                       bucket_bytes=bucket_bytes)  # fmt: skip
             except RuntimeError as error:
                 groups.drop(group.name, group)
                 raise Refused(502, f"the transfer failed ({error}); the weights are as they were; the "
                                    "weight-update group was closed: initialise it again") from None  # fmt: skip
-            if not _vote(groups, group, not lease.cut):
+            if voting and not _vote(groups, group, not lease.cut):
                 raise Refused(410 if lease.cut else 409, "the update did not reach every member whole: nothing was "
                               "copied; the weights are as they were")  # fmt: skip
             leases.received(lease)  # LeaseGone if the write was cut since the vote: this server does not take it
@@ -277,6 +291,17 @@ def _transfer(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups
         except (UnknownLease, LeaseGone) as error:
             raise _refusal(error) from None
     return {"updated": copied, "weight_version": _jsonable(new)}
+
+
+def _bucket_bytes(body: dict) -> int | None:
+    """The body's ``bucket_bytes``: the packed, checked format (:mod:`cbpause.client.buckets`), or ``None``: one
+    broadcast per tensor, unchecked (a stock trainer's format)."""
+    value = body.get("bucket_bytes")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not MIN_BUCKET_BYTES <= value <= MAX_BUCKET_BYTES):  # fmt: skip
+        raise ValueError(f"bucket_bytes must be an integer in [{MIN_BUCKET_BYTES}, {MAX_BUCKET_BYTES}] or null, not "
+                         f"{value!r}"[:200])  # fmt: skip
+    return value
 
 
 def _refusal(error: Exception) -> Refused:

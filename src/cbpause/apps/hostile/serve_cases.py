@@ -26,16 +26,22 @@ from .serve_support import (
     call,
     check,
     completion,
+    group_body,
     guarded_server,
     in_thread,
     joined,
+    joined_group,
     lease,
     message,
     paused,
     resume,
     wait_in_flight,
 )
-from .serve_transfer import fleet_client_limits, values_no_answer_could_carry
+from .serve_transfer import (
+    fleet_client_limits,
+    senders_whose_bytes_are_not_their_manifest_s,
+    values_no_answer_could_carry,
+)
 from .support import WAIT, Lost, Silent, Wrong
 
 __all__ = ["CASES", "Guarded", "VOCAB", "guarded_server", "serve_hostile_clients"]
@@ -338,25 +344,6 @@ def sigterm_answers_and_exits(server: Guarded) -> None:
 # ------------------------------------------------------------------------------------------- issue 42: weight groups
 
 
-def _group_body(port: int, **body: Any) -> dict:
-    return {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
-            "group_name": "hostile", "backend": "gloo", "timeout": WAIT, **body}  # fmt: skip
-
-
-def _joined_group(url: str, name: str, timeout: float = WAIT) -> Any:
-    """A weight-update group of this process (rank 0) and the server (rank 1), both joined."""
-    from ...client.weight_group import WeightGroup
-    from ...testing.servers import free_port
-
-    port = free_port()
-    asked = in_thread(call, "POST", url + "/init_weights_update_group",
-                      json=_group_body(port, group_name=name, timeout=timeout))  # fmt: skip
-    group = WeightGroup("127.0.0.1", port, 0, 2, group_name=name, timeout_s=timeout)
-    answer = joined(*asked)
-    check(answer.status_code == 200, f"joining group {name}: {answer.status_code} {answer.text[:200]}")
-    return group
-
-
 def weight_groups_refuse_bad_input_and_are_capped(server: Guarded) -> None:
     """Issue 42: every bad field of a join is a 400 naming it; a join nobody completes is a 504 once its timeout
     passed; a fifth group is a 429 (each holds sockets to every member); an update on no group is a 404."""
@@ -367,9 +354,9 @@ def weight_groups_refuse_bad_input_and_are_capped(server: Guarded) -> None:
                 {"world_size": 10**6}, {"rank_offset": True}, {"backend": "mpi"}, {"backend": "nccl"},
                 {"group_name": ""}, {"group_name": "x" * 65}, {"timeout": -1}, {"timeout": 601},
                 {"master_address": None}):  # fmt: skip
-        answer = call("POST", server.url + "/init_weights_update_group", json=_group_body(port, **bad))
+        answer = call("POST", server.url + "/init_weights_update_group", json=group_body(port, **bad))
         check(answer.status_code == 400, f"a join with {bad} got {answer.status_code} {answer.text[:200]}")
-    alone = call("POST", server.url + "/init_weights_update_group", json=_group_body(port, timeout=1))
+    alone = call("POST", server.url + "/init_weights_update_group", json=group_body(port, timeout=1))
     check(alone.status_code == 504, f"a join nobody completes got {alone.status_code} {alone.text[:200]}")
     # A master that accepts and never answers (a frozen trainer): torch's store waited for ever, and four such joins
     # held every group slot (review).  Now a 504, and the slot is free again.
@@ -380,13 +367,13 @@ def weight_groups_refuse_bad_input_and_are_capped(server: Guarded) -> None:
         silent.listen(8)
         for _ in range(5):  # more than the group slots
             mute = call("POST", server.url + "/init_weights_update_group",
-                        json=_group_body(silent.getsockname()[1], group_name="silent", timeout=1))  # fmt: skip
+                        json=group_body(silent.getsockname()[1], group_name="silent", timeout=1))  # fmt: skip
             check(mute.status_code == 504, f"a join to a silent master got {mute.status_code} {mute.text[:200]}")
-    groups = [_joined_group(server.url, f"g{i}") for i in range(4)]
+    groups = [joined_group(server.url, f"g{i}") for i in range(4)]
     try:
-        fifth = call("POST", server.url + "/init_weights_update_group", json=_group_body(free_port(), group_name="g4"))
+        fifth = call("POST", server.url + "/init_weights_update_group", json=group_body(free_port(), group_name="g4"))
         check(fifth.status_code == 429, f"a fifth group got {fifth.status_code} {fifth.text[:200]}")
-        again = call("POST", server.url + "/init_weights_update_group", json=_group_body(free_port(), group_name="g0"))
+        again = call("POST", server.url + "/init_weights_update_group", json=group_body(free_port(), group_name="g0"))
         check(again.status_code == 409, f"a second group g0 got {again.status_code} {again.text[:200]}")
         none = call("POST", server.url + "/update_weights_from_distributed",
                     json={"group_name": "nope", "names": ["x"], "dtypes": ["float32"], "shapes": [[1]]})
@@ -406,13 +393,13 @@ def transfer_cut_while_receiving_keeps_the_weights(server: Guarded) -> None:
     info = call("GET", server.url + "/weight_info").json()
     before, text = info["weight_version"], completion(server.url).json()["choices"][0]["text"]
     name, spec = next(iter(info["parameters"].items()))
-    group = _joined_group(server.url, "hung-trainer", timeout=5)
+    group = joined_group(server.url, "hung-trainer", timeout=5)
     held = lease(server.url, holder="hung-trainer")
     try:
         update = in_thread(call, "POST", server.url + "/update_weights_from_distributed",
                            json={"group_name": "hung-trainer", "names": [name], "dtypes": [spec["dtype"]],
                                  "shapes": [spec["shape"]], "weight_version": "never", "lease_id": held,
-                                 "write_timeout": 0.5})  # fmt: skip
+                                 "write_timeout": 0.5, "bucket_bytes": 1 << 20})  # fmt: skip
         check(group.vote(True), "the server voted no to a valid update")
         answer = joined(*update)  # no tensor is sent: the write is cut, the receive fails at the group's deadline
         check(answer.status_code in (410, 502), f"a transfer that never came got {answer.status_code} "
@@ -495,8 +482,9 @@ CASES: dict[str, Callable[[Guarded], None]] = {case.__name__: case for case in (
     leaver_leaves_no_lease, bad_bodies, symlink_out_of_the_weights_dir, fifo_named_safetensors, strangers_are_refused,
     openai_conventions, rollout_clients_misuse, fleet_checks_and_releases, second_trainer_is_fenced,
     weight_groups_refuse_bad_input_and_are_capped, transfer_cut_while_receiving_keeps_the_weights,
-    sigterm_answers_and_exits, tp_engine_refuses_what_would_part_its_ranks, values_no_answer_could_carry,
-    fleet_client_limits, lease_log_is_a_behaviour,
+    senders_whose_bytes_are_not_their_manifest_s, sigterm_answers_and_exits,
+    tp_engine_refuses_what_would_part_its_ranks, values_no_answer_could_carry, fleet_client_limits,
+    lease_log_is_a_behaviour,
 )}  # fmt: skip
 
 

@@ -18,8 +18,9 @@ NAME = "tiny-served"
 VOCAB = 32
 MAX_LEASES = 48
 
-__all__ = ["AUTH", "KEY", "MAX_LEASES", "NAME", "VOCAB", "Guarded", "call", "check", "completion", "guarded_server",
-           "in_thread", "joined", "lease", "message", "paused", "resume", "wait_in_flight"]  # fmt: skip
+__all__ = ["AUTH", "KEY", "MAX_LEASES", "NAME", "VOCAB", "Guarded", "call", "check", "completion", "group_body",
+           "guarded_server", "in_thread", "joined", "joined_group", "lease", "message", "paused", "resume",
+           "wait_in_flight"]  # fmt: skip
 
 
 @dataclass
@@ -117,3 +118,20 @@ def joined(thread: threading.Thread, out: dict) -> Any:
     return out["value"]
 
 
+def group_body(port: int, **body: Any) -> dict:
+    return {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
+            "group_name": "hostile", "backend": "gloo", "timeout": WAIT, **body}  # fmt: skip
+
+
+def joined_group(url: str, name: str, timeout: float = WAIT) -> Any:
+    """A weight-update group of this process (rank 0) and the server (rank 1), both joined."""
+    from ...client.weight_group import WeightGroup
+    from ...testing.servers import free_port
+
+    port = free_port()
+    asked = in_thread(call, "POST", url + "/init_weights_update_group",
+                      json=group_body(port, group_name=name, timeout=timeout))  # fmt: skip
+    group = WeightGroup("127.0.0.1", port, 0, 2, group_name=name, timeout_s=timeout)
+    answer = joined(*asked)
+    check(answer.status_code == 200, f"joining group {name}: {answer.status_code} {answer.text[:200]}")
+    return group

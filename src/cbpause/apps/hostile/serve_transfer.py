@@ -7,10 +7,76 @@ import socket
 import threading
 import time
 
-from .serve_support import KEY, Guarded, call, check, lease, message, resume
+from .serve_support import (
+    KEY,
+    Guarded,
+    call,
+    check,
+    completion,
+    in_thread,
+    joined,
+    joined_group,
+    lease,
+    message,
+    resume,
+)
 from .support import WAIT, Silent, Wrong
 
-__all__ = ["fleet_client_limits", "values_no_answer_could_carry"]
+__all__ = ["fleet_client_limits", "senders_whose_bytes_are_not_their_manifest_s", "values_no_answer_could_carry"]
+
+
+def senders_whose_bytes_are_not_their_manifest_s(server: Guarded) -> None:
+    """A broadcast that sent fewer bytes than its manifest (half a tensor's rows, bfloat16 for a float32 entry) was
+    committed and served as the new policy; one that sent more ended the server (gloo's length check terminates the
+    process that receives).  Each is refused before anything is copied, the server stays up with the weights and the
+    label it had, and the trainer can join a new group at once."""
+    import torch
+
+    from ...client import buckets
+
+    info = call("GET", server.url + "/weight_info").json()
+    before, text = info["weight_version"], completion(server.url).json()["choices"][0]["text"]
+    name, spec = next((n, s) for n, s in info["parameters"].items() if s["dtype"] == "float32" and len(s["shape"]) == 2)
+    shape, dtype = tuple(spec["shape"]), torch.float32
+    whole = torch.randn(shape)
+    bucket = buckets.layout([(name, shape, dtype)], 1 << 20)[0]
+    packed = buckets.pack(bucket, [whole])
+    senders = {
+        "half the rows": lambda group: (group.broadcast(torch.tensor(buckets.header(bucket, packed))),
+                                        group.broadcast(packed[: bucket.nbytes // 2])),
+        "bfloat16 for float32": lambda group: (group.broadcast(torch.tensor(buckets.header(bucket, packed))),
+                                               group.broadcast(whole.bfloat16().reshape(-1).view(torch.uint8))),
+        "twice the bytes": lambda group: (group.broadcast(torch.tensor(buckets.header(bucket, packed))),
+                                          group.broadcast(torch.cat([packed, packed]))),
+        "a header too long": lambda group: group.broadcast(torch.zeros(64, dtype=torch.int64)),
+        "a stock tensor, more bytes than its manifest": lambda group: group.broadcast(torch.randn(shape[0] * 2,
+                                                                                                  shape[1])),
+    }  # fmt: skip
+    for what, send in senders.items():
+        group = joined_group(server.url, "liar", timeout=5)
+        held = lease(server.url, holder="liar")
+        try:
+            stock = what.startswith("a stock")
+            body = {"group_name": "liar", "names": [name], "dtypes": ["float32"], "shapes": [list(shape)],
+                    "weight_version": "mixed", "lease_id": held, **({} if stock else {"bucket_bytes": 1 << 20})}
+            update = in_thread(call, "POST", server.url + "/update_weights_from_distributed", json=body)
+            try:  # (a stock trainer casts no vote)
+                check(stock or group.vote(True), f"{what}: the server voted no to a valid manifest")
+                send(group)
+                check(stock or not group.vote(True), f"{what}: the server voted yes to what it received")
+            except RuntimeError:
+                pass  # the server left the group: the trainer's collectives fail, as they should
+            answer = joined(*update)
+            check(400 <= answer.status_code < 600 and answer.status_code != 500 and message(answer),
+                  f"{what}: {answer.status_code} {answer.text[:300]}")  # fmt: skip
+        finally:
+            group.destroy()
+            resume(server.url, held)
+            call("POST", server.url + "/destroy_weights_update_group", json={"group_name": "liar"})
+        check(call("GET", server.url + "/health").status_code == 200, f"{what}: the server is gone", Silent)
+        after = call("GET", server.url + "/weight_info").json()["weight_version"]
+        check(after == before, f"{what}: the weights were relabelled {after!r}")
+        check(completion(server.url).json()["choices"][0]["text"] == text, f"{what}: the weights changed", Wrong)
 
 
 def values_no_answer_could_carry(server: Guarded) -> None:

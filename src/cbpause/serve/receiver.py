@@ -1,0 +1,244 @@
+"""A server's end of a weight-update group over gloo, in a process of its own: what the wire does cannot end the server.
+
+gloo checks the length of what arrives against the buffer it lands in, and a sender that sends more than the buffer
+holds ends the receiving process (``std::terminate`` from gloo's own thread: no exception, no answer, every request
+in the server lost).  A trainer is trusted with the weights it means to send, not with the server's life, so the
+server's collectives run in a child process (``python -m cbpause.serve.receiver``): it joins the group, votes, and
+receives each bucket into one of two slots of a file both processes map (``/dev/shm`` where there is one), then
+answers with the bucket's header and checksum; the server checks them (``refusal`` of :mod:`cbpause.client.buckets`) and
+copies the bucket out while the child receives the next one into the other slot.  A child that dies (a long sender,
+a crash) is an answer too: the transfer fails, the group is closed, and the server serves on.
+
+A transfer that stalls ends when asked: :meth:`ReceivingGroup.destroy` (the route ``/destroy_weights_update_group``,
+the server's stop) kills the child, and the server's wait for its answer ends at once, where a collective inside the
+server's own process would wait for the group's deadline.  The staging this needs is two buckets (or two tensors, in
+a stock trainer's format of one broadcast per tensor), whatever the model's size.
+
+Over NCCL the tensors land on the server's own GPU, which a child cannot map; NCCL has no length check to fail, and
+such a group stays in the server's process (:class:`~cbpause.client.weight_group.WeightGroup`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..client.buckets import ALIGN, HEADER_WORDS, Bucket, Slot, checksum, layout, refusal, unpack
+
+__all__ = ["ReceivingGroup"]
+
+ANSWER_GRACE_S = 5.0  # past a collective's own deadline, how long the server waits for the child to say so
+PARENT_CHECK_S = 0.2  # how often the child looks whether the server is still there
+START_S = 120.0  # the most the child may take to start (importing torch) on top of the join's own timeout
+
+
+class ReceivingGroup:
+    """Rank ``rank`` of a weight-update group whose collectives a child process runs (see the module).  The same calls
+    as :class:`~cbpause.client.weight_group.WeightGroup` on a receiving rank: ``vote``, ``receive``, ``destroy``.
+    Building it waits until every member has joined (``RuntimeError`` past ``timeout_s``, the child killed)."""
+
+    def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, *, group_name: str,
+                 backend: str = "gloo", timeout_s: float = 60.0, device: str | None = None) -> None:  # fmt: skip
+        if backend != "gloo":
+            raise ValueError("a receiving process takes gloo groups only (NCCL's tensors land on the server's GPU)")
+        self.rank, self.world_size, self.backend, self.name = rank, world_size, backend, group_name
+        self.timeout_s = float(timeout_s)
+        self.busy = threading.Lock()  # one update at a time, as WeightGroup
+        self.broken: str | None = None
+        self._slots: Any = None
+        self._slot_bytes = 0
+        ours, theirs = socket.socketpair()
+        with theirs:  # (its own session: a Ctrl-C at the server's terminal is the server's to handle)
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "cbpause.serve.receiver", str(theirs.fileno()), str(os.getpid())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        self._conn = Connection(ours.detach())
+        join = {"master_address": master_address, "master_port": master_port, "rank": rank,
+                "world_size": world_size, "group_name": group_name, "backend": backend, "timeout_s": timeout_s}
+        try:
+            self._ask(("join", join), START_S + self.timeout_s)
+        except BaseException:
+            self.destroy()
+            raise
+
+    def vote(self, ok: bool) -> bool:
+        return bool(self._ask(("vote", bool(ok)), self.timeout_s + ANSWER_GRACE_S))
+
+    def receive(self, manifest: list[tuple[str, tuple[int, ...], Any]], progress: Any = None,
+                bucket_bytes: int | None = None) -> dict[str, Any]:  # fmt: skip
+        """Every tensor of ``manifest``, staged in this process (a copy of each), as
+        :meth:`~cbpause.client.weight_group.WeightGroup.receive` returns them; ``RuntimeError`` (the group closed)
+        when the child dies, a bucket is refused, or an answer passes the deadline."""
+        import torch
+
+        if bucket_bytes is None:  # a stock trainer's format: each tensor a bucket of its own, with no header
+            parts = [Bucket(i, (Slot(name, 0, _nbytes(shape, dtype), shape, dtype),),
+                                    _nbytes(shape, dtype)) for i, (name, shape, dtype) in enumerate(manifest)]
+            # (a tensor's exact length: gloo takes fewer bytes than a buffer holds, and the next one must not land)
+        else:
+            parts = layout(manifest, bucket_bytes)
+        slot_bytes = -(-max(part.nbytes for part in parts) // ALIGN) * ALIGN
+        self._map(2 * slot_bytes)
+        checked = bucket_bytes is not None
+        received: dict[str, Any] = {}
+        try:
+            self._conn.send(("bucket", 0, parts[0].nbytes, checked))
+            for i, part in enumerate(parts):
+                answer = self._answer(self.timeout_s + ANSWER_GRACE_S)
+                if i + 1 < len(parts):  # the child receives the next bucket into the other slot meanwhile
+                    self._conn.send(("bucket", ((i + 1) % 2) * slot_bytes, parts[i + 1].nbytes, checked))
+                view = self._slots[(i % 2) * slot_bytes : (i % 2) * slot_bytes + part.nbytes]
+                if checked:
+                    head, summed = answer
+                    why = refusal(part, head, summed)
+                    if why is not None:
+                        raise RuntimeError(why)
+                with torch.no_grad():
+                    received.update((name, tensor.clone()) for name, tensor in unpack(part, view))
+                if progress is not None:
+                    progress()
+        except BaseException as error:
+            self._fail(f"{type(error).__name__}: {error}")
+            raise
+        return received
+
+    def destroy(self) -> None:
+        """Leave the group: the child is killed (its collectives end with it, and a wait for its answer ends at once);
+        idempotent, from any thread."""
+        self.broken = self.broken or "destroyed"
+        with contextlib.suppress(ProcessLookupError, OSError):
+            self._process.kill()
+        with contextlib.suppress(OSError):
+            self._conn.close()
+        threading.Thread(target=self._process.wait, name=f"cbpause-receiver-{self.name}-reap", daemon=True).start()
+
+    # ------------------------------------------------------------------------------------------------ inside
+
+    def _map(self, nbytes: int) -> None:
+        """Two slots of ``nbytes / 2`` in a file both processes map (kept for the next update if large enough)."""
+        import torch
+
+        if self._slots is not None and self._slot_bytes >= nbytes:
+            return
+        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, path = tempfile.mkstemp(prefix="cbpause-slots-", dir=where)
+        try:
+            os.ftruncate(fd, nbytes)
+            os.close(fd)
+            self._slots = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+            self._slot_bytes = nbytes
+            self._ask(("map", path, nbytes), self.timeout_s + ANSWER_GRACE_S)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # both mapped it: the memory lives as long as the mappings
+
+    def _ask(self, message: tuple, timeout: float) -> Any:
+        self._check()
+        try:
+            self._conn.send(message)
+        except OSError as error:
+            self._fail(f"the receiving process is gone ({error})")
+            raise RuntimeError(f"a collective of the weight-update group failed: {self.broken}") from None
+        return self._answer(timeout)
+
+    def _answer(self, timeout: float) -> Any:
+        try:
+            ready = self._conn.poll(timeout)
+            reply = self._conn.recv() if ready else None
+        except (EOFError, OSError):
+            code = self._process.poll()
+            self._fail("destroyed" if self.broken == "destroyed" else f"the receiving process ended (exit {code}): "
+                       "the sender sent more than the manifest lays out, or it crashed")  # fmt: skip
+            raise RuntimeError(f"a collective of the weight-update group failed: {self.broken}") from None
+        if reply is None:
+            self._fail(f"no answer from the receiving process within {timeout:g} s")
+            raise RuntimeError(f"a collective of the weight-update group failed: {self.broken}")
+        if reply[0] != "ok":
+            self._fail(str(reply[1]))
+            raise RuntimeError(f"a collective of the weight-update group failed: {self.broken}")
+        return reply[1]
+
+    def _check(self) -> None:
+        if self.broken is not None:
+            raise RuntimeError(f"the weight-update group can no longer be used ({self.broken}): destroy it and "
+                               "initialise it again")  # fmt: skip
+
+    def _fail(self, why: str) -> None:
+        """A collective failed or a bucket was refused: the group is in an unknown state, and not used again."""
+        self.broken = self.broken or why[:400]
+        self.destroy()
+
+
+def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
+    count = 1
+    for n in shape:
+        count *= n
+    return count * dtype.itemsize
+
+
+# ------------------------------------------------------------------------------------------------ the child
+
+
+def _serve(conn: Connection) -> None:
+    """The child's loop: one command at a time, one answer each, until the server closes the connection."""
+    import torch
+
+    from ..client.weight_group import WeightGroup
+
+    group: Any = None
+    slots: Any = None
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            kind = message[0]
+            if kind == "join":
+                group, answer = WeightGroup(device="cpu", **message[1]), None
+            elif kind == "map":
+                slots, answer = torch.from_file(message[1], shared=True, size=message[2], dtype=torch.uint8), None
+            elif kind == "vote":
+                answer = group.vote(message[1])
+            elif kind == "bucket":
+                _, offset, nbytes, checked = message
+                view = slots[offset : offset + nbytes]
+                if checked:
+                    head = torch.zeros(HEADER_WORDS, dtype=torch.int64)
+                    group.broadcast(head)
+                    view.fill_(255)  # what a short sender leaves out counts as -1 a word
+                    group.broadcast(view)
+                    answer = (head.tolist(), checksum(view))
+                else:
+                    group.broadcast(view)
+                    answer = None
+            else:
+                raise ValueError(f"unknown command {kind!r}")
+            conn.send(("ok", answer))
+        except Exception as error:  # noqa: BLE001 -- the server's answer; the group is not used again
+            conn.send(("error", f"{type(error).__name__}: {error}"[:600]))
+
+
+def _die_with(parent: int) -> None:
+    """End this process once the server's has ended (it is then re-parented), even inside a collective: a server
+    killed mid-transfer leaves no receiver behind in the group.  (Not the kernel's PR_SET_PDEATHSIG: it fires when the
+    thread that started the child ends, and the server starts it from a join's thread.)"""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            threading.Event().wait(PARENT_CHECK_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="cbpause-receiver-watch", daemon=True).start()
+
+
+if __name__ == "__main__":
+    _die_with(int(sys.argv[2]))
+    _serve(Connection(int(sys.argv[1])))
