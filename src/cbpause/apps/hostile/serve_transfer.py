@@ -20,9 +20,65 @@ from .serve_support import (
     message,
     resume,
 )
-from .support import WAIT, Silent, Wrong
+from .support import WAIT, Lost, Silent, Wrong
 
-__all__ = ["fleet_client_limits", "senders_whose_bytes_are_not_their_manifest_s", "values_no_answer_could_carry"]
+__all__ = ["fleet_client_limits", "senders_whose_bytes_are_not_their_manifest_s", "stalled_transfer_ends_when_asked",
+           "values_no_answer_could_carry"]
+
+STALL_TIMEOUT_S = 600  # the group's deadline in the stall case: far past the wait below, so only the ask can end it
+
+
+def _stalled_update(url: str, name: str, held: str) -> tuple:
+    """A transfer in cbpause's format that the trainer voted for and then never sent (it stalled): the route's
+    answer, waited for in a thread, and the trainer's group."""
+    from ...client.weight_group import WeightGroup
+    from ...testing.servers import free_port
+    from .serve_support import group_body
+
+    info = call("GET", url + "/weight_info").json()
+    tensor, spec = next(iter(info["parameters"].items()))
+    port = free_port()
+    asked = in_thread(call, "POST", url + "/init_weights_update_group",
+                      json=group_body(port, group_name=name, timeout=STALL_TIMEOUT_S))  # fmt: skip
+    group = WeightGroup("127.0.0.1", port, 0, 2, group_name=name, timeout_s=STALL_TIMEOUT_S)
+    check(joined(*asked).status_code == 200, f"joining {name}")
+    update = in_thread(call, "POST", url + "/update_weights_from_distributed",
+                       json={"group_name": name, "names": [tensor], "dtypes": [spec["dtype"]],
+                             "shapes": [spec["shape"]], "weight_version": "stalled", "lease_id": held,
+                             "bucket_bytes": 1 << 20})  # fmt: skip
+    check(group.vote(True), "the server voted no to a valid update")
+    return update, group
+
+
+def stalled_transfer_ends_when_asked(server: Guarded) -> None:
+    """A transfer that stopped progressing held its route, its lease and the pause for the group's deadline (30 to
+    600 s), whatever the trainer or the operator asked: ``/destroy_weights_update_group`` and SIGTERM both waited.
+    Both end it now, at once: the group's deadline here is far past the wait for the answer."""
+    import signal
+
+    from ...testing.servers import serve_process
+
+    before = call("GET", server.url + "/weight_info").json()["weight_version"]
+    held = lease(server.url, holder="stalled")
+    update, group = _stalled_update(server.url, "stalled", held)
+    try:
+        gone = call("POST", server.url + "/destroy_weights_update_group", json={"group_name": "stalled"})
+        check(gone.status_code == 200 and gone.json()["destroyed"], f"destroy: {gone.status_code} {gone.text[:200]}")
+        answer = joined(*update)
+        check(answer.status_code == 502 and message(answer), f"the stalled transfer: {answer.status_code}", Silent)
+    finally:
+        group.destroy()
+        resume(server.url, held)
+    check(call("GET", server.url + "/weight_info").json()["weight_version"] == before, "a stalled transfer relabelled")
+    with serve_process(server.checkpoint, "--num-blocks", "64") as (url, process):
+        answer = call("POST", url + "/pause", json={"ttl": STALL_TIMEOUT_S}, headers={})
+        update, group = _stalled_update(url, "stalled", answer.json()["lease_id"])
+        try:
+            process.send_signal(signal.SIGTERM)
+            check(process.wait(timeout=WAIT) in (0, -signal.SIGTERM), f"SIGTERM: exit {process.returncode}", Silent)
+            check(joined(*update).status_code in (502, 503), "the stalled transfer was not answered", Lost)
+        finally:
+            group.destroy()
 
 
 def senders_whose_bytes_are_not_their_manifest_s(server: Guarded) -> None:
