@@ -72,10 +72,12 @@ class ReceivingGroup:
         return bool(self._ask(("vote", bool(ok)), self.timeout_s + ANSWER_GRACE_S))
 
     def receive(self, manifest: list[tuple[str, tuple[int, ...], Any]], progress: Any = None,
-                bucket_bytes: int | None = None) -> dict[str, Any]:  # fmt: skip
+                bucket_bytes: int | None = None, load: Any = None) -> dict[str, Any]:  # fmt: skip
         """Every tensor of ``manifest``, staged in this process (a copy of each), as
         :meth:`~cbpause.client.weight_group.WeightGroup.receive` returns them; ``RuntimeError`` (the group closed)
-        when the child dies, a bucket is refused, or an answer passes the deadline."""
+        when the child dies, a bucket is refused, or an answer passes the deadline.  ``load(name, tensor)``, if
+        given, takes each tensor instead, a view of the slot it arrived in, valid until it returns (nothing is
+        staged then: the returned dict is empty)."""
         import torch
 
         if bucket_bytes is None:  # a stock trainer's format: each tensor a bucket of its own, with no header
@@ -101,7 +103,11 @@ class ReceivingGroup:
                     if why is not None:
                         raise RuntimeError(why)
                 with torch.no_grad():
-                    received.update((name, tensor.clone()) for name, tensor in unpack(part, view))
+                    for name, tensor in unpack(part, view):
+                        if load is None:
+                            received[name] = tensor.clone()
+                        else:
+                            load(name, tensor)
                 if progress is not None:
                     progress()
         except BaseException as error:

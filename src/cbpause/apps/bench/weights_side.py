@@ -9,11 +9,19 @@ servers.  For each of ``--repeats`` interleaved rounds, under one ``Fleet.pause(
   ``Fleet.update_weights_from_disk``.
 
 For each: the update's seconds and GB/s (the bytes of one copy of the model over the update's seconds), and the pause
-from the call that enters it to the end of the resume.  The model is a random Llama whose size ``--weights-hidden``
-sets (stated in the output).  Writes ``weights.json`` and ``weights.md`` under ``--out``.  No GPU figure is claimed
-here: ``cbpause.apps.bench.gpu`` runs :func:`measure` where a device is lent, with the servers on it (over NCCL where
-three devices hold the trainer and the two servers, one each: NCCL takes no two ranks on one device; over gloo, the
-tensors through the host, on a machine of one or two).
+from the call that enters it to the end of the resume.  Then, as ratios of one run:
+
+* **raw**: the transport's limit, one ``torch.distributed`` broadcast of a single flat buffer of the update's bytes from
+  this process to two receiving processes of the kind the servers use (``cbpause.serve.receiver``), nothing checked
+  or copied; ``broadcast / raw`` (goal: at most 1.5);
+* ``broadcast / (disk_save + disk)``: the disk path as a trainer pays it (goal: at most 0.5);
+* **memory**: each server's peak resident memory (``VmHWM``) before the first update and after the last, its
+  receiving process's peak, and the growth over the update's bytes (goal: at most 0.5).
+
+The model is a random Llama whose size ``--weights-hidden`` sets (stated in the output). Writes ``weights.json`` and
+``weights.md`` under ``--out``. No GPU figure is claimed here: ``cbpause.apps.bench.gpu`` runs :func:`measure` where a
+device is lent, with the servers on it (over NCCL where three devices hold the trainer and the two servers, one each:
+NCCL takes no two ranks on one device; over gloo, the tensors through the host, on a machine of one or two).
 """
 
 from __future__ import annotations
@@ -84,6 +92,74 @@ def rounds(fleet: object, model: object, weights_dir: Path, repeats: int, backen
     return result
 
 
+def peak_bytes(pid: int) -> int:
+    """The peak resident memory of process ``pid`` (``VmHWM``), in bytes; 0 where ``/proc`` does not say."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def children_of(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def raw_rounds(nbytes: int, repeats: int) -> dict:
+    """The transport's limit: one broadcast of a flat buffer of ``nbytes`` from this process to two receiving
+    processes (:class:`~cbpause.serve.receiver.ReceivingGroup`), each taking the bytes in its slot and nothing more."""
+    import threading
+
+    import torch
+
+    from ...client.weight_group import WeightGroup
+    from ...serve.receiver import ReceivingGroup
+    from ...testing.servers import free_port
+
+    port, receivers, errors = free_port(), [], []
+
+    def join(rank: int) -> None:
+        receivers.append(ReceivingGroup("127.0.0.1", port, rank, 3, group_name="raw", timeout_s=300))
+
+    joins = [threading.Thread(target=join, args=(rank,)) for rank in (1, 2)]
+    for thread in joins:
+        thread.start()
+    trainer = WeightGroup("127.0.0.1", port, 0, 3, group_name="raw", timeout_s=300)
+    for thread in joins:
+        thread.join(300)
+    flat = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+    manifest = [("flat", (nbytes,), torch.uint8)]
+    samples = []
+    try:
+        for _ in range(repeats):
+            def take(receiver: ReceivingGroup) -> None:
+                try:
+                    receiver.receive(manifest, load=lambda name, tensor: None)
+                except Exception as error:  # noqa: BLE001 -- reported below
+                    errors.append(error)
+
+            threads = [threading.Thread(target=take, args=(r,)) for r in receivers]
+            t0 = time.perf_counter()
+            for thread in threads:
+                thread.start()
+            trainer.broadcast(flat)
+            for thread in threads:
+                thread.join(300)
+            samples.append(time.perf_counter() - t0)
+    finally:
+        trainer.destroy()
+        for receiver in receivers:
+            receiver.destroy()
+    if errors:
+        raise RuntimeError(f"the raw broadcast failed: {errors[0]}")
+    return figures(samples)
+
+
 def measure(hidden: int, repeats: int, devices: tuple[str, str, str] = ("cpu", "cpu", "cpu"),
             backend: str = "gloo") -> dict:  # fmt: skip
     """The rounds with the trainer's model on ``devices[0]`` and the two servers on ``devices[1:]``, over
@@ -97,12 +173,24 @@ def measure(hidden: int, repeats: int, devices: tuple[str, str, str] = ("cpu", "
         weights_dir = Path(tmp) / "weights"
         weights_dir.mkdir()
         flags = ("--weights-dir", str(weights_dir), "--num-blocks", "64", "--default-ttl", "300")
-        with serve_process(checkpoint, *flags, "--device", devices[1]) as (a, _), \
-                serve_process(checkpoint, *flags, "--device", devices[2]) as (b, _), \
+        with serve_process(checkpoint, *flags, "--device", devices[1]) as (a, pa), \
+                serve_process(checkpoint, *flags, "--device", devices[2]) as (b, pb), \
                 Fleet([a, b], request_timeout=300) as fleet:  # fmt: skip
             fleet.init_weights_update_group("127.0.0.1", backend=backend, timeout=300)
+            before = [peak_bytes(p.pid) for p in (pa, pb)]
             result = rounds(fleet, model, weights_dir, repeats, backend)
+            after = [peak_bytes(p.pid) for p in (pa, pb)]
+            receiving = [max((peak_bytes(c) for c in children_of(p.pid)), default=0) for p in (pa, pb)]
             fleet.destroy_weights_update_group()
+        if backend == "gloo":
+            result["raw"] = raw_rounds(result["bytes"], repeats)
+    growth = max(b - a for a, b in zip(before, after, strict=True))
+    result["memory"] = {"server_peak_before": before, "server_peak_after": after, "receiver_peak": receiving,
+                        "growth_over_update": round(growth / result["bytes"], 3)}  # fmt: skip
+    result["ratios"] = {"broadcast_over_disk_as_paid": round(result["broadcast"]["median_s"] / (
+        result["disk_save"]["median_s"] + result["disk"]["median_s"]), 3)}  # fmt: skip
+    if "raw" in result:
+        result["ratios"]["broadcast_over_raw"] = round(result["broadcast"]["median_s"] / result["raw"]["median_s"], 3)
     return {"hidden": hidden, "devices": list(devices), **result}
 
 
@@ -118,6 +206,18 @@ def report(result: dict) -> str:
                     f"{p['median_s']} ({p['min_s']}-{p['max_s']}) |")  # fmt: skip
     save = result["disk_save"]
     rows.append(f"| the trainer's `save_file` before the disk update (outside the pause) | {save['median_s']} | | |")
+    if "raw" in result:
+        raw = result["raw"]
+        rows.append(f"| one raw broadcast of a flat buffer of the same bytes (the transport's limit) | "
+                    f"{raw['median_s']} ({raw['min_s']}-{raw['max_s']}) | "
+                    f"{round(result['bytes'] / 1e9 / raw['median_s'], 3)} | |")  # fmt: skip
+    ratios, memory = result["ratios"], result["memory"]
+    rows += ["", "| ratio | measured | goal |", "|---|---:|---:|"]
+    if "broadcast_over_raw" in ratios:
+        rows.append(f"| broadcast / raw broadcast | {ratios['broadcast_over_raw']} | at most 1.5 |")
+    rows.append(f"| broadcast / (save + update from disk) | {ratios['broadcast_over_disk_as_paid']} | at most 0.5 |")
+    growth = memory["growth_over_update"]
+    rows.append(f"| a server's peak memory growth / the update's bytes | {growth} | at most 0.5 |")
     return "\n".join(rows) + "\n"
 
 
