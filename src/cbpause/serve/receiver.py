@@ -120,10 +120,17 @@ class ReceivingGroup:
         idempotent, from any thread."""
         self.broken = self.broken or "destroyed"
         with contextlib.suppress(ProcessLookupError, OSError):
-            self._process.kill()
+            self._process.kill()  # a wait for its answer, in another thread, ends at once: the peer closed
+        if self.busy.acquire(blocking=False):  # no update polls the connection now (an fd closed under a poll of
+            try:  # another thread may stay polled, or be reused): close it; an update under way closes it itself
+                self._close()
+            finally:
+                self.busy.release()
+        threading.Thread(target=self._process.wait, name=f"cbpause-receiver-{self.name}-reap", daemon=True).start()
+
+    def _close(self) -> None:
         with contextlib.suppress(OSError):
             self._conn.close()
-        threading.Thread(target=self._process.wait, name=f"cbpause-receiver-{self.name}-reap", daemon=True).start()
 
     # ------------------------------------------------------------------------------------------------ inside
 
@@ -159,7 +166,10 @@ class ReceivingGroup:
             ready = self._conn.poll(timeout)
             reply = self._conn.recv() if ready else None
         except (EOFError, OSError):
-            code = self._process.poll()
+            try:  # (the peer closed: the process is ending, if not ended)
+                code: Any = self._process.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                code = "none yet"
             self._fail("destroyed" if self.broken == "destroyed" else f"the receiving process ended (exit {code}): "
                        "the sender sent more than the manifest lays out, or it crashed")  # fmt: skip
             raise RuntimeError(f"a collective of the weight-update group failed: {self.broken}") from None
@@ -177,9 +187,11 @@ class ReceivingGroup:
                                "initialise it again")  # fmt: skip
 
     def _fail(self, why: str) -> None:
-        """A collective failed or a bucket was refused: the group is in an unknown state, and not used again."""
+        """A collective failed or a bucket was refused (on the thread that uses the connection): the group is in an
+        unknown state, and not used again."""
         self.broken = self.broken or why[:400]
         self.destroy()
+        self._close()
 
 
 def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
