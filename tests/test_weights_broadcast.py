@@ -20,7 +20,7 @@ openai = pytest.importorskip("openai")
 
 from cbpause.client import Fleet, FleetError  # noqa: E402
 from cbpause.testing import HANG_S  # noqa: E402
-from cbpause.testing.servers import serve_process  # noqa: E402
+from cbpause.testing.servers import child_processes, serve_process  # noqa: E402
 
 from .conftest import TLA_DIR  # noqa: E402
 
@@ -198,11 +198,6 @@ def test_a_server_killed_mid_transfer_is_named_and_the_survivor_keeps_its_old_we
     assert "Received" not in actions and actions[-2:] == ["WriteFail", "ResumeLease"], actions
 
 
-def children(pid: int) -> list[int]:
-    """The processes ``pid`` started (a server's receiving process for a weight-update group)."""
-    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
 def stopped(pid: int) -> None:
     """Until the process is stopped (a signal takes effect when its target is next scheduled: found by CI, where the
     server had received the whole update and voted before SIGSTOP stopped it)."""
@@ -226,7 +221,7 @@ def test_a_server_that_hangs_mid_transfer_costs_the_trainer_a_deadline_not_the_t
 
         def broadcast_then_freeze(tensor):  # after the first vote, before any bucket: it can neither receive nor vote
             if not frozen:
-                for pid in (processes[0].pid, *children(processes[0].pid)):
+                for pid in (processes[0].pid, *child_processes(processes[0].pid, b"cbpause.serve.receiver")):
                     os.kill(pid, signal.SIGSTOP)
                     frozen.append(pid)
                     stopped(pid)

@@ -10,7 +10,8 @@
   that lease (``WriteBegin`` with a staged transfer, ``Received``, ``WriteEnd``: ``tla/FleetPause.tla``).  With
   ``bucket_bytes`` the tensors come packed in buckets of that size, each with a header and a checksum that are checked
   before it is used (:mod:`cbpause.client.buckets`; what :class:`~cbpause.client.Fleet` sends); without, one
-  broadcast per tensor, the format of a stock SGLang-style trainer, which carries no check but its length.
+  broadcast per tensor, the format of a stock SGLang-style trainer, which carries no checksum (a short tensor is still
+  refused: :mod:`.receiver`).
 * ``POST /destroy_weights_update_group`` ``{group_name}``.
 
 An update in cbpause's own format (``bucket_bytes`` named) is :mod:`cbpause.client.weight_group`'s three collectives:
@@ -50,7 +51,7 @@ from ..integrations.manifest import check_manifest
 from . import weights_io
 from .control import NEEDS_LEASE, _body, _jsonable, copy_and_commit, weight_version_of
 from .leases import Fenced, LeaseGone, LeaseTable, Superseded, UnknownLease, WriteBusy, checked_seconds
-from .receiver import ReceivingGroup
+from .receiver import START_S, ReceivingGroup
 
 __all__ = ["MAX_GROUPS", "MAX_JOIN_S", "MAX_STUCK", "WeightGroups", "add_distributed_routes"]
 
@@ -69,23 +70,33 @@ class Refused(Exception):
         self.status = status
 
 
+class _Joining:
+    """The place of a group being joined: its receiving process (over gloo), which a destroy kills."""
+
+    def __init__(self, receiving: ReceivingGroup | None) -> None:
+        self.receiving = receiving
+
+
 class WeightGroups:
     """The weight-update groups of one server, by name.  Thread-safe.
 
-    A join runs in a thread of its own, and the route waits for it ``timeout`` seconds at most: a master that accepts
-    the connection and never answers (a frozen trainer) makes torch's store wait for ever (found by review).  A join
-    past its timeout frees its group's slot at once, and its thread, still stuck, counts among :data:`MAX_STUCK`
-    (then a join is a 429): a stuck join never holds a slot a trainer needs, and the threads are bounded."""
+    A join runs in a thread of its own, and the route waits for it ``timeout`` seconds at most (from the receiving
+    process's start, over gloo): a master that accepts the connection and never answers (a frozen trainer) makes
+    torch's store wait for ever.  A join past its timeout frees its group's slot at once.  Over gloo its receiving
+    process is killed then, as it is by a destroy or the server's stop while it joins; over NCCL the join's thread,
+    still stuck inside torch, counts among :data:`MAX_STUCK` (then a join is a 429): a stuck join never holds a slot a
+    trainer needs, and the threads are bounded."""
 
     def __init__(self, max_groups: int = MAX_GROUPS) -> None:
         self.max_groups = max_groups
         self._lock = threading.Lock()
-        self._groups: dict[str, WeightGroup | None] = {}  # None: joining
-        self.stuck = 0  # joins past their timeout whose thread has not ended
+        self._groups: dict[str, Any] = {}  # a WeightGroup or ReceivingGroup, or a _Joining while it is joined
+        self.stuck = 0  # NCCL joins past their timeout whose thread has not ended
         self._closed = False
 
-    def join(self, body: dict, device: str) -> WeightGroup:
-        """Build the group a body describes (``Refused`` 400/409/429, or 504 when the members did not all join)."""
+    def join(self, body: dict, device: str) -> Any:
+        """Build the group a body describes (``Refused`` 400/409/429, 503 when the server stops or the receiving
+        process cannot start, or 504 when the members did not all join)."""
         name, rank, world, address, port, backend, timeout = _init_args(body)
         if backend == "nccl" and not str(device).startswith("cuda"):
             raise Refused(400, f"backend nccl needs the model on a CUDA device; this server's is on {device}")
@@ -97,70 +108,100 @@ class WeightGroups:
             if len(self._groups) >= self.max_groups or self.stuck >= MAX_STUCK:
                 raise Refused(429, f"{len(self._groups)} weight-update groups exist here and {self.stuck} joins are "
                                    "stuck past their timeout: destroy one first")  # fmt: skip
-            self._groups[name] = None
+            place = self._groups[name] = _Joining(None)
+        try:
+            if backend == "gloo":  # (see .receiver: what arrives on the wire cannot end the server)
+                place.receiving = ReceivingGroup(address, port, rank, world, group_name=name, timeout_s=timeout)
+        except Exception as error:  # noqa: BLE001 -- no process could be started: the server's 503
+            self._forget(name, place)
+            raise Refused(503, f"could not start the process that receives for the group: {error}"[:400]) from None
+        receiving = place.receiving
         done, out = threading.Event(), {}
 
         def build() -> None:
             try:
-                kind = ReceivingGroup if backend == "gloo" else WeightGroup  # (see .receiver)
-                out["group"] = kind(address, port, rank, world, group_name=name, backend=backend, timeout_s=timeout,
-                                    device=device)  # fmt: skip
+                if receiving is not None:
+                    receiving.join()
+                    out["group"] = receiving
+                else:
+                    out["group"] = WeightGroup(address, port, rank, world, group_name=name, backend=backend,
+                                               timeout_s=timeout, device=device)  # fmt: skip
             except Exception as error:  # noqa: BLE001 -- the route's 504
                 out["error"] = error
             with self._lock:
                 late = out.get("abandoned", False)
-                if late:
+                if late and receiving is None:
                     self.stuck -= 1
-                elif "group" in out and not self._closed:
+                kept = not late and "group" in out and not self._closed and self._groups.get(name) is place
+                if kept:
                     self._groups[name] = out["group"]
-                else:
-                    self._groups.pop(name, None)
-            if (late or self._closed) and "group" in out:
-                out["group"].destroy()  # joined after its route gave up, or after the server began to stop
+                elif self._groups.get(name) is place:
+                    del self._groups[name]
+            if not kept and "group" in out:
+                out["group"].destroy()  # joined after its route gave up, a destroy, or the server's stop
             done.set()
 
         threading.Thread(target=build, name=f"cbpause-join-{name}", daemon=True).start()
+        if receiving is not None:
+            receiving.started.wait(START_S)  # a process's start (importing torch) is not the members' join
         if not done.wait(timeout + JOIN_GRACE_S):
             with self._lock:
                 if not done.is_set():
                     out["abandoned"] = True
-                    self.stuck += 1
-                    if self._groups.get(name, 0) is None:
+                    self.stuck += receiving is None
+                    if self._groups.get(name) is place:
                         del self._groups[name]
+            if receiving is not None:
+                receiving.destroy()  # nothing stays stuck: its process is killed
             if out.get("abandoned"):
                 raise Refused(504, f"could not join weight-update group {name!r} at {address}:{port} as rank {rank} "
                                    f"of {world} within {timeout} s: the master did not answer")  # fmt: skip
-        if "group" not in out:
-            why = f"{type(out.get('error')).__name__}: {out.get('error')}"
-            raise Refused(504, f"could not join weight-update group {name!r} at {address}:{port} as rank {rank} of "
-                               f"{world} within {timeout} s: {why}"[:600])  # fmt: skip
-        if self._closed:
-            raise Refused(503, "the server is stopping")
+        if "group" not in out or self._groups.get(name) is not out["group"]:
+            why = f"{type(out.get('error')).__name__}: {out.get('error')}" if "error" in out else \
+                "it was destroyed while it joined"  # fmt: skip
+            if self._closed:
+                raise Refused(503, "the server is stopping")
+            raise Refused(504 if "error" in out else 409, f"could not join weight-update group {name!r} at "
+                          f"{address}:{port} as rank {rank} of {world} within {timeout} s: {why}"[:600])  # fmt: skip
         return out["group"]
 
-    def get(self, name: Any) -> WeightGroup:
+    def get(self, name: Any) -> Any:
         with self._lock:
             group = self._groups.get(name) if isinstance(name, str) else None
-        if group is None:
+        if group is None or isinstance(group, _Joining):
             raise Refused(404, f"no weight-update group {name!r} here: POST /init_weights_update_group first")
         return group
 
-    def drop(self, name: Any, group: WeightGroup | None = None) -> bool:
-        """Destroy the group named ``name`` (only if it is ``group``, when given); True if there was one."""
+    def drop(self, name: Any, group: Any = None) -> bool:
+        """Destroy the group named ``name`` (only if it is ``group``, when given), or end its join under way (its
+        receiving process killed; an NCCL join is left to its own end, its slot freed); True if there was one."""
         with self._lock:
             found = self._groups.get(name) if isinstance(name, str) else None
             if found is None or (group is not None and found is not group):
                 return False
             del self._groups[name]
-        found.destroy()
+        if isinstance(found, _Joining):
+            if found.receiving is not None:
+                found.receiving.destroy()
+        else:
+            found.destroy()
         return True
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            groups, self._groups = [g for g in self._groups.values() if g is not None], {}
+            groups, self._groups = list(self._groups.values()), {}
         for group in groups:
-            group.destroy()
+            if isinstance(group, _Joining):
+                if group.receiving is not None:
+                    group.receiving.destroy()
+            else:
+                group.destroy()
+
+    def _forget(self, name: str, place: _Joining) -> None:
+        with self._lock:
+            if self._groups.get(name) is place:
+                del self._groups[name]
 
 
 def _init_args(body: dict) -> tuple[str, int, int, str, int, str, float]:

@@ -10,9 +10,12 @@ copies the bucket out while the child receives the next one into the other slot.
 a crash) is an answer too: the transfer fails, the group is closed, and the server serves on.
 
 A transfer that stalls ends when asked: :meth:`ReceivingGroup.destroy` (the route ``/destroy_weights_update_group``,
-the server's stop) kills the child, and the server's wait for its answer ends at once, where a collective inside the
-server's own process would wait for the group's deadline.  The staging this needs is two buckets (or two tensors, in
-a stock trainer's format of one broadcast per tensor), whatever the model's size.
+the server's stop, a join past its timeout) kills the child, and the server's wait for its answer ends at once, where a
+collective inside the server's own process would wait for the group's deadline.  The slots are two buckets (or two
+tensors, in a stock trainer's format of one broadcast per tensor), whatever the model's size, reserved before use in
+``/dev/shm`` or else the temporary directory (:func:`slot_file`); the server still stages the whole update it copies
+out of them (R-STAGED-TRANSFER).  A stock tensor carries no header: its slot is filled with a word of the transfer's
+own first, and a tensor whose last bytes are still that word arrived short.
 
 Over NCCL the tensors land on the server's own GPU, which a child cannot map; NCCL has no length check to fail, and
 such a group stays in the server's process (:class:`~cbpause.client.weight_group.WeightGroup`).
@@ -41,8 +44,8 @@ START_S = 120.0  # the most the child may take to start (importing torch) on top
 
 class ReceivingGroup:
     """Rank ``rank`` of a weight-update group whose collectives a child process runs (see the module).  The same calls
-    as :class:`~cbpause.client.weight_group.WeightGroup` on a receiving rank: ``vote``, ``receive``, ``destroy``.
-    Building it waits until every member has joined (``RuntimeError`` past ``timeout_s``, the child killed)."""
+    as :class:`~cbpause.client.weight_group.WeightGroup` on a receiving rank: ``vote``, ``receive``, ``destroy``; and
+    :meth:`join`, apart from building it, so that a join under way can be destroyed (its child killed)."""
 
     def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, *, group_name: str,
                  backend: str = "gloo", timeout_s: float = 60.0, device: str | None = None) -> None:  # fmt: skip
@@ -52,20 +55,28 @@ class ReceivingGroup:
         self.timeout_s = float(timeout_s)
         self.busy = threading.Lock()  # one update at a time, as WeightGroup
         self.broken: str | None = None
+        self.started = threading.Event()  # the child is up (torch imported): the join's own timeout runs from then
         self._slots: Any = None
         self._slot_bytes = 0
+        self._join = {"master_address": master_address, "master_port": master_port, "rank": rank,
+                      "world_size": world_size, "group_name": group_name, "backend": backend, "timeout_s": timeout_s}
         ours, theirs = socket.socketpair()
         with theirs:  # (its own session: a Ctrl-C at the server's terminal is the server's to handle)
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "cbpause.serve.receiver", str(theirs.fileno()), str(os.getpid())],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
         self._conn = Connection(ours.detach())
-        join = {"master_address": master_address, "master_port": master_port, "rank": rank,
-                "world_size": world_size, "group_name": group_name, "backend": backend, "timeout_s": timeout_s}
+
+    def join(self) -> None:
+        """Wait for the child to start (:data:`START_S` at most), then for every member to join (``timeout_s``);
+        ``RuntimeError`` otherwise, or when :meth:`destroy` ends it, with the child killed."""
         try:
-            self._ask(("join", join), START_S + self.timeout_s)
+            self._answer(START_S)
+            self.started.set()
+            self._ask(("join", self._join), self.timeout_s + ANSWER_GRACE_S)
         except BaseException:
-            self.destroy()
+            self.started.set()
+            self._fail(self.broken or "the join did not complete")
             raise
 
     def vote(self, ok: bool) -> bool:
@@ -81,27 +92,30 @@ class ReceivingGroup:
         import torch
 
         if bucket_bytes is None:  # a stock trainer's format: each tensor a bucket of its own, with no header
-            parts = [Bucket(i, (Slot(name, 0, _nbytes(shape, dtype), shape, dtype),),
-                                    _nbytes(shape, dtype)) for i, (name, shape, dtype) in enumerate(manifest)]
+            parts = [Bucket(i, (Slot(name, 0, _nbytes(shape, dtype), shape, dtype),), _nbytes(shape, dtype))
+                     for i, (name, shape, dtype) in enumerate(manifest)]
             # (a tensor's exact length: gloo takes fewer bytes than a buffer holds, and the next one must not land)
         else:
             parts = layout(manifest, bucket_bytes)
-        slot_bytes = -(-max(part.nbytes for part in parts) // ALIGN) * ALIGN
-        self._map(2 * slot_bytes)
         checked = bucket_bytes is not None
+        # What a slot holds before a bucket lands: ones for a checked bucket (a short one cannot sum right), a word
+        # of this transfer's own for a stock tensor (a short one leaves it at the tensor's end, where a whole one
+        # ends with it once in 2**64).
+        word = -1 if checked else int.from_bytes(os.urandom(8), "little", signed=True)
         received: dict[str, Any] = {}
         try:
-            self._conn.send(("bucket", 0, parts[0].nbytes, checked))
+            self._check()
+            slot_bytes = -(-max(part.nbytes for part in parts) // ALIGN) * ALIGN
+            self._map(2 * slot_bytes)
+            self._send(("bucket", 0, parts[0].nbytes, checked, word))
             for i, part in enumerate(parts):
                 answer = self._answer(self.timeout_s + ANSWER_GRACE_S)
                 if i + 1 < len(parts):  # the child receives the next bucket into the other slot meanwhile
-                    self._conn.send(("bucket", ((i + 1) % 2) * slot_bytes, parts[i + 1].nbytes, checked))
+                    self._send(("bucket", ((i + 1) % 2) * slot_bytes, parts[i + 1].nbytes, checked, word))
                 view = self._slots[(i % 2) * slot_bytes : (i % 2) * slot_bytes + part.nbytes]
-                if checked:
-                    head, summed = answer
-                    why = refusal(part, head, summed)
-                    if why is not None:
-                        raise RuntimeError(why)
+                why = refusal(part, *answer) if checked else _short(part, view, word)
+                if why is not None:
+                    raise RuntimeError(why)
                 with torch.no_grad():
                     for name, tensor in unpack(part, view):
                         if load is None:
@@ -112,6 +126,8 @@ class ReceivingGroup:
                     progress()
         except BaseException as error:
             self._fail(f"{type(error).__name__}: {error}")
+            if isinstance(error, OSError):  # (a slot file that cannot be made: the transfer's failure, named)
+                raise RuntimeError(f"{type(error).__name__}: {error}") from error
             raise
         return received
 
@@ -119,8 +135,10 @@ class ReceivingGroup:
         """Leave the group: the child is killed (its collectives end with it, and a wait for its answer ends at once);
         idempotent, from any thread."""
         self.broken = self.broken or "destroyed"
+        self.started.set()
         with contextlib.suppress(ProcessLookupError, OSError):
             self._process.kill()  # a wait for its answer, in another thread, ends at once: the peer closed
+        self._slots, self._slot_bytes = None, 0  # (an update under way keeps its views, and their pages, till it ends)
         if self.busy.acquire(blocking=False):  # no update polls the connection now (an fd closed under a poll of
             try:  # another thread may stay polled, or be reused): close it; an update under way closes it itself
                 self._close()
@@ -140,11 +158,9 @@ class ReceivingGroup:
 
         if self._slots is not None and self._slot_bytes >= nbytes:
             return
-        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        fd, path = tempfile.mkstemp(prefix="cbpause-slots-", dir=where)
+        self._slots, self._slot_bytes = None, 0
+        path = slot_file(nbytes)
         try:
-            os.ftruncate(fd, nbytes)
-            os.close(fd)
             self._slots = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
             self._slot_bytes = nbytes
             self._ask(("map", path, nbytes), self.timeout_s + ANSWER_GRACE_S)
@@ -152,13 +168,16 @@ class ReceivingGroup:
             with contextlib.suppress(OSError):
                 os.unlink(path)  # both mapped it: the memory lives as long as the mappings
 
-    def _ask(self, message: tuple, timeout: float) -> Any:
-        self._check()
+    def _send(self, message: tuple) -> None:
         try:
             self._conn.send(message)
         except OSError as error:
             self._fail(f"the receiving process is gone ({error})")
             raise RuntimeError(f"a collective of the weight-update group failed: {self.broken}") from None
+
+    def _ask(self, message: tuple, timeout: float) -> Any:
+        self._check()
+        self._send(message)
         return self._answer(timeout)
 
     def _answer(self, timeout: float) -> Any:
@@ -194,6 +213,42 @@ class ReceivingGroup:
         self._close()
 
 
+def slot_file(nbytes: int, places: tuple[str | None, ...] = ("/dev/shm", None)) -> str:
+    """A file of ``nbytes``, its space reserved (``posix_fallocate``: a file only truncated to its size takes no space
+    until written, and a child writing into a full ``/dev/shm`` dies of SIGBUS), in the first of ``places`` that has
+    room: ``/dev/shm``, then the temporary directory (a container's ``/dev/shm`` is 64 MiB by default).
+    ``OSError`` naming each place tried when none has."""
+    why = []
+    for place in places:
+        if place is not None and not os.path.isdir(place):
+            continue
+        fd, path = tempfile.mkstemp(prefix="cbpause-slots-", dir=place)
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+            return path
+        except OSError as error:
+            why.append(f"{place or tempfile.gettempdir()}: {error.strerror or error}")
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        finally:
+            os.close(fd)
+    raise OSError(f"no room for the {nbytes} bytes of the staging slots ({'; '.join(why)}): give /dev/shm or the "
+                  "temporary directory room, or send smaller buckets")  # fmt: skip
+
+
+def _short(part: Bucket, view: Any, word: int) -> str | None:
+    """Why a stock tensor's bytes are short (its last bytes are still the fill ``word``'s), or None."""
+    n = part.nbytes
+    if n == 0:
+        return None
+    pattern = word.to_bytes(8, "little", signed=True)
+    tail = range(max(n - 8, 0), n)
+    if bytes(view[tail.start : n].tolist()) == bytes(pattern[j % 8] for j in tail):
+        return (f"{part.slots[0].name!r}: fewer bytes arrived than its manifest's {n} (a short tensor, or another "
+                "dtype than the manifest's)")  # fmt: skip
+    return None
+
+
 def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
     count = 1
     for n in shape:
@@ -212,6 +267,7 @@ def _serve(conn: Connection) -> None:
 
     group: Any = None
     slots: Any = None
+    conn.send(("ok", "started"))
     while True:
         try:
             message = conn.recv()
@@ -226,12 +282,13 @@ def _serve(conn: Connection) -> None:
             elif kind == "vote":
                 answer = group.vote(message[1])
             elif kind == "bucket":
-                _, offset, nbytes, checked = message
+                _, offset, nbytes, checked, word = message
                 view = slots[offset : offset + nbytes]
+                aligned = -(-nbytes // ALIGN) * ALIGN  # (the slot's own length: its start and end are aligned)
+                slots[offset : offset + aligned].view(torch.int64).fill_(word)
                 if checked:
                     head = torch.zeros(HEADER_WORDS, dtype=torch.int64)
                     group.broadcast(head)
-                    view.fill_(255)  # what a short sender leaves out counts as -1 a word
                     group.broadcast(view)
                     answer = (head.tolist(), checksum(view))
                 else:

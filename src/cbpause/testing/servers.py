@@ -18,7 +18,7 @@ from . import forks
 from .threads import HANG_S
 from .tp import free_port
 
-__all__ = ["free_port", "serve_process", "serve_tp_processes", "wait_healthy"]
+__all__ = ["child_processes", "free_port", "serve_process", "serve_tp_processes", "wait_healthy"]
 
 
 def wait_healthy(url: str, process: forks.ForkedProcess | subprocess.Popen | None = None,
@@ -99,3 +99,20 @@ def _start(argv: list[str], env: dict[str, str], log: Path | None) -> forks.Fork
     if log is not None:
         Path(log).write_text("")  # the log of this server alone, as a file opened for writing had
     return forks.start("cbpause.serve.__main__", argv, env, str(log) if log is not None else os.devnull)
+
+
+def child_processes(pid: int, command: bytes = b"") -> list[int]:
+    """The live processes whose parent is ``pid`` and whose command line holds ``command`` (a server's receiving
+    processes: ``b"cbpause.serve.receiver"``).  Read from each ``/proc/N/stat``: ``/proc/PID/task/TID/children``
+    lists only the children the thread TID started, and a server starts them from its worker threads."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and command in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return sorted(found)

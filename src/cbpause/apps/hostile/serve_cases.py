@@ -39,6 +39,7 @@ from .serve_support import (
 )
 from .serve_transfer import (
     fleet_client_limits,
+    joins_and_receivers_end_when_asked,
     senders_whose_bytes_are_not_their_manifest_s,
     stalled_transfer_ends_when_asked,
     values_no_answer_could_carry,
@@ -485,6 +486,7 @@ CASES: dict[str, Callable[[Guarded], None]] = {case.__name__: case for case in (
     weight_groups_refuse_bad_input_and_are_capped, transfer_cut_while_receiving_keeps_the_weights,
     senders_whose_bytes_are_not_their_manifest_s, stalled_transfer_ends_when_asked, sigterm_answers_and_exits,
     tp_engine_refuses_what_would_part_its_ranks, values_no_answer_could_carry, fleet_client_limits,
+    joins_and_receivers_end_when_asked,
     lease_log_is_a_behaviour,
 )}  # fmt: skip
 

@@ -31,6 +31,7 @@ class Guarded:
     checkpoint: Path
     weights_dir: Path
     scratch: Path
+    pid: int = 0  # the server's process
 
 
 @contextlib.contextmanager
@@ -40,8 +41,8 @@ def guarded_server(checkpoint: Path, weights_dir: Path, scratch: Path) -> Iterat
 
     with serve_process(checkpoint, "--weights-dir", str(weights_dir), "--default-ttl", str(WAIT), "--num-blocks",
                        "64", "--api-key", KEY, "--served-model-name", NAME, "--max-leases", str(MAX_LEASES),
-                       "--max-body-bytes", "65536", "--lease-log", str(scratch / "leases.jsonl")) as (url, _process):
-        yield Guarded(url, checkpoint, weights_dir, scratch)
+                       "--max-body-bytes", "65536", "--lease-log", str(scratch / "leases.jsonl")) as (url, process):
+        yield Guarded(url, checkpoint, weights_dir, scratch, process.pid)
 
 
 def check(condition: object, message: str, kind: type[AssertionError] = Wrong) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import Any
 
 from .serve_support import (
     KEY,
@@ -22,8 +23,8 @@ from .serve_support import (
 )
 from .support import WAIT, Lost, Silent, Wrong
 
-__all__ = ["fleet_client_limits", "senders_whose_bytes_are_not_their_manifest_s", "stalled_transfer_ends_when_asked",
-           "values_no_answer_could_carry"]
+__all__ = ["fleet_client_limits", "joins_and_receivers_end_when_asked", "senders_whose_bytes_are_not_their_manifest_s",
+           "stalled_transfer_ends_when_asked", "values_no_answer_could_carry"]
 
 STALL_TIMEOUT_S = 600  # the group's deadline in the stall case: far past the wait below, so only the ask can end it
 
@@ -107,6 +108,8 @@ def senders_whose_bytes_are_not_their_manifest_s(server: Guarded) -> None:
         "a header too long": lambda group: group.broadcast(torch.zeros(64, dtype=torch.int64)),
         "a stock tensor, more bytes than its manifest": lambda group: group.broadcast(torch.randn(shape[0] * 2,
                                                                                                   shape[1])),
+        "a stock tensor, half its rows": lambda group: group.broadcast(torch.randn(shape[0] // 2, shape[1])),
+        "a stock tensor, bfloat16 for float32": lambda group: group.broadcast(whole.bfloat16()),
     }  # fmt: skip
     for what, send in senders.items():
         group = joined_group(server.url, "liar", timeout=5)
@@ -217,3 +220,66 @@ def fleet_client_limits(server: Guarded) -> None:
     finally:
         for engine in engines:
             engine.close()
+
+
+def _receivers(pid: int) -> list[int]:
+    """The receiving processes of the server process ``pid``."""
+    from ...testing.servers import child_processes
+
+    return child_processes(pid, b"cbpause.serve.receiver")
+
+
+def joins_and_receivers_end_when_asked(server: Guarded) -> None:
+    """What a hostile review found of the receiving processes: a destroy during a join was ignored (the join then
+    registered its group), a join past its timeout left its process alive for two minutes (sixteen of them locked out
+    every join), and a receiving process that died between two updates made every later update a bare 500.  A destroy
+    now ends a join under way, a join past its timeout kills its process, and an update on a group whose process died
+    is a 502 that drops the group."""
+    import os
+    import signal
+
+    from .serve_support import group_body
+
+    def until(condition: Any, what: str) -> None:
+        for _ in range(int(WAIT * 10)):
+            if condition():
+                return
+            threading.Event().wait(0.1)
+        raise Silent(what)
+
+    before = set(_receivers(server.pid))
+    with socket.socket() as silent:  # a master that accepts and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        asked = in_thread(call, "POST", server.url + "/init_weights_update_group",
+                          json=group_body(port, group_name="cancelled", timeout=600))  # fmt: skip
+        until(lambda: set(_receivers(server.pid)) - before, "no receiving process started for the join")
+        gone = call("POST", server.url + "/destroy_weights_update_group", json={"group_name": "cancelled"})
+        check(gone.json() == {"destroyed": True}, f"a destroy during a join: {gone.text[:200]}")
+        answer = joined(*asked)
+        check(answer.status_code != 200, f"a destroyed join was answered {answer.status_code}: {answer.text[:200]}")
+        none = call("POST", server.url + "/update_weights_from_distributed", json={"group_name": "cancelled"})
+        check(none.status_code == 404, f"a destroyed join left its group: {none.status_code}")
+        late = call("POST", server.url + "/init_weights_update_group",
+                    json=group_body(port, group_name="late", timeout=1))  # fmt: skip
+        check(late.status_code == 504, f"a join nobody completes: {late.status_code} {late.text[:200]}")
+    until(lambda: set(_receivers(server.pid)) <= before, "receiving processes outlived their joins")
+
+    group = joined_group(server.url, "orphaned", timeout=5)
+    held = lease(server.url, holder="orphaned")
+    try:
+        for pid in _receivers(server.pid):
+            os.kill(pid, signal.SIGKILL)  # (the kernel's OOM killer, say)
+        info = call("GET", server.url + "/weight_info").json()
+        tensor, spec = next(iter(info["parameters"].items()))
+        answer = call("POST", server.url + "/update_weights_from_distributed",
+                      json={"group_name": "orphaned", "names": [tensor], "dtypes": [spec["dtype"]],
+                            "shapes": [spec["shape"]], "lease_id": held})  # fmt: skip
+        check(answer.status_code == 502 and message(answer), f"an update after its process died: "
+              f"{answer.status_code} {answer.text[:200]}")  # fmt: skip
+        again = call("POST", server.url + "/update_weights_from_distributed", json={"group_name": "orphaned"})
+        check(again.status_code == 404, f"the group whose process died was kept: {again.status_code}")
+    finally:
+        group.destroy()
+        resume(server.url, held)
