@@ -92,13 +92,13 @@ class WeightGroup:
         buffer: Any = None
         start = 0
         for bucket in buckets.layout(manifest, bucket_bytes):
-            if buffer is None or buffer.numel() < bucket.nbytes:
-                buffer = torch.empty(bucket.nbytes, dtype=torch.uint8)
-            packed = buckets.pack(bucket, [t.to("cpu") for t in tensors[start : start + len(bucket.slots)]], buffer)
+            if buffer is None or buffer.numel() < bucket.nbytes:  # (on the group's device: NCCL packs on the GPU)
+                buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=self.device)
+            part = [t.to(self.device) for t in tensors[start : start + len(bucket.slots)]]
+            packed = buckets.pack(bucket, part, buffer)
             start += len(bucket.slots)
-            head = torch.tensor(buckets.header(bucket, packed), dtype=torch.int64)
-            self.broadcast(head.to(self.device))
-            self.broadcast(packed.to(self.device))
+            self.broadcast(torch.tensor(buckets.header(bucket, packed), dtype=torch.int64, device=self.device))
+            self.broadcast(packed)
 
     def receive(self, manifest: list[tuple[str, tuple[int, ...], Any]], progress: Any = None,
                 bucket_bytes: int | None = None) -> dict[str, Any]:  # fmt: skip

@@ -151,9 +151,9 @@ class WeightGroups:
                     self.stuck += receiving is None
                     if self._groups.get(name) is place:
                         del self._groups[name]
-            if receiving is not None:
-                receiving.destroy()  # nothing stays stuck: its process is killed
-            if out.get("abandoned"):
+            if out.get("abandoned"):  # (not if the join ended just as the wait did: that group is kept)
+                if receiving is not None:
+                    receiving.destroy()  # nothing stays stuck: its process is killed
                 raise Refused(504, f"could not join weight-update group {name!r} at {address}:{port} as rank {rank} "
                                    f"of {world} within {timeout} s: the master did not answer")  # fmt: skip
         if "group" not in out or self._groups.get(name) is not out["group"]:
