@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["ALIGN", "DEFAULT_BUCKET_BYTES", "HEADER_WORDS", "MAGIC", "Bucket", "Slot", "checksum", "header",
-           "layout", "pack", "refusal", "unpack"]
+__all__ = ["ALIGN", "DEFAULT_BUCKET_BYTES", "HEADER_WORDS", "MAGIC", "Bucket", "Slot", "aligned", "checksum",
+           "header", "layout", "pack", "refusal", "tensor_bytes", "unpack"]
 
 ALIGN = 16  # every tensor's offset in its bucket: a view of any dtype (complex128 included) is aligned
 DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024  # two of them staged: 128 MiB, a small share of any model worth a broadcast
@@ -49,8 +49,17 @@ class Bucket(NamedTuple):
     nbytes: int
 
 
-def _aligned(n: int) -> int:
+def aligned(n: int) -> int:
+    """``n`` bytes rounded up to :data:`ALIGN`: where the next slot may start."""
     return -(-n // ALIGN) * ALIGN
+
+
+def tensor_bytes(shape: tuple[int, ...], dtype: Any) -> int:
+    """The bytes of a tensor of ``shape`` and ``dtype``."""
+    count = 1
+    for n in shape:
+        count *= n
+    return count * dtype.itemsize
 
 
 def layout(manifest: list[tuple[str, tuple[int, ...], Any]], bucket_bytes: int) -> list[Bucket]:
@@ -63,15 +72,12 @@ def layout(manifest: list[tuple[str, tuple[int, ...], Any]], bucket_bytes: int) 
     slots: list[Slot] = []
     used = 0
     for name, shape, dtype in manifest:
-        count = 1
-        for n in shape:
-            count *= n
-        nbytes = count * dtype.itemsize
-        if slots and used + _aligned(nbytes) > bucket_bytes:
+        nbytes = tensor_bytes(shape, dtype)
+        if slots and used + aligned(nbytes) > bucket_bytes:
             buckets.append(Bucket(len(buckets), tuple(slots), used))
             slots, used = [], 0
         slots.append(Slot(name, used, nbytes, tuple(shape), dtype))
-        used += _aligned(nbytes)
+        used += aligned(nbytes)
     if slots:
         buckets.append(Bucket(len(buckets), tuple(slots), used))
     return buckets
@@ -91,7 +97,7 @@ def pack(bucket: Bucket, tensors: list[Any], out: Any = None) -> Any:
                              f"{slot.shape} {slot.dtype}")  # fmt: skip
         flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
         buffer[slot.offset : slot.offset + slot.nbytes].copy_(flat)
-        buffer[slot.offset + slot.nbytes : slot.offset + _aligned(slot.nbytes)].zero_()
+        buffer[slot.offset + slot.nbytes : slot.offset + aligned(slot.nbytes)].zero_()
     return buffer
 
 

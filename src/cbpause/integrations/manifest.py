@@ -32,13 +32,6 @@ class Entry(NamedTuple):
     shape: tuple[int, ...]
     dtype: Any
 
-    @property
-    def nbytes(self) -> int:
-        count = 1
-        for n in self.shape:
-            count *= n
-        return count * self.dtype.itemsize
-
 
 def model_tensors(model: Any) -> dict[str, Any]:
     """The model's parameters and buffers by name, the tensors an update may write."""

@@ -33,7 +33,7 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..client.buckets import ALIGN, HEADER_WORDS, Bucket, Slot, checksum, layout, refusal, unpack
+from ..client.buckets import HEADER_WORDS, Bucket, Slot, aligned, checksum, layout, refusal, tensor_bytes, unpack
 
 __all__ = ["ReceivingGroup"]
 
@@ -92,7 +92,7 @@ class ReceivingGroup:
         import torch
 
         if bucket_bytes is None:  # a stock trainer's format: each tensor a bucket of its own, with no header
-            parts = [Bucket(i, (Slot(name, 0, _nbytes(shape, dtype), shape, dtype),), _nbytes(shape, dtype))
+            parts = [Bucket(i, (Slot(name, 0, tensor_bytes(shape, dtype), shape, dtype),), tensor_bytes(shape, dtype))
                      for i, (name, shape, dtype) in enumerate(manifest)]
             # (a tensor's exact length: gloo takes fewer bytes than a buffer holds, and the next one must not land)
         else:
@@ -105,7 +105,7 @@ class ReceivingGroup:
         received: dict[str, Any] = {}
         try:
             self._check()
-            slot_bytes = -(-max(part.nbytes for part in parts) // ALIGN) * ALIGN
+            slot_bytes = aligned(max(part.nbytes for part in parts))
             self._map(2 * slot_bytes)
             self._send(("bucket", 0, parts[0].nbytes, checked, word))
             for i, part in enumerate(parts):
@@ -249,13 +249,6 @@ def _short(part: Bucket, view: Any, word: int) -> str | None:
     return None
 
 
-def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
-    count = 1
-    for n in shape:
-        count *= n
-    return count * dtype.itemsize
-
-
 # ------------------------------------------------------------------------------------------------ the child
 
 
@@ -284,8 +277,8 @@ def _serve(conn: Connection) -> None:
             elif kind == "bucket":
                 _, offset, nbytes, checked, word = message
                 view = slots[offset : offset + nbytes]
-                aligned = -(-nbytes // ALIGN) * ALIGN  # (the slot's own length: its start and end are aligned)
-                slots[offset : offset + aligned].view(torch.int64).fill_(word)
+                # (the slot's own length: its start and end are aligned)
+                slots[offset : offset + aligned(nbytes)].view(torch.int64).fill_(word)
                 if checked:
                     head = torch.zeros(HEADER_WORDS, dtype=torch.int64)
                     group.broadcast(head)

@@ -32,17 +32,9 @@ STALL_TIMEOUT_S = 600  # the group's deadline in the stall case: far past the wa
 def _stalled_update(url: str, name: str, held: str) -> tuple:
     """A transfer in cbpause's format that the trainer voted for and then never sent (it stalled): the route's
     answer, waited for in a thread, and the trainer's group."""
-    from ...client.weight_group import WeightGroup
-    from ...testing.servers import free_port
-    from .serve_support import group_body
-
     info = call("GET", url + "/weight_info").json()
     tensor, spec = next(iter(info["parameters"].items()))
-    port = free_port()
-    asked = in_thread(call, "POST", url + "/init_weights_update_group",
-                      json=group_body(port, group_name=name, timeout=STALL_TIMEOUT_S))  # fmt: skip
-    group = WeightGroup("127.0.0.1", port, 0, 2, group_name=name, timeout_s=STALL_TIMEOUT_S)
-    check(joined(*asked).status_code == 200, f"joining {name}")
+    group = joined_group(url, name, timeout=STALL_TIMEOUT_S)
     update = in_thread(call, "POST", url + "/update_weights_from_distributed",
                        json={"group_name": name, "names": [tensor], "dtypes": [spec["dtype"]],
                              "shapes": [spec["shape"]], "weight_version": "stalled", "lease_id": held,
