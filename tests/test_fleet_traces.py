@@ -52,6 +52,31 @@ def test_a_forged_log_is_rejected(tmp_path, what, forged):
     assert not validate(forged, TLA_DIR, tmp_path).accepted, what
 
 
+def served(records: list[dict], at: int) -> list[dict]:
+    """``records`` with the ``at``-th saying the table holds no torn hold after it."""
+    return [{**r, "torn": False} if n == at else r for n, r in enumerate(records)]
+
+
+TORN = log(("PauseLease", 1, 0), ("WriteBegin", 1, 0), ("WriteFail", 1, -1), ("ResumeLease", 1, -1),
+           ("PauseLease", 2, -1), ("WriteBegin", 2, -1), ("WriteEnd", 2, 2))  # fmt: skip
+
+
+def test_a_log_of_torn_weights_held_until_a_complete_write_is_accepted(tmp_path):
+    result = validate(TORN, TLA_DIR, tmp_path)
+    assert result.accepted and result.matched == len(TORN), result.output[-2000:]
+
+
+@pytest.mark.parametrize(("what", "forged"), [
+    ("torn weights not held", served(TORN, 2)),
+    ("torn weights released when their lease ends", served(TORN, 3)),
+    ("torn weights released by a write's begin", served(TORN, 5)),
+    ("whole weights held", [{**r, "torn": True} if n == 1 else r for n, r in enumerate(TORN)]),
+])  # fmt: skip
+def test_a_forged_log_of_torn_weights_is_rejected(tmp_path, what, forged):
+    """Issue 57 (R-TORN-HOLD): the table's torn hold, which each record carries, is the spec's ``Torn``."""
+    assert not validate(forged, TLA_DIR, tmp_path).accepted, what
+
+
 def test_the_lease_table_s_own_log_under_expiries_cuts_and_races_is_accepted(tmp_path):
     """The lease table itself (a fake manager: its log does not depend on the loop): leases resumed, renewed,
     expired, a write that ends, a write cut at its deadline, a write refused as busy, as fenced and as superseded."""
@@ -80,7 +105,7 @@ def test_the_lease_table_s_own_log_under_expiries_cuts_and_races_is_accepted(tmp
     short.thread.join(timeout=HANG_S)
     cut = table.pause_lease(holder="cut")
     with table.write_weights(cut.id, timeout=0.05, version=2):
-        cut.thread.join(timeout=HANG_S)  # the write "hangs" past its deadline
+        cut.left.wait(timeout=HANG_S)  # the write "hangs" past its deadline (its thread keeps the torn loop)
     table.resume_lease(a.id)
     assert [r["a"] for r in records].count("WriteCut") == 1 and short.state == "expired"
     result = validate(records, TLA_DIR, tmp_path)
@@ -166,7 +191,7 @@ def test_the_lease_table_s_staged_writes_keep_the_weights_until_received(tmp_pat
     second = table.pause_lease(holder="t2")
     with table.write_weights(second.id, timeout=0.05, version=3, staged=True) as writing:
         table.received(writing)
-        second.thread.join(timeout=HANG_S)  # cut while copying
+        second.left.wait(timeout=HANG_S)  # cut while copying (its thread keeps the torn loop)
     assert manager.versions == [1, PartialSync(3)]
     assert [r["a"] for r in records] == ["PauseLease", "WriteBegin", "Received", "WriteEnd", "WriteBegin", "WriteCut",
                                          "PauseLease", "WriteBegin", "Received", "WriteCut"], records  # fmt: skip

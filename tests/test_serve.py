@@ -123,12 +123,48 @@ def test_a_write_that_hangs_is_cut_at_its_deadline_and_the_weights_are_labelled_
     table = LeaseTable(manager, default_ttl=HANG_S)
     lease = table.pause_lease(ttl=0.2, holder="t")
     with table.write_weights(lease.id, timeout=0.3, version=7) as writing:
-        lease.thread.join(timeout=HANG_S)  # the write "hangs" past its deadline: the lease's thread ends
-        assert not lease.thread.is_alive() and lease.state == "expired" and writing.cut
-        assert manager.versions == [PartialSync(7)] and manager.inside == 1  # labelled before the hold is released
+        lease.left.wait(timeout=HANG_S)  # the write "hangs" past its deadline: the lease ends
+        assert lease.left.is_set() and lease.state == "expired" and writing.cut
+        # labelled before the hold is released; torn, so the cut lease's thread keeps the hold (the keeper)
+        assert manager.versions == [PartialSync(7)] and manager.inside == 1 and table.torn is not None
         with pytest.raises(LeaseGone, match="cut off"):
             table.commit_write(writing, lambda: manager.set_weight_version(7))
-    assert manager.versions == [PartialSync(7)]
+    assert manager.versions == [PartialSync(7)] and table.torn is not None
+
+
+def test_torn_weights_are_held_until_a_complete_write_mends_them():
+    """R-TORN-HOLD: a write that fails after its first tensor leaves the weights torn.  Its lease's thread keeps the
+    loop held after its lease ends (the keeper: one, however many torn writes follow); a lease asked meanwhile takes
+    no pause of its own (a supporter: no newcomer could join that window), and the keeper leaves once a complete write
+    has mended the weights and no supporter is held."""
+    from cbpause.integrations.weights import PartialSync
+
+    manager = FakeManager()
+    table = LeaseTable(manager, default_ttl=HANG_S)
+    lease = table.pause_lease(holder="t")
+    with table.write_weights(lease.id, version=1) as writing:
+        table.fail_write(writing, lambda: manager.set_weight_version(PartialSync(1)))
+    assert table.torn.version == 1 and manager.inside == 1
+    with table.write_weights(lease.id, version=3) as writing:
+        table.fail_write(writing)  # nothing copied: torn as before
+    assert table.torn.version == 1
+    keeper = lease.thread
+    assert table.resume_lease(lease.id) is True and manager.inside == 1  # the lease ended; its thread keeps the loop
+    assert keeper.is_alive() and lease.state == "resumed"
+    second = table.pause_lease(holder="t2")  # a supporter: entered at once, no pause of its own
+    assert second.state == "held" and manager.inside == 1
+    with table.write_weights(second.id, version=2) as writing:
+        table.fail_write(writing, lambda: manager.set_weight_version(PartialSync(2)))
+    assert table.torn.version == 2
+    with table.write_weights(second.id, version=4) as writing:
+        table.commit_write(writing, lambda: manager.set_weight_version(4))
+    assert table.torn is None and keeper.is_alive() and manager.inside == 1  # mended; the supporter holds on
+    assert table.resume_lease(second.id) is True
+    keeper.join(timeout=HANG_S)
+    assert not keeper.is_alive() and manager.inside == 0 and manager.versions[-1] == 4
+    third = table.pause_lease(holder="t3")  # whole weights: a pause of its own again
+    assert manager.inside == 1 and table.resume_lease(third.id) is True and manager.inside == 0
+    table.close()
 
 
 def test_a_resumed_lease_whose_write_hangs_ends_at_the_write_s_deadline():
@@ -872,7 +908,7 @@ def test_a_resume_that_waited_for_a_write_cut_at_its_deadline_says_the_lease_exp
     with table.write_weights(lease.id, timeout=0.2):
         resumer = threading.Thread(target=lambda: answers.append(_outcome(table.resume_lease, lease.id)))
         resumer.start()
-        lease.thread.join(HANG_S)  # the write "hangs" past its deadline: cut
+        lease.left.wait(HANG_S)  # the write "hangs" past its deadline: cut (its thread keeps the torn loop)
     resumer.join(HANG_S)
     assert not resumer.is_alive() and lease.state == "expired"
     assert answers == ["LeaseGone"], answers

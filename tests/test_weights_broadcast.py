@@ -164,13 +164,27 @@ def test_the_weights_bench_measures_both_kinds_of_update(two_servers):
     assert [text(url) for url in urls] == [expected_text(model, PROMPT, 6)] * 2
 
 
-def test_a_server_killed_mid_transfer_is_named_and_the_survivor_keeps_its_old_weights_whole(two_servers_to_kill,
-                                                                                             tmp_path):  # fmt: skip
-    urls, processes, logs, _ = two_servers_to_kill
-    before = text(urls[1])
+@pytest.fixture()
+def three_servers_to_kill(checkpoint, tmp_path):
+    """Three servers, the last receiving with ``--staging full``: ``(urls, processes, lease logs)``."""
+    logs = [tmp_path / f"{n}.lease.log" for n in "abc"]
+    flags = ("--default-ttl", str(HANG_S), "--num-blocks", "64", "--served-model-name", "tiny", "--lease-log")
+    with serve_process(checkpoint, *flags, str(logs[0])) as (a, pa), \
+            serve_process(checkpoint, *flags, str(logs[1])) as (b, pb), \
+            serve_process(checkpoint, *flags, str(logs[2]), "--staging", "full") as (c, pc):  # fmt: skip
+        yield [a, b, c], [pa, pb, pc], logs
+
+
+def test_a_server_killed_mid_transfer_is_named_and_the_survivors_are_torn_and_held_or_whole(three_servers_to_kill,
+                                                                                            tmp_path):  # fmt: skip
+    """Issue 57 (R-TORN-HOLD, R-STAGED-TRANSFER): a server dies once the first bucket has arrived.  The survivor that
+    copies each bucket as it arrives (bounded staging, the default) is torn: labelled PartialSync, it refuses
+    generation (503) until a complete update, which mends it; the survivor that stages the whole update first keeps
+    its old weights whole and serves them.  Both lease logs replay against FleetPause.tla."""
+    urls, processes, logs = three_servers_to_kill
+    before = text(urls[2])
     big = policy(seed=11)
     arrived = threading.Event()
-
 
     with Fleet(urls, request_timeout=HANG_S, bucket_bytes=BUCKET) as fleet:
         fleet.init_weights_update_group("127.0.0.1", timeout=HANG_S)
@@ -191,11 +205,25 @@ def test_a_server_killed_mid_transfer_is_named_and_the_survivor_keeps_its_old_we
                 fleet.update_weights_from_distributed(big.named_parameters(), weight_version=5)
         assert arrived.is_set()
         assert urls[0] in failed.value.failed and failed.value.updated == []
-        assert "weights are as they were" in failed.value.failed[urls[1]], failed.value.failed
+        assert "the weights are torn" in failed.value.failed[urls[1]], failed.value.failed
+        assert "weights are as they were" in failed.value.failed[urls[2]], failed.value.failed
         assert fleet.weight_group is None  # the group is gone on every member
-    assert text(urls[1]) == before and info(urls[1])["weight_version"] is None
-    actions = replays(logs[1], tmp_path / "survivor")
-    assert "Received" not in actions and actions[-2:] == ["WriteFail", "ResumeLease"], actions
+    assert text(urls[2]) == before and info(urls[2])["weight_version"] is None
+    refused = httpx.post(urls[1] + "/v1/completions", json={"model": "tiny", "prompt": "t3", "max_tokens": 2},
+                         timeout=HANG_S)  # fmt: skip
+    assert refused.status_code == 503 and "torn" in refused.text, refused.text
+    assert info(urls[1])["weight_version"] == "PartialSync(sync=5)"
+    assert httpx.get(urls[1] + "/health", timeout=HANG_S).json()["torn"] is True
+    with Fleet(urls[1:], request_timeout=HANG_S, bucket_bytes=BUCKET) as fleet:  # a complete update mends it
+        fleet.init_weights_update_group("127.0.0.1", timeout=HANG_S)
+        with fleet.pause(ttl=HANG_S):
+            assert fleet.update_weights_from_distributed(big.named_parameters(), weight_version=6) == urls[1:]
+    assert httpx.get(urls[1] + "/health", timeout=HANG_S).json()["torn"] is False
+    assert [text(url) for url in urls[1:]] == [expected_text(big, PROMPT, 6)] * 2
+    torn = replays(logs[1], tmp_path / "bounded")
+    assert torn[torn.index("Received") + 1] == "WriteFail" and torn[-2:] == ["WriteEnd", "ResumeLease"], torn
+    whole = replays(logs[2], tmp_path / "full")
+    assert whole[whole.index("WriteFail") - 1] == "WriteBegin" and whole[-2:] == ["WriteEnd", "ResumeLease"], whole
 
 
 def stopped(pid: int) -> None:
@@ -236,5 +264,12 @@ def test_a_server_that_hangs_mid_transfer_costs_the_trainer_a_deadline_not_the_t
                 for pid in frozen:
                     os.kill(pid, signal.SIGCONT)
         assert "of the transfer's end" in failed.value.failed[urls[0]], failed.value.failed
-        assert failed.value.updated == [] and fleet.weight_group is None
-    assert text(urls[1]) == before and info(urls[1])["weight_version"] is None
+        assert fleet.weight_group is None
+    # The other server copies each bucket as it arrives (bounded staging): it took the whole update (and says so), or
+    # none of it, or part of it, and then it refuses generation, torn; never a mix served.
+    if failed.value.updated == [urls[1]]:
+        assert info(urls[1])["weight_version"] == 7 and text(urls[1]) == expected_text(policy(seed=21), PROMPT, 6)
+    elif "torn" in failed.value.failed[urls[1]]:
+        assert httpx.get(urls[1] + "/health", timeout=HANG_S).json()["torn"] is True
+    else:
+        assert text(urls[1]) == before and info(urls[1])["weight_version"] is None, failed.value.failed

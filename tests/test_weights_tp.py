@@ -220,9 +220,9 @@ def test_a_rank_killed_mid_transfer_is_named_and_the_engine_serves_no_mix(tp_eng
             with pytest.raises(FleetError) as failed:
                 fleet.update_weights_from_distributed(big.named_parameters(), weight_version=5)
         assert urls[1] in failed.value.failed and failed.value.updated == []
-    # The driver kept its old weights (nothing was copied), and once the pause ends its loop finds its peer gone:
-    # it refuses generation from then on, rather than answer with one shard of the model.
-    assert info(urls[0])["weight_version"] is None
+    # The driver copied bucket 0 as it arrived (bounded staging): its weights are torn, labelled so, and it refuses
+    # generation (R-TORN-HOLD); its peer is gone too, so it would refuse rather than answer with one shard anyway.
+    assert info(urls[0])["weight_version"] == "PartialSync(sync=5)"
     client = openai.OpenAI(base_url=urls[0] + "/v1", api_key="none", max_retries=0, timeout=HANG_S)
     with pytest.raises(openai.APIStatusError) as refused:
         client.completions.create(model="tiny", prompt="t3 t4 t5", max_tokens=6, temperature=0)

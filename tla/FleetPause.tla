@@ -45,8 +45,21 @@
 (* The trainer's side is the sending: a server receives only while its    *)
 (* trainer writes.  A transfer that fails (a peer lost, a deadline, the    *)
 (* trainer gone) leaves the weights and their label as they were           *)
-(* (TransferFailureKeepsWeights).  Staged = FALSE is SGLang's receive,     *)
-(* which loads each tensor as it arrives: it must fail that property.     *)
+(* (TransferFailureKeepsWeights).                                          *)
+(*                                                                         *)
+(* Bounded staging (issue 57; Staged = FALSE, the servers' default): the   *)
+(* server copies each bucket into the model as it arrives, once it is      *)
+(* checked.  Received is then the first bucket's copy, and the rest of the *)
+(* transfer still needs its trainer sending.  Staged = TRUE is the full    *)
+(* copy (`cbpause serve --staging full`): every bucket staged first, the   *)
+(* copy local once Received.  Either way a write torn after its first     *)
+(* tensor (WriteFail, WriteCut) leaves the weights a mix, labelled         *)
+(* Partial: with TornHold the server then holds its own loop paused and    *)
+(* refuses generation (Torn) until a complete write (WriteEnd) or a        *)
+(* restart: a torn update is never served (TornNeverServed), and only a   *)
+(* complete write mends it (TornMendedOnlyByWrite).  TornHold = FALSE is   *)
+(* the server before issue 57, which served the mix labelled: it must fail *)
+(* TornNeverServed.                                                        *)
 (*                                                                         *)
 (* Leased = FALSE is a vLLM-style boolean pause: no ttl, and any resume    *)
 (* un-pauses the server; it must fail NoPausedForEverProp.  WriteOrder = FALSE *)
@@ -69,7 +82,8 @@ CONSTANTS
     NTrainers,    \* trainers, each with its own pauses (pause e is trainer Owner(e)'s)
     Fence,        \* TRUE: no write while the weights were last written under another lease still held
     Broadcast,    \* TRUE: the trainers write by broadcast (a staged transfer, then the copy); FALSE: from disk
-    Staged        \* TRUE: a transfer lands in staging buffers; FALSE: each tensor is copied into the model as it arrives
+    Staged,       \* TRUE: a transfer is staged whole before the copy; FALSE: each bucket copied as it arrives (bounded)
+    TornHold      \* TRUE: a server whose weights are torn holds its loop paused until a complete write
 
 Epochs == 1..MaxEpoch
 Trainers == 1..NTrainers
@@ -136,7 +150,12 @@ TypeOK ==
     /\ net \subseteq Msgs
     /\ fresh \in [Servers -> BOOLEAN]
 
-Paused(s) == up[s] /\ \E e \in Epochs : lease[s][e] \in {"held", "dead"}
+\* The weights are torn (a write stopped after its first tensor: labelled Partial) and the server holds its loop for it
+\* (LeaseTable.torn, taken in the step that labels them); the generation routes refuse while it does.
+Torn(s) == TornHold /\ up[s] /\ ver[s] > MaxEpoch
+Paused(s) == up[s] /\ ((\E e \in Epochs : lease[s][e] \in {"held", "dead"}) \/ Torn(s))
+\* A server that steps its loop and takes generation requests.
+Serving(s) == up[s] /\ ~Paused(s)
 AllRunning == \A s \in Servers : ~Paused(s)
 
 \* A lease the server honours (a renewal, a write, a resume): held, never expired.  The boolean pause honours
@@ -337,13 +356,14 @@ WriteBegin(m) ==
     /\ net' = net \ {m}
     /\ UNCHANGED <<trn, completed, fresh>>
 
-\* The model is untouched by the write under way: a transfer still receiving into staging buffers.  Without staging
-\* (Staged = FALSE, SGLang's receive) each tensor lands in the model as it arrives: a transfer is a copy already.
-Untouched(s) == Staged /\ stage[s] = "receiving"
+\* The model is untouched by the write under way: a transfer that has copied nothing yet.
+Untouched(s) == stage[s] = "receiving"
 
-\* Received (LeaseTable.received): every tensor of a transfer arrived whole, and every member of the group said so
-\* (cbpause.serve.distributed's second vote): the copy from the staging buffers begins.  The transfer needs its
-\* trainer sending (Next), so a trainer that stopped, crashed or hung leaves its transfers to fail or be cut.
+\* Received (LeaseTable.received): the copy into the model begins.  Staged: every bucket arrived whole into the staging
+\* buffers, and every member of the group said so (cbpause.serve.distributed's second vote).  Bounded (Staged = FALSE):
+\* the first bucket arrived whole, and its copy begins.  The transfer needs its trainer sending (Next), so a trainer
+\* that stopped, crashed or hung leaves its transfers to fail or be cut; with bounded staging so does the rest of it
+\* after Received (WriteEnd in Next).
 Received(s) ==
     /\ up[s] /\ writing[s] # 0 /\ stage[s] = "receiving"
     /\ stage' = [stage EXCEPT ![s] = "copying"]
@@ -466,7 +486,7 @@ Next ==
     \/ \E m \in net : TrainerWriteAnswer(m)
     \/ \E m \in net : PauseLease(m)
     \/ \E m \in net : WriteBegin(m)
-    \/ \E s \in Servers : WriteEnd(s)
+    \/ \E s \in Servers : writing[s] # 0 /\ (Staged \/ ~Broadcast \/ trainer[Owner(writing[s])] = "writing") /\ WriteEnd(s)
     \/ \E s \in Servers : writing[s] # 0 /\ trainer[Owner(writing[s])] = "writing" /\ Received(s)
     \/ \E s \in Servers : WriteFail(s)
     \/ \E s \in Servers : WriteTick(s)
@@ -496,9 +516,20 @@ Spec == Init /\ [][Next]_vars /\ Fairness
 ----------------------------------------------------------------------------
 \* Properties
 
-\* No server stays paused for ever once the trainers stop renewing (each crashed, hung, or is done), even when a write
-\* under a lease never ends.
-NoPausedForEverProp == []((\A t \in Trainers : trainer[t] \in {"crashed", "hung", "done"}) => <>[]AllRunning)
+\* No lease keeps a server paused for ever once the trainers stop renewing (each crashed, hung, or is done), even when a
+\* write under a lease never ends: every server runs, but one whose weights are torn, which waits for a complete write
+\* (issue 57: nobody else can mend them; its hold is not a lease's).
+NoPausedForEverProp ==
+    []((\A t \in Trainers : trainer[t] \in {"crashed", "hung", "done"}) => <>[](\A s \in Servers : Paused(s) => Torn(s)))
+
+\* Issue 57: torn weights (a write stopped after its first tensor) are never served: a server that steps its loop holds
+\* whole weights, of one update.
+TornNeverServed == \A s \in Servers : Serving(s) => ver[s] <= MaxEpoch
+
+\* ... and a torn server stops refusing only by a complete write (WriteEnd), or by a crash (its restart loads the
+\* checkpoint): no failed, cut or refused write, no lease's end, mends it.
+TornMendedOnlyByWrite ==
+    [][\A s \in Servers : (Torn(s) /\ up'[s] /\ ~Torn(s)') => writing[s] # 0 /\ writing'[s] = 0 /\ ver'[s] = writing[s]]_vars
 
 \* A write is honoured only under a lease held now (never an expired one), and changes the version only so.
 WriteUnderLease ==

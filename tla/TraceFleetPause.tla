@@ -13,7 +13,9 @@
 (* step of the spec (Grant, Renew, RenewRefused, StartWrite, WriteRefused, *)
 (* Received, WriteEnd, WriteFail, WriteCut, LeaseExpires, EndLease) that   *)
 (* leaves that label.  A WriteBegin record says whether the write is a     *)
-(* staged transfer (issue 42: `staged`).                                   *)
+(* staged transfer (issue 42: `staged`), and every record whether the      *)
+(* table holds the loop for torn weights after it (issue 57: `torn`, the  *)
+(* code's LeaseTable.torn), which must be the spec's Torn.                 *)
 (*                                                                         *)
 (* Where the code is not the spec's atomic step, and only there:           *)
 (*  - Time: the code's clock is not recorded.  The spec's Tick and         *)
@@ -59,6 +61,7 @@ TraceNext ==
     \/ /\ i < Len(Log)
        /\ Recorded(Log[i + 1])
        /\ ver'[S] = Log[i + 1].ver
+       /\ Log[i + 1].torn = (TornHold /\ ver'[S] > MaxEpoch)
        /\ i' = i + 1
     \/ /\ i < Len(Log) /\ Log[i + 1].a = "LeaseExpires"
        /\ Tick(S, Log[i + 1].e)

@@ -101,12 +101,14 @@ class WeightGroup:
             self.broadcast(packed)
 
     def receive(self, manifest: list[tuple[str, tuple[int, ...], Any]], progress: Any = None,
-                bucket_bytes: int | None = None) -> dict[str, Any]:  # fmt: skip
+                bucket_bytes: int | None = None, load: Any = None) -> dict[str, Any]:  # fmt: skip
         """A receiving rank in this process: every tensor of ``manifest``, each into a buffer of its own (staging),
         packed as :meth:`send` sends them; ``RuntimeError`` if a peer leaves, a broadcast passes the deadline or a
         bucket is not what the manifest lays out (its header, its checksum), with nothing returned.  ``progress()`` is
-        called after each tensor or bucket (the lease table pushes the write's deadline on).  (A server receives in a
-        process of its own over gloo, whose size check would end this one: ``cbpause.serve.receiver``.)"""
+        called after each tensor or bucket (the lease table pushes the write's deadline on).  ``load(name, tensor)``,
+        if given, takes each tensor instead, once its bucket is checked, valid until it returns: nothing is staged
+        then, and the returned dict is empty.  (A server receives in a process of its own over gloo, whose size check
+        would end this one: ``cbpause.serve.receiver``.)"""
         import torch
 
         received: dict[str, Any] = {}
@@ -114,7 +116,10 @@ class WeightGroup:
             for name, shape, dtype in manifest:
                 buffer = torch.empty(shape, dtype=dtype, device=self.device)
                 self.broadcast(buffer)
-                received[name] = buffer
+                if load is None:
+                    received[name] = buffer
+                else:
+                    load(name, buffer)
                 if progress is not None:
                     progress()
             return received
@@ -127,7 +132,11 @@ class WeightGroup:
             if why is not None:
                 self.broken = why
                 raise RuntimeError(why)
-            received.update((name, tensor.clone()) for name, tensor in buckets.unpack(bucket, payload))
+            for name, tensor in buckets.unpack(bucket, payload):
+                if load is None:
+                    received[name] = tensor.clone()
+                else:
+                    load(name, tensor)
             if progress is not None:
                 progress()
         return received

@@ -38,7 +38,7 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
               api_key: str | None = None, served_model_name: str | None = None, max_leases: int = MAX_LEASES,
               max_body_bytes: int = MAX_BODY_BYTES, lease_log: str | Path | None = None,
               tensor_parallel: Any = None, peer_join_grace: float | None = None, max_model_len: int | None = None,
-              **manager_kwargs: Any) -> Any:  # fmt: skip
+              staging: str = "bounded", **manager_kwargs: Any) -> Any:  # fmt: skip
     """The FastAPI app serving ``checkpoint`` (a local model directory), its manager started.
 
     ``weights_dir``: the directory ``/update_weights_from_disk`` may read from (``None``: that route answers 403).
@@ -55,6 +55,10 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     joins it (:func:`join_parked_peer_pauses`): at least ``MIN_PEER_JOIN_GRACE_S``, and below ``peer_park_timeout``
     (or the peers would fail first); ``None``: :data:`PEER_JOIN_GRACE_S`, or half the ``peer_park_timeout`` where
     that is shorter.  Without ``tensor_parallel`` it must be None.
+    ``staging``: how an update by broadcast is received (:data:`cbpause.serve.distributed.STAGINGS`): ``"bounded"``,
+    each bucket copied into the model as it arrives (two buckets held; a transfer torn after its first bucket leaves
+    the server refusing generation until a complete update, R-TORN-HOLD), or ``"full"``, the whole update staged first
+    (a failed transfer leaves the weights as they were, for a copy of the update in memory).
     ``max_model_len``: the most tokens (prompt plus answer) a request may have (default: the model's
     ``max_position_embeddings``, lowered to what one request can hold in the KV cache; :mod:`.capacity`).  On the
     CPU, a ``continuous_batching_config`` without ``num_blocks`` gets :func:`.capacity.cpu_default_blocks`.
@@ -71,6 +75,10 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     if root is not None and not root.is_dir():
         raise ValueError(f"weights_dir {str(weights_dir)!r} is not a directory")
     Guard(None, api_key=api_key, max_body_bytes=max_body_bytes)  # its arguments checked before the model loads
+    from .distributed import STAGINGS
+
+    if staging not in STAGINGS:
+        raise ValueError(f"staging must be one of {list(STAGINGS)}, not {staging!r}")
     peer_join_grace = _peer_join_grace(peer_join_grace, manager_kwargs.get("peer_park_timeout", PEER_PARK_TIMEOUT_S),
                                        tensor_parallel is not None)  # fmt: skip
     if max_model_len is not None and (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
@@ -89,7 +97,7 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     except BaseException:
         manager.stop(block=True, timeout=10)
         raise
-    groups = _add_routes(app, manager, generate, leases, root, served, tensor_parallel)
+    groups = _add_routes(app, manager, generate, leases, root, served, tensor_parallel, staging)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)  # outermost: before any route
     app.state.manager, app.state.leases, app.state.generate = manager, leases, generate
     app.state.weight_groups = groups
@@ -113,7 +121,7 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
 
 
 def _add_routes(app: Any, manager: Any, generate: Any, leases: Any, weights_dir: Path | None, served: Any,
-                tensor_parallel: Any) -> Any:  # fmt: skip
+                tensor_parallel: Any, staging: str) -> Any:  # fmt: skip
     """The server's own routes on transformers serve's app: the control routes, the OpenAI routes, the weight-update
     group's; its metrics.  Returns the weight-update groups."""
     from .control import add_control_routes
@@ -125,9 +133,9 @@ def _add_routes(app: Any, manager: Any, generate: Any, leases: Any, weights_dir:
     add_control_routes(app, manager, leases, weights_dir=weights_dir, metrics=metrics, served=served,
                        tensor_parallel=tensor_parallel)  # fmt: skip
     add_openai_routes(app, manager, generate, _tokenizer(app.state.processor), served, follower=app.state.follower,
-                      metrics=metrics)  # fmt: skip
+                      metrics=metrics, torn=lambda: leases.torn)  # fmt: skip
     groups = WeightGroups()
-    add_distributed_routes(app, manager, leases, groups, metrics)
+    add_distributed_routes(app, manager, leases, groups, metrics, staging)
     return groups
 
 

@@ -52,6 +52,10 @@ def parser() -> argparse.ArgumentParser:
                    f"{MAX_BODY_BYTES}); longer is a 413")  # fmt: skip
     p.add_argument("--lease-log", default=None, help="append every action of the lease table to this file, one JSON "
                    "record a line (python -m cbpause.tlc.fleet_traces FILE validates it against tla/FleetPause.tla)")
+    p.add_argument("--staging", choices=("bounded", "full"), default="bounded", help="how an update by broadcast is "
+                   "received: each bucket copied into the model as it arrives, two buckets held, a transfer torn "
+                   "half-way refused until a complete update (bounded, the default); or the whole update staged "
+                   "first, a copy of the model's size held while it arrives (full)")
     p.add_argument("--tp-size", type=int, default=None, help="this server is one rank of a tensor-parallel engine "
                    "of this many ranks, one cbpause serve each; only rank 0 takes generation requests")
     p.add_argument("--tp-rank", type=int, default=None, help="this server's rank in the engine (with --tp-size)")
@@ -106,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
                         while_paused=args.while_paused, max_staleness=args.max_staleness, on_stale=args.on_stale,
                         max_stale_restarts=args.max_stale_restarts,
                         api_key=api_key, served_model_name=args.served_model_name, max_leases=args.max_leases,
-                        max_body_bytes=args.max_body_bytes, lease_log=args.lease_log,
+                        max_body_bytes=args.max_body_bytes, lease_log=args.lease_log, staging=args.staging,
                         max_model_len=args.max_model_len,
                         tensor_parallel=tensor_parallel, peer_park_timeout=args.peer_park_timeout,
                         **grace)  # fmt: skip

@@ -129,7 +129,10 @@ def add_control_routes(app: FastAPI, manager: Any, leases: LeaseTable, *, weight
         if not manager.is_running():
             return JSONResponse({"status": "unhealthy", "reason": str(status.fatal_error or "the loop is not running")},
                                 status_code=503)  # fmt: skip
-        return JSONResponse({"status": "ok", "phase": status.state.phase, "paused": status.state.paused})
+        # A torn server is alive and must stay pausable (a trainer mends it with a complete update): it says so here,
+        # and its generation routes answer 503.
+        return JSONResponse({"status": "ok", "phase": status.state.phase, "paused": status.state.paused,
+                             "torn": leases.torn is not None})  # fmt: skip
 
     @app.get("/metrics")
     async def metrics_route() -> PlainTextResponse:
@@ -207,7 +210,7 @@ def _pause_routes(app: FastAPI, manager: Any, leases: LeaseTable, metrics: Any) 
     async def is_paused() -> JSONResponse:
         held = leases.held()
         return JSONResponse({"is_paused": manager.background_thread_status.state.paused, "leases": len(held),
-                             "holders": [lease.holder for lease in held]})  # fmt: skip
+                             "holders": [lease.holder for lease in held], "torn": leases.torn is not None})  # fmt: skip
 
 
 async def _pause(request: Request, body: dict, legacy: bool, manager: Any, leases: LeaseTable,

@@ -53,13 +53,17 @@ from .control import NEEDS_LEASE, _body, _jsonable, copy_and_commit, weight_vers
 from .leases import Fenced, LeaseGone, LeaseTable, Superseded, UnknownLease, WriteBusy, checked_seconds
 from .receiver import START_S, ReceivingGroup
 
-__all__ = ["MAX_GROUPS", "MAX_JOIN_S", "MAX_STUCK", "WeightGroups", "add_distributed_routes"]
+__all__ = ["MAX_GROUPS", "MAX_JOIN_S", "MAX_STUCK", "STAGINGS", "WeightGroups", "add_distributed_routes"]
 
 MAX_GROUPS = 4  # weight-update groups joining or joined at once: each holds sockets to every member
 MAX_JOIN_S = 600.0  # the longest a join may wait for the other members
 MAX_STUCK = 16  # joins past their timeout whose thread torch's store still holds (a master that never answers)
 JOIN_GRACE_S = 2.0  # past a join's own timeout, how long its route waits for torch to give up by itself
 DEFAULT_TIMEOUT_S = 60.0  # each collective's deadline, when the trainer names none
+# How a server receives an update (R-TORN-HOLD, R-STAGED-TRANSFER): "bounded", each bucket copied into the model as it
+# arrives (two buckets held, a torn transfer refused until mended); "full", the whole update staged first (a failed
+# transfer leaves the weights as they were, for a copy of the update in memory).
+STAGINGS = ("bounded", "full")
 
 
 class Refused(Exception):
@@ -229,8 +233,11 @@ def _init_args(body: dict) -> tuple[str, int, int, str, int, str, float]:
 
 
 def add_distributed_routes(app: FastAPI, manager: Any, leases: LeaseTable, groups: WeightGroups,
-                           metrics: Any = None) -> None:  # fmt: skip
-    """Add the three routes of weights by broadcast to ``app`` (``metrics``: the server's, which time each update)."""
+                           metrics: Any = None, staging: str = "bounded") -> None:  # fmt: skip
+    """Add the three routes of weights by broadcast to ``app`` (``metrics``: the server's, which time each update;
+    ``staging``: one of :data:`STAGINGS`)."""
+    if staging not in STAGINGS:
+        raise ValueError(f"staging must be one of {list(STAGINGS)}, not {staging!r}")
 
     def answer(call: Any) -> Any:
         async def route(request: Request) -> JSONResponse:
@@ -249,7 +256,7 @@ def add_distributed_routes(app: FastAPI, manager: Any, leases: LeaseTable, group
 
     def update(body: dict) -> dict:
         started = time.monotonic()
-        answer = update_weights_from_distributed(body, manager, leases, groups)
+        answer = update_weights_from_distributed(body, manager, leases, groups, staging)
         if metrics is not None:
             metrics.weight_update("broadcast", time.monotonic() - started)
         return answer
@@ -266,7 +273,8 @@ def _device(model: Any) -> Any:
     return next(iter(model.parameters())).device
 
 
-def update_weights_from_distributed(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups) -> dict:
+def update_weights_from_distributed(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups,
+                                    staging: str = "bounded") -> dict:  # fmt: skip
     """The route's work, in a worker thread: ``{"updated": n, "weight_version": v}`` or ``Refused``.
 
     Every check comes before any collective, and a refusal is answered at once: under a lease this server issued, the
@@ -277,12 +285,13 @@ def update_weights_from_distributed(body: dict, manager: Any, leases: LeaseTable
     if not group.busy.acquire(blocking=False):
         raise Refused(409, "an update over this weight-update group is under way: one at a time")
     try:
-        return _transfer(body, manager, leases, groups, group)
+        return _transfer(body, manager, leases, groups, group, staging)
     finally:
         group.busy.release()
 
 
-def _transfer(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups, group: WeightGroup) -> dict:
+def _transfer(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups, group: WeightGroup,
+              staging: str) -> dict:  # fmt: skip
     # The lease id is the trainer's credential: only a request that names a lease this server issued takes part in
     # the group's vote.  Any other is refused at once, outside the group (a stray request voting no waited for a
     # vote of rank 0 that never came, then broke the group: found by review).
@@ -309,29 +318,89 @@ def _transfer(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups
             if voting and not _vote(groups, group, True):
                 raise Refused(409, "another member of the weight-update group refused this update: nothing was "
                                    "received; the weights are as they were")  # fmt: skip
-            try:
-                staged = group.receive(manifest, progress=lambda: leases.progress(lease, group.timeout_s),
-                                       bucket_bytes=bucket_bytes)  # fmt: skip
-            except RuntimeError as error:
-                groups.drop(group.name, group)
-                raise Refused(502, f"the transfer failed ({error}); the weights are as they were; the "
-                                   "weight-update group was closed: initialise it again") from None  # fmt: skip
-            if voting and not _vote(groups, group, not lease.cut):
-                raise Refused(410 if lease.cut else 409, "the update did not reach every member whole: nothing was "
-                              "copied; the weights are as they were")  # fmt: skip
-            leases.received(lease)  # LeaseGone if the write was cut since the vote: this server does not take it
-
-            def alive() -> bool:  # each tensor copied pushes the deadline on, as each one received did (review)
-                leases.progress(lease, group.timeout_s)
-                return not lease.cut
-
-            try:
-                copied = copy_and_commit(leases, lease, manager, staged, new, alive)
-            except weights_io.CopyFailed as error:
-                raise Refused(500, str(error)) from None
+            if staging == "full":
+                copied = _staged(manager, leases, groups, group, lease, manifest, bucket_bytes, new, voting)
+            else:
+                copied = _bounded(manager, leases, groups, group, lease, manifest, bucket_bytes, new, voting)
         except (UnknownLease, LeaseGone) as error:
             raise _refusal(error) from None
     return {"updated": copied, "weight_version": _jsonable(new)}
+
+
+def _staged(manager: Any, leases: LeaseTable, groups: WeightGroups, group: Any, lease: Any, manifest: list,
+            bucket_bytes: int | None, new: Any, voting: bool) -> int:  # fmt: skip
+    """Full staging (``--staging full``): every tensor received into a buffer of its own, the second vote, then the
+    copy (``Received`` once every member has the whole update): a transfer that fails anywhere leaves the weights as
+    they were, for the cost of a copy of the update."""
+    try:
+        staged = group.receive(manifest, progress=lambda: leases.progress(lease, group.timeout_s),
+                               bucket_bytes=bucket_bytes)  # fmt: skip
+    except RuntimeError as error:
+        groups.drop(group.name, group)
+        raise Refused(502, f"the transfer failed ({error}); the weights are as they were; the weight-update group "
+                           "was closed: initialise it again") from None  # fmt: skip
+    if voting and not _vote(groups, group, not lease.cut):
+        raise Refused(410 if lease.cut else 409, "the update did not reach every member whole: nothing was copied; "
+                      "the weights are as they were")  # fmt: skip
+    leases.received(lease)  # LeaseGone if the write was cut since the vote: this server does not take it
+
+    def alive() -> bool:  # each tensor copied pushes the deadline on, as each one received did
+        leases.progress(lease, group.timeout_s)
+        return not lease.cut
+
+    try:
+        return copy_and_commit(leases, lease, manager, staged, new, alive)
+    except weights_io.CopyFailed as error:
+        raise Refused(500, str(error)) from None
+
+
+def _bounded(manager: Any, leases: LeaseTable, groups: WeightGroups, group: Any, lease: Any, manifest: list,
+             bucket_bytes: int | None, new: Any, voting: bool) -> int:  # fmt: skip
+    """Bounded staging (the default): each bucket copied into the model once it arrived whole and checked, while the
+    next one arrives; the server holds two buckets, not the update.  ``Received`` is the first bucket's copy: a
+    transfer that fails before it leaves the weights as they were, one that fails after it leaves them torn, labelled
+    ``PartialSync`` and held (R-TORN-HOLD: generation refused until a complete update).  The second vote changes
+    nothing here (the copy is done): a server that took the whole update commits it, and the trainer hears from each
+    server which did."""
+    from ..integrations.weights import PartialSync
+
+    def alive() -> bool:  # each tensor copied pushes the deadline on, as each bucket received does
+        leases.progress(lease, group.timeout_s)
+        return not lease.cut
+
+    writer = weights_io.ModelWriter(manager.model, alive, leases.copying, total=len(manifest))
+
+    def load(name: str, tensor: Any) -> None:
+        if writer.copied == 0:
+            leases.received(lease)  # LeaseGone if the write was cut first: nothing copied, nothing taken
+        writer.load(name, tensor)
+
+    try:
+        group.receive(manifest, progress=lambda: leases.progress(lease, group.timeout_s), bucket_bytes=bucket_bytes,
+                      load=load)  # fmt: skip
+    except LeaseGone:
+        groups.drop(group.name, group)
+        raise
+    except Exception as error:  # noqa: BLE001 -- the transfer, or the copy of a bucket, failed: answered below
+        groups.drop(group.name, group)
+        if lease.cut:  # the cut labelled (and held) the weights, or left them whole if nothing was copied
+            raise LeaseGone(lease) from None
+        torn = writer.copied > 0
+        leases.fail_write(lease, (lambda: manager.set_weight_version(PartialSync(new))) if torn else None)
+        what = (f"after {writer.copied} of {len(manifest)} tensors were copied: the weights are torn, labelled "
+                "PartialSync, and this server refuses generation until a complete update") if torn else \
+            "before any tensor was copied: the weights are as they were"  # fmt: skip
+        status = 500 if isinstance(error, weights_io.CopyFailed) else 502
+        why = f"{error}"[:600]
+        raise Refused(status, f"the transfer failed ({why}) {what}; the weight-update group was closed: initialise "
+                              "it again") from None  # fmt: skip
+    if voting:
+        try:  # the trainer waits for it; its outcome changes nothing here
+            _vote(groups, group, not lease.cut)
+        except Refused:
+            pass  # (the group is dropped: the trainer's collective failed too)
+    leases.commit_write(lease, lambda: manager.set_weight_version(new))  # LeaseGone if the write was cut
+    return writer.copied
 
 
 def _bucket_bytes(body: dict) -> int | None:

@@ -15,6 +15,16 @@ written under is refused (``WriteOrder``: a late write never overwrites a later 
 weights were last written under another lease that is still held (the fence, ``Unfenced``: a trainer told its update
 is complete finds it in place for as long as it holds its lease, ``AckedWriteStands``); the table remembers a lease
 for ``FORGET_AFTER_S`` after it ended, so that a late renewal or resume is answered truthfully (410, not 404).
+
+A write torn after its first tensor (cut at its deadline, or failed) leaves the weights a mix, labelled
+``PartialSync``, and torn (:class:`Torn`, in the same locked step as the label): the generation routes refuse new
+requests, and the loop takes no step, until a complete write ends (``WriteEnd``) or the server restarts
+(``R-TORN-HOLD``; ``Torn`` in ``FleetPause.tla``).  A torn update is never served.  The loop is held by the torn
+write's own lease: its thread, inside the window already, stays inside after its lease ends (resumed, expired or cut)
+and becomes the *keeper*.  A new holder could not join that window (once one holder has left it, a window admits no
+newcomer: R-WINDOW-CLOSES), so a lease asked while the keeper holds the loop takes no pause of its own: it is a
+*supporter*, held as the keeper's window is (in whatever mode it was opened), and the keeper leaves only once the
+weights are mended and no supporter is held.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["FORGET_AFTER_S", "MAX_LEASES", "Fenced", "Lease", "LeaseGone", "LeaseTable", "Superseded", "TooManyLeases",
-           "UnknownLease", "WriteBusy", "checked_seconds"]
+           "Torn", "UnknownLease", "WriteBusy", "checked_seconds"]
 
 logger = logging.getLogger("cbpause.serve")
 
@@ -69,11 +79,29 @@ class LeaseGone(RuntimeError):
     def __init__(self, lease: Lease) -> None:
         staged = ("; a transfer under it passed its deadline and was cut off before any tensor was copied: the "
                   "weights are as they were")
-        partial = ("; a write under it passed its deadline and was cut off: the weights are labelled PartialSync "
-                   "until a full update")
+        partial = ("; a write under it passed its deadline and was cut off: the weights are torn, labelled "
+                   "PartialSync, and generation is refused until a complete update")
         cut = "" if not lease.cut else staged if lease.staging else partial
         super().__init__(f"lease {lease.id} is {lease.state} (holder {lease.holder!r}); it is honoured no more{cut}")
         self.state = lease.state
+
+
+@dataclass
+class Torn:
+    """The weights are a mix: ``version`` is the update whose write stopped after its first tensor (they are labelled
+    ``PartialSync(version)``)."""
+
+    version: Any
+
+
+class _Supported:
+    """The pause of a supporter: the keeper holds the loop, so entering and leaving change nothing."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_: Any) -> None:
+        return None
 
 
 def checked_seconds(name: str, value: Any, *, default: float | None, upper: float | None = None,
@@ -119,6 +147,7 @@ class Lease:
     on_entered: Callable[[], None] | None = None  # called once from the lease's thread when ``entered`` is set
     abandoned: bool = False  # its asker left before the window opened: the pause is left as soon as it is entered
     resume_asked: bool = False  # a resume came: the lease ends (ResumeLease) once no write runs under it
+    left: threading.Event = field(default_factory=threading.Event)  # its pause left, died, or handed to the keeper
 
 
 class LeaseTable:
@@ -151,6 +180,16 @@ class LeaseTable:
         # model's Partial(seq); cbpause.tlc.fleet_traces writes it so).
         self._log = log
         self._ver: tuple[str, int] = ("full", 0)
+        self._torn: Torn | None = None  # the weights are a mix (FleetPause.tla's Torn)
+        self._keeper: Lease | None = None  # the lease whose thread holds the loop for torn weights (see the module)
+        self._kept = threading.Event()  # set to let the keeper's thread leave
+        self._supporters: set[Lease] = set()  # leases held through the keeper's window, with no pause of their own
+
+    @property
+    def torn(self) -> Torn | None:
+        """The weights are a mix (a write stopped after its first tensor), until a complete write ends; the
+        generation routes refuse while it is set, and the loop takes no step."""
+        return self._torn
 
     def wall(self, deadline: float) -> float:
         return time.time() + (deadline - self._clock())
@@ -234,7 +273,7 @@ class LeaseTable:
                 raise LeaseGone(lease)
             lease.resume_asked = True
             lease._resume.set()
-        lease.thread.join(timeout=lease.ttl + MAX_TTL_S)  # the window closes if it was the last
+        lease.left.wait(lease.ttl + MAX_TTL_S)  # the window closes if it was the last (and no weights are torn)
         if lease.state == "expired":  # the write under way was cut: the lease ended without the resume
             raise LeaseGone(lease)
         return True
@@ -342,6 +381,8 @@ class LeaseTable:
             commit()
             self._ver = ("full", lease.seq)
             lease.write_ended = True
+            self._torn = None
+            self._let_keeper_go()
             self._record("WriteEnd", lease)
 
     def fail_write(self, lease: Lease, label: Callable[[], None] | None = None) -> None:
@@ -354,6 +395,7 @@ class LeaseTable:
             if label is not None:
                 label()
                 self._ver = ("partial", lease.seq)
+                self._tear(lease)
             lease.write_ended = True
             self._record("WriteFail", lease)
 
@@ -362,8 +404,12 @@ class LeaseTable:
             return [lease for lease in self._leases.values() if lease.state == "held"]
 
     def close(self) -> None:
-        """Resume every lease, and leave at once every pause still waiting to be entered (the server stops)."""
+        """Resume every lease, and leave at once every pause still waiting to be entered (the server stops); the
+        torn hold too (the process ends: a restart loads its checkpoint's weights)."""
         with self._lock:
+            self._torn = None
+            self._supporters.clear()
+            self._let_keeper_go()
             for lease in self._leases.values():
                 if lease.state == "waiting":
                     lease.abandoned = True
@@ -421,6 +467,7 @@ class LeaseTable:
             return
         self._label_partial(lease)  # the cut lease's hold is still in place: its thread has not left the pause
         self._ver = ("partial", lease.seq)
+        self._tear(lease)
         logger.error("a write under lease %s of holder %r passed its deadline and was cut off: the lease ends without "
                      "it, and the weights are labelled PartialSync(%r) until a full update", lease.id[:8],
                      lease.holder, lease.writing)  # fmt: skip
@@ -450,13 +497,30 @@ class LeaseTable:
         except Exception:  # noqa: BLE001 -- logged: the label is the best effort of a server already in trouble
             logger.exception("could not label the weights of lease %s as partial", lease.id[:8])
 
+    def _tear(self, lease: Lease) -> None:
+        """The weights are a mix (the caller holds the lock, and ``lease``, whose write tore them, holds the loop: its
+        thread is inside the window).  Its thread becomes the keeper, unless there is one: it will not leave the
+        window, whatever becomes of its lease, until :meth:`_let_keeper_go`."""
+        self._torn = Torn(lease.writing)
+        if self._keeper is None:
+            self._keeper, self._kept = lease, threading.Event()
+        logger.error("the weights are torn (a write under lease %s of holder %r stopped after its first tensor): "
+                     "generation is refused, and the loop held, until a complete update", lease.id[:8],
+                     lease.holder)  # fmt: skip
+
+    def _let_keeper_go(self) -> None:
+        """The keeper may leave once the weights are whole and no supporter is held (the caller holds the lock)."""
+        if self._keeper is not None and self._torn is None and not self._supporters:
+            self._keeper = None
+            self._kept.set()
+
     def _record(self, action: str, lease: Lease) -> None:
         """One record of the log (the caller holds the lock): the action, the lease's epoch (its seq), and the model's
         ``ver`` after it."""
         if self._log is None or not lease.seq:
             return
         kind, seq = self._ver
-        record = {"a": action, "e": lease.seq, "ver": seq if kind == "full" else -seq}
+        record = {"a": action, "e": lease.seq, "ver": seq if kind == "full" else -seq, "torn": self._torn is not None}
         if action == "WriteBegin" and lease.staging:
             record["staged"] = True
         self._log(record)
@@ -477,13 +541,20 @@ class LeaseTable:
             del self._leases[lease_id]
 
     def _hold(self, lease: Lease, timeout: float | None) -> None:
-        """The lease holder's thread: enter, wait for the resume or the deadline, then leave or end without leaving."""
-        pause = self.manager.pause(timeout=timeout, mode=lease.mode)
+        """The lease holder's thread: enter, wait for the resume or the deadline, then leave or end without leaving;
+        or, as the keeper of torn weights, stay inside until they are mended (see the module)."""
+        with self._lock:
+            supporter = self._keeper is not None  # the loop is held for torn weights: no newcomer could join it
+            if supporter:
+                self._supporters.add(lease)
+        pause: Any = _Supported() if supporter else self.manager.pause(timeout=timeout, mode=lease.mode)
         try:
             pause.__enter__()
         except BaseException as error:  # nothing is held (pause() withdrew the request)
             with self._lock:
                 lease.state, lease.error, lease.ended_at = "failed", error, self._clock()
+                self._supporters.discard(lease)
+            lease.left.set()
             self._entered_now(lease)
             return
         with self._lock:
@@ -512,6 +583,17 @@ class LeaseTable:
                 remaining = None if end == float("inf") else max(end - self._clock(), 0.0)
             lease._resume.wait(remaining)
             lease._resume.clear()
-        if lease.state == "expired":
+        with self._lock:
+            keeping, kept = self._keeper is lease, self._kept
+            if supporter:
+                self._supporters.discard(lease)
+                self._let_keeper_go()
+        if keeping:  # the weights are torn: this thread holds the loop until they are mended; its lease has ended
+            lease.left.set()
+            kept.wait()
+            lease.context = None
+        elif lease.state == "expired":
+            lease.left.set()
             return
         pause.__exit__(None, None, None)  # LeavePause
+        lease.left.set()

@@ -52,11 +52,12 @@ CHOICE_MARK = "#"
 
 
 def add_openai_routes(app: Any, manager: Any, generate: Any, tokenizer: Any, served: Served, *,
-                      follower: Any = None, metrics: Any = None) -> None:  # fmt: skip
+                      follower: Any = None, metrics: Any = None, torn: Any = None) -> None:  # fmt: skip
     """``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` on ``app``: requests run on ``manager``
     through ``generate`` (the server's :class:`~cbpause.integrations.serving.ServedRequests`), text through
     ``tokenizer``.  ``follower``: this server is a TP rank other than the driver (generation requests are a
-    ``409``)."""
+    ``409``).  ``torn()``: the hold of torn weights, or ``None`` (the lease table's ``torn``): while there is one,
+    a generation request is a ``503`` (R-TORN-HOLD)."""
     @app.api_route("/v1/models", methods=["GET", "HEAD", "OPTIONS"])  # OPTIONS: as transformers serve answered it
     async def models() -> JSONResponse:
         return JSONResponse({"object": "list", "data": [served.model_card()]})
@@ -65,6 +66,10 @@ def add_openai_routes(app: Any, manager: Any, generate: Any, tokenizer: Any, ser
         if follower is not None:
             raise HTTPException(status_code=409, detail=f"this server is rank {follower.rank} of a tensor-parallel "
                                 f"engine of {follower.size} ranks: generation requests go to rank 0, its driver")
+        if torn is not None and (hold := torn()) is not None:
+            raise HTTPException(status_code=503, headers={"Retry-After": "1"}, detail="this server's weights are torn "
+                                f"(an update stopped half-way: labelled {hold.version!r} partial); generation is "
+                                "refused until a complete update arrives")  # fmt: skip
         try:
             body = parse_json_object(await request.body()) or {}
         except BadJSON as error:

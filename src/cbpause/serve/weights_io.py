@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CopyFailed", "check_inside", "copy_in", "copy_whole_or_shard", "load_checked", "weight_files",
+__all__ = ["CopyFailed", "ModelWriter", "check_inside", "copy_in", "copy_whole_or_shard", "load_checked", "weight_files",
            "weight_info"]
 
 
@@ -107,30 +107,43 @@ class CopyFailed(RuntimeError):
         self.copied, self.total = copied, total
 
 
+class ModelWriter:
+    """Copies checked tensors into the model one at a time, in place (the caller holds a pause): what every transport
+    hands its tensors to.  ``alive()`` is asked before each tensor, and the tensor copied, under ``lock`` (the lease
+    table's ``copying``): once it says no (the write was cut at its deadline), nothing more is copied, and a tensor
+    under way when the next write began lands before that write's own.  :meth:`load` raises :class:`CopyFailed`
+    (``copied`` of ``total``) when it stops, for that or any other reason."""
+
+    def __init__(self, model: Any, alive: Any = None, lock: Any = None, total: int | None = None) -> None:
+        from ..integrations.manifest import model_tensors
+
+        self._own = model_tensors(model)
+        self._alive, self._lock, self.total = alive, lock, total
+        self.copied = 0
+
+    def load(self, name: str, tensor: Any) -> None:
+        import contextlib
+
+        import torch
+
+        total = self.total if self.total is not None else self.copied + 1
+        with torch.no_grad(), self._lock if self._lock is not None else contextlib.nullcontext():
+            if self._alive is not None and not self._alive():
+                raise CopyFailed(self.copied, total, "the write passed its deadline and was cut off")
+            try:
+                copy_whole_or_shard(self._own[name], tensor)
+            except Exception as error:  # noqa: BLE001 -- reported with how far the copy went
+                raise CopyFailed(self.copied, total, f"{type(error).__name__}: {error}") from error
+        self.copied += 1
+
+
 def copy_in(model: Any, tensors: dict[str, Any], alive: Any = None, lock: Any = None) -> int:
-    """Copy the checked tensors into the model, in place (the caller holds a pause); returns how many.  ``alive()``
-    is asked before each tensor, and the tensor copied, under ``lock`` (the lease table's ``copying``): once it says
-    no (the write was cut at its deadline), nothing more is copied, and a tensor under way when the next write began
-    lands before that write's own.  :class:`CopyFailed` if it stops half-way for that or any other reason."""
-    import contextlib
-
-    import torch
-
-    from ..integrations.manifest import model_tensors
-
-    own = model_tensors(model)
-    copied = 0
-    with torch.no_grad():
-        for name, tensor in tensors.items():
-            with lock if lock is not None else contextlib.nullcontext():
-                if alive is not None and not alive():
-                    raise CopyFailed(copied, len(tensors), "the write passed its deadline and was cut off")
-                try:
-                    copy_whole_or_shard(own[name], tensor)
-                except Exception as error:  # noqa: BLE001 -- reported with how far the copy went
-                    raise CopyFailed(copied, len(tensors), f"{type(error).__name__}: {error}") from error
-            copied += 1
-    return copied
+    """Copy the checked tensors into the model, in place (the caller holds a pause), through a :class:`ModelWriter`;
+    returns how many.  :class:`CopyFailed` if it stops half-way."""
+    writer = ModelWriter(model, alive, lock, total=len(tensors))
+    for name, tensor in tensors.items():
+        writer.load(name, tensor)
+    return writer.copied
 
 
 def copy_whole_or_shard(target: Any, tensor: Any) -> None:

@@ -37,7 +37,8 @@ def read_log(path: Path) -> list[dict]:
             continue
         record = json.loads(line)
         if not (isinstance(record, dict) and record.get("a") in ACTIONS and isinstance(record.get("e"), int)
-                and isinstance(record.get("ver"), int) and isinstance(record.get("staged", False), bool)):  # fmt: skip
+                and isinstance(record.get("ver"), int) and isinstance(record.get("staged", False), bool)
+                and isinstance(record.get("torn", False), bool)):  # fmt: skip
             raise ValueError(f"{path}:{n}: not a lease-log record: {line[:200]!r}")
         records.append(record)
     return records
@@ -49,8 +50,10 @@ def write_trace(records: Sequence[dict], directory: Path, name: str = "FleetTrac
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     # A cut write's label (negative in the log) is FleetPause's Partial(e), MaxEpoch + e: no negative number in TLA+.
+    # A record without ``torn`` (a hand-written log) says what a partial label implies; the lease table writes it.
     entries = [f'[a |-> "{r["a"]}", e |-> {r["e"]}, ver |-> {_ver(r["ver"])}, '
-               f'staged |-> {"TRUE" if r.get("staged") is True else "FALSE"}]' for r in records]
+               f'staged |-> {_bool(r.get("staged") is True)}, torn |-> {_bool(r.get("torn", r["ver"] < 0))}]'
+               for r in records]  # fmt: skip
     log = "<<\n    " + ",\n    ".join(entries) + "\n>>" if entries else "<< >>"
     module = directory / f"{name}.tla"
     module.write_text(f"---- MODULE {name} ----\n\\* A lease log of cbpause serve, replayed by TraceFleetPause.\n"
@@ -61,13 +64,18 @@ def write_trace(records: Sequence[dict], directory: Path, name: str = "FleetTrac
         "CONSTANTS\n    s1 = s1\n    Servers = {s1}\n"
         f"    MaxEpoch = {epochs}\n    MaxLosses = 0\n    TTL = 1\n    MaxRestarts = 0\n    Leased = TRUE\n"
         "    WriteOrder = TRUE\n    WriteTTL = 1\n    OwnLease = TRUE\n    NTrainers = 1\n    Fence = TRUE\n"
-        "    Broadcast = FALSE\n    Staged = TRUE\n"
+        "    Broadcast = FALSE\n    Staged = TRUE\n    TornHold = TRUE\n"
         "    Log <- TraceLog\n"
         "INIT TraceInit\nNEXT TraceNext\n"
         "INVARIANT TypeOK\nINVARIANT NeverMatched\n"
         "PROPERTY OwnLeaseWrite\nPROPERTY GoneStaysGone\nPROPERTY TransferFailureKeepsWeights\n"
+        "PROPERTY TornMendedOnlyByWrite\n"
     )
     return module, cfg
+
+
+def _bool(value: bool) -> str:
+    return "TRUE" if value else "FALSE"
 
 
 def _ver(label: int) -> str:
