@@ -41,6 +41,7 @@ from .serve_transfer import (
     fleet_client_limits,
     joins_and_receivers_end_when_asked,
     senders_whose_bytes_are_not_their_manifest_s,
+    torn_after_the_first_bucket,
     stalled_transfer_ends_when_asked,
     values_no_answer_could_carry,
 )
@@ -484,7 +485,8 @@ CASES: dict[str, Callable[[Guarded], None]] = {case.__name__: case for case in (
     leaver_leaves_no_lease, bad_bodies, symlink_out_of_the_weights_dir, fifo_named_safetensors, strangers_are_refused,
     openai_conventions, rollout_clients_misuse, fleet_checks_and_releases, second_trainer_is_fenced,
     weight_groups_refuse_bad_input_and_are_capped, transfer_cut_while_receiving_keeps_the_weights,
-    senders_whose_bytes_are_not_their_manifest_s, stalled_transfer_ends_when_asked, sigterm_answers_and_exits,
+    senders_whose_bytes_are_not_their_manifest_s, torn_after_the_first_bucket, stalled_transfer_ends_when_asked,
+    sigterm_answers_and_exits,
     tp_engine_refuses_what_would_part_its_ranks, values_no_answer_could_carry, fleet_client_limits,
     joins_and_receivers_end_when_asked,
     lease_log_is_a_behaviour,

@@ -24,7 +24,7 @@ from .serve_support import (
 from .support import WAIT, Lost, Silent, Wrong
 
 __all__ = ["fleet_client_limits", "joins_and_receivers_end_when_asked", "senders_whose_bytes_are_not_their_manifest_s",
-           "stalled_transfer_ends_when_asked", "values_no_answer_could_carry"]
+           "stalled_transfer_ends_when_asked", "torn_after_the_first_bucket", "values_no_answer_could_carry"]
 
 STALL_TIMEOUT_S = 600  # the group's deadline in the stall case: far past the wait below, so only the ask can end it
 
@@ -128,6 +128,61 @@ def senders_whose_bytes_are_not_their_manifest_s(server: Guarded) -> None:
         after = call("GET", server.url + "/weight_info").json()["weight_version"]
         check(after == before, f"{what}: the weights were relabelled {after!r}")
         check(completion(server.url).json()["choices"][0]["text"] == text, f"{what}: the weights changed", Wrong)
+
+
+def torn_after_the_first_bucket(server: Guarded) -> None:
+    """Bounded staging copies each bucket as it arrives: a sender whose second bucket is short leaves the weights
+    torn (R-TORN-HOLD).  The server must then label them partial, refuse every generation request with a 503 and say
+    it is torn, and no lease's end may mend it; a complete update does, and the server serves again."""
+    import torch
+
+    from ...client import buckets
+
+    info = call("GET", server.url + "/weight_info").json()
+    found = [(n, s) for n, s in info["parameters"].items() if s["dtype"] == "float32" and len(s["shape"]) == 2][:2]
+    manifest = [(n, tuple(s["shape"]), torch.float32) for n, s in found]
+    size = buckets.aligned(buckets.tensor_bytes(manifest[0][1], torch.float32))
+    size = max(size, buckets.aligned(buckets.tensor_bytes(manifest[1][1], torch.float32)), buckets.MIN_BUCKET_BYTES)
+    layout = buckets.layout(manifest, size)
+    check(len(layout) == 2, f"the case needs two buckets, not {len(layout)}")
+    tensors = [torch.randn(shape) for _, shape, _ in manifest]
+    body = {"group_name": "tearer", "names": [n for n, _, _ in manifest], "dtypes": ["float32"] * 2,
+            "shapes": [list(shape) for _, shape, _ in manifest], "bucket_bytes": size}  # fmt: skip
+
+    def send(version: str, short: bool) -> Any:
+        group = joined_group(server.url, "tearer", timeout=5)
+        held = lease(server.url, holder="tearer")
+        try:
+            update = in_thread(call, "POST", server.url + "/update_weights_from_distributed",
+                               json={**body, "weight_version": version, "lease_id": held})  # fmt: skip
+            try:
+                check(group.vote(True), "the server voted no to a valid manifest")
+                for i, bucket in enumerate(layout):
+                    packed = buckets.pack(bucket, [tensors[i]])
+                    group.broadcast(torch.tensor(buckets.header(bucket, packed)))
+                    group.broadcast(packed[: bucket.nbytes // 2] if short and i == 1 else packed)
+                group.vote(True)
+            except RuntimeError:
+                pass  # the server left the group: the trainer's collectives fail, as they should
+            return joined(*update)
+        finally:
+            group.destroy()
+            resume(server.url, held)
+            call("POST", server.url + "/destroy_weights_update_group", json={"group_name": "tearer"})
+
+    answer = send("torn", short=True)
+    check(answer.status_code == 502 and "torn" in message(answer), f"{answer.status_code} {answer.text[:300]}")
+    health = call("GET", server.url + "/health").json()
+    check(health.get("torn") is True, f"a torn server's health says {health}")
+    label = call("GET", server.url + "/weight_info").json()["weight_version"]
+    check(label == "PartialSync(sync='torn')", f"torn weights labelled {label!r}", Wrong)
+    refused = completion(server.url)
+    check(refused.status_code == 503 and "torn" in refused.text, f"a torn server answered a completion "
+          f"{refused.status_code} {refused.text[:200]}", Wrong)  # fmt: skip
+    answer = send("mended", short=False)
+    check(answer.status_code == 200, f"a complete update to a torn server: {answer.status_code} {answer.text[:300]}")
+    check(call("GET", server.url + "/health").json().get("torn") is False, "a mended server still says it is torn")
+    check(completion(server.url).status_code == 200, "a mended server refuses completions", Silent)
 
 
 def values_no_answer_could_carry(server: Guarded) -> None:
