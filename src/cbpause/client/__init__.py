@@ -206,7 +206,9 @@ class Fleet:
         subset of the model's tensors, names as in ``model.named_parameters()`` or a wrapper's) and labels its tokens
         ``weight_version``.  Inside the fleet's pause only.  Returns the servers updated; ``FleetError`` naming the
         servers that were not (a refusal, a lease lost, a server lost mid-transfer), within the group's deadline.  A
-        transfer that fails leaves every server's weights as they were, and the group closed (initialise it again)."""
+        transfer that fails leaves the group closed (initialise it again), and each server's weights as they were,
+        or, on a server that had copied part of it (bounded staging, the default), torn: labelled, refusing generation
+        until a complete update (its answer in ``FleetError.failed`` says so)."""
         if not self.leases:
             raise RuntimeError("a weight update needs the fleet's pause: call it inside `with fleet.pause(...)`")
         if self.weight_group is None:

@@ -11,8 +11,9 @@ An update is three collectives, each with the group's deadline (:meth:`WeightGro
 anything, at once), the tensors, and a second vote (every member received all of them): a member copies into its
 model only once every member has the whole update, so a transfer that fails anywhere leaves every server's weights as
 they were (but for the last message of that vote, which may reach one member and not another: two generals; the fleet
-then reports which took it).  The servers receive into staging buffers (R-STAGED-TRANSFER): it costs one more copy of
-the tensors sent, for the time of the update.
+then reports which took it).  That holds for servers that stage the whole update first (``cbpause serve --staging
+full``: one more copy of the tensors sent, for the time of the update); by default a server copies each bucket into
+its model as it arrives, and one that fails after its first bucket is left torn and refusing (R-TORN-HOLD).
 
 The wire protocol both ends speak, so it lives with the client (which imports nothing else of cbpause, and nothing but
 torch here); ``cbpause.serve.distributed`` drives it on the servers, :class:`cbpause.client.Fleet` on the trainer.

@@ -21,9 +21,12 @@ refuses an update that names a lease it issued (a lease gone, the fence, a manif
 also leaves the group: its connections close, and the trainer and the other members fail their next collective at once
 instead of waiting for a vote or a broadcast that will not come. A request that names no lease this server issued is
 refused without touching the group (the lease id is the trainer's credential: a stray request must not break the
-group). The tensors arrive in staging buffers (R-STAGED-TRANSFER): a transfer that fails (a peer lost, a deadline
-passed, a member that refused, a bucket whose bytes are not its manifest's) leaves the weights and their label as they
-were; only the copy from the buffers, after the second vote, touches the model. A collective that fails leaves the
+group). A transfer touches the model only from its first bucket on, arrived whole and checked (R-STAGED-TRANSFER):
+one that fails before (a peer lost, a deadline passed, a member that refused, a bucket whose bytes are not its
+manifest's) leaves the weights and their label as they were.  By default each bucket is then copied into the model as
+it arrives (:data:`STAGINGS`, bounded), and a transfer that fails after the first copy leaves the weights torn, held
+and refused until a complete update (R-TORN-HOLD); with ``--staging full`` every bucket is staged first, and only the
+copy from the buffers, after the second vote, touches the model. A collective that fails leaves the
 group unusable (gloo's pairs are in an unknown state): it is dropped, and the trainer initialises a new one.
 
 Limits on what a caller can make the server hold: :data:`MAX_GROUPS` groups (joining or joined); a join waits
