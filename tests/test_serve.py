@@ -873,8 +873,8 @@ def test_a_copy_that_fails_is_a_write_that_failed_in_the_log_and_in_the_labels(t
     import torch
 
     from cbpause.integrations.weights import PartialSync
-    from cbpause.serve import weights_io
     from cbpause.serve.control import _write
+    from cbpause.serve.transfer import CopyFailed, WriteFailed
     from cbpause.tlc.fleet_traces import validate
 
     from .conftest import TLA_DIR
@@ -889,10 +889,12 @@ def test_a_copy_that_fails_is_a_write_that_failed_in_the_log_and_in_the_labels(t
         manager, records = Model(), []
         table = LeaseTable(manager, default_ttl=HANG_S, log=records.append)
         lease = table.pause_lease(holder="t")
-        with pytest.raises(weights_io.CopyFailed):
-            _write(table, lease.id, manager, tensors, "v1")
+        with pytest.raises(WriteFailed) as failed:
+            _write(table, lease.id, manager, Given(tensors), "v1")
+        assert isinstance(failed.value.cause, CopyFailed) and failed.value.torn == bool(labels)
         table.resume_lease(lease.id)
-        assert manager.versions == labels
+        assert manager.versions == labels and (table.torn is not None) == bool(labels)
+        table.close()
         assert [r["a"] for r in records] == ["PauseLease", "WriteBegin", "WriteFail", "ResumeLease"], records
         assert records[2]["ver"] == (-1 if labels else 0)  # Partial(1) in the log's sign, or the label unchanged
         result = validate(records, TLA_DIR, tmp_path / str(len(labels)))
@@ -913,6 +915,19 @@ def test_a_resume_that_waited_for_a_write_cut_at_its_deadline_says_the_lease_exp
     assert not resumer.is_alive() and lease.state == "expired"
     assert answers == ["LeaseGone"], answers
     table.close()
+
+
+class Given:
+    """A transport of the tensors it is given, unchecked (what a transport's own check would refuse reaches the copy)."""
+
+    staged = False
+
+    def __init__(self, tensors: dict) -> None:
+        self.tensors = tensors
+
+    def receive(self, load, progress=None) -> None:
+        for name, tensor in self.tensors.items():
+            load(name, tensor)
 
 
 def _outcome(fn, *args):

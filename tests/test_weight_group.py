@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 from cbpause.client import buckets  # noqa: E402
 from cbpause.client.weight_group import WeightGroup  # noqa: E402
 from cbpause.integrations.manifest import check_manifest  # noqa: E402
-from cbpause.serve.weights_io import weight_info  # noqa: E402
+from cbpause.serve.transfer.disk import weight_info  # noqa: E402
 from cbpause.testing import HANG_S  # noqa: E402
 from cbpause.testing.llama import tiny_llama  # noqa: E402
 from cbpause.testing.servers import free_port  # noqa: E402

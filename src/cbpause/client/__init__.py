@@ -19,7 +19,8 @@ Decisions, each one a property the model checks:
 Weights by broadcast (issue 42): ``fleet.init_weights_update_group(master_address)`` makes the trainer rank 0 of a
 torch.distributed group of its own with the servers as ranks 1..N; ``fleet.update_weights_from_distributed(
 named_tensors, weight_version)`` inside the pause sends an update by broadcast (:mod:`cbpause.serve.distributed`:
-a vote, the tensors, a vote; a server copies only once every member has the whole update), and
+a vote, the tensors in packed buckets, a vote; a server copies each bucket into its model as it arrives, or, started
+with ``--staging full``, only once every member has the whole update), and
 ``fleet.destroy_weights_update_group()`` ends it.  A transfer that fails raises :class:`FleetError` naming the
 servers, within the group's deadline, and leaves the group closed on every member (initialise it again).
 

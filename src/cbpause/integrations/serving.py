@@ -230,7 +230,7 @@ class TensorParallel:
     requests and the group shares them; the others refuse them (409).  Every rank serves the control routes: a
     trainer pauses every rank (R-SAME-WINDOW: a rank paused alone parks its peers for ``peer_park_timeout``, D3) and
     each rank receives the whole of each tensor of an update, and copies its shard of it
-    (:func:`cbpause.serve.weights_io.copy_in`)."""
+    (:class:`cbpause.integrations.transfer.ModelWriter`)."""
 
     size: int
     rank: int

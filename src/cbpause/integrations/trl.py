@@ -60,7 +60,7 @@ import torch  # noqa: E402
 from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, async_grpo_trainer, packing  # noqa: E402
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample  # noqa: E402
 
-from .manifest import entry, model_tensors  # noqa: E402
+from .transfer import InProcess, ModelWriter  # noqa: E402
 from .modes import ABORTED_BY_PAUSE  # noqa: E402
 from .weights import STALE, PartialSync, engine_name  # noqa: E402
 
@@ -133,18 +133,14 @@ class PauseWeightSync:
         sync happened: the version is unchanged).  ``RuntimeError`` outside ``pause()``."""
         if self._pause is None:
             raise RuntimeError("send_weights() outside pause(): the loop would step while the weights change")
-        own = model_tensors(self.manager.model)
-        copied = 0
+        writer = ModelWriter(self.manager.model)  # the one sink of every transport (cbpause.integrations.transfer)
         try:
-            with torch.no_grad():
-                for name, tensor in iterator:
-                    own[entry(own, name, tuple(tensor.shape), tensor.dtype).name].copy_(tensor)
-                    copied += 1
+            InProcess(self.manager.model, iterator).receive(writer.load)
         except BaseException:
-            if copied:
+            if writer.copied:
                 self.manager.set_weight_version(PartialSync(self.syncs + 1))
             raise
-        if not copied:  # issue 39, point 14: an empty sync counted as a full one, labelling old weights as new
+        if not writer.copied:  # issue 39, point 14: an empty sync counted as a full one, labelling old weights as new
             raise ValueError("send_weights() got no tensor: nothing was synced, and the weight version is unchanged")
         self.syncs += 1
         self.manager.set_weight_version(self.syncs)

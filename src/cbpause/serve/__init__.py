@@ -55,10 +55,8 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     joins it (:func:`join_parked_peer_pauses`): at least ``MIN_PEER_JOIN_GRACE_S``, and below ``peer_park_timeout``
     (or the peers would fail first); ``None``: :data:`PEER_JOIN_GRACE_S`, or half the ``peer_park_timeout`` where
     that is shorter.  Without ``tensor_parallel`` it must be None.
-    ``staging``: how an update by broadcast is received (:data:`cbpause.serve.distributed.STAGINGS`): ``"bounded"``,
-    each bucket copied into the model as it arrives (two buckets held; a transfer torn after its first bucket leaves
-    the server refusing generation until a complete update, R-TORN-HOLD), or ``"full"``, the whole update staged first
-    (a failed transfer leaves the weights as they were, for a copy of the update in memory).
+    ``staging``: how an update by broadcast is received, ``"bounded"`` or ``"full"``
+    (:data:`cbpause.serve.transfer.broadcast.STAGINGS`; docs/serving.md, R-TORN-HOLD).
     ``max_model_len``: the most tokens (prompt plus answer) a request may have (default: the model's
     ``max_position_embeddings``, lowered to what one request can hold in the KV cache; :mod:`.capacity`).  On the
     CPU, a ``continuous_batching_config`` without ``num_blocks`` gets :func:`.capacity.cpu_default_blocks`.
@@ -75,10 +73,7 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
     if root is not None and not root.is_dir():
         raise ValueError(f"weights_dir {str(weights_dir)!r} is not a directory")
     Guard(None, api_key=api_key, max_body_bytes=max_body_bytes)  # its arguments checked before the model loads
-    from .distributed import STAGINGS
-
-    if staging not in STAGINGS:
-        raise ValueError(f"staging must be one of {list(STAGINGS)}, not {staging!r}")
+    _check_staging(staging)  # before the model loads
     peer_join_grace = _peer_join_grace(peer_join_grace, manager_kwargs.get("peer_park_timeout", PEER_PARK_TIMEOUT_S),
                                        tensor_parallel is not None)  # fmt: skip
     if max_model_len is not None and (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
@@ -118,6 +113,13 @@ def build_app(checkpoint: str, *, weights_dir: str | Path | None = None, default
 
     app.router.lifespan_context = lifespan
     return app
+
+
+def _check_staging(staging: Any) -> None:
+    from .transfer.broadcast import STAGINGS
+
+    if staging not in STAGINGS:
+        raise ValueError(f"staging must be one of {list(STAGINGS)}, not {staging!r}")
 
 
 def _add_routes(app: Any, manager: Any, generate: Any, leases: Any, weights_dir: Path | None, served: Any,

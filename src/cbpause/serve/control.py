@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +34,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
-from . import weights_io
+from ..integrations.transfer import InProcess
+from . import transfer
 from .guard import BadJSON, parse_json_object
 from .leases import Fenced, LeaseGone, LeaseTable, Superseded, TooManyLeases, UnknownLease, WriteBusy
+from .transfer import disk
 
 __all__ = ["COMPAT", "MODES", "add_control_routes", "compat_mode"]
 
@@ -275,14 +276,14 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
         new = weight_version_of(body)
         started = time.monotonic()
         try:
-            path = weights_io.check_inside(body.get("path"), weights_dir)
-            tensors = await run_in_threadpool(weights_io.load_checked, manager.model, path, weights_dir)
+            path = disk.check_inside(body.get("path"), weights_dir)
+            source = await run_in_threadpool(disk.Disk, manager.model, path, weights_dir)  # every header checked
         except PermissionError as error:
             return _error(403, str(error))
         except ValueError as error:
             return _error(400, str(error))
         try:
-            copied = await run_in_threadpool(_write, leases, body["lease_id"], manager, tensors, new,
+            copied = await run_in_threadpool(_write, leases, body["lease_id"], manager, source, new,
                                              body.get("write_timeout"))  # fmt: skip
         except UnknownLease as error:
             return _error(404, error.args[0])
@@ -292,8 +293,10 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
             return _error(409, str(error))
         except ValueError as error:  # a bad write_timeout
             return _error(400, str(error))
-        except weights_io.CopyFailed as error:
+        except transfer.WriteFailed as error:
             return _error(500, str(error))
+        finally:
+            source.close()
         metrics.weight_update("disk", time.monotonic() - started)
         return JSONResponse({"updated": copied, "weight_version": _jsonable(new)})
 
@@ -304,7 +307,8 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
             return refused
         new = weight_version_of(body)
         try:
-            await run_in_threadpool(_write, leases, body["lease_id"], manager, {}, new, body.get("write_timeout"))
+            await run_in_threadpool(_write, leases, body["lease_id"], manager, InProcess(manager.model, ()), new,
+                                    body.get("write_timeout"))  # fmt: skip
         except ValueError as error:
             return _error(400, str(error))
         except UnknownLease as error:  # as the other routes answer it (found by issue 39's review: a 410)
@@ -318,7 +322,7 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
     @app.get("/weight_info")
     async def weight_info() -> JSONResponse:
         return JSONResponse({"weight_version": _jsonable(manager.weight_version),
-                             "parameters": weights_io.weight_info(manager.model)})  # fmt: skip
+                             "parameters": disk.weight_info(manager.model)})  # fmt: skip
 
 
 async def _unless_disconnected(event: asyncio.Event, request: Request) -> bool:
@@ -339,36 +343,12 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-def _write(leases: LeaseTable, lease_id: str, manager: Any, tensors: dict, new: Any,
+def _write(leases: LeaseTable, lease_id: str, manager: Any, source: Any, new: Any,
            timeout: float | None = None) -> int:  # fmt: skip
-    """``WriteBegin``, the copy, ``WriteEnd``: the version is set only if every tensor was copied and the write was not
-    cut at its deadline (:meth:`LeaseTable.write_weights`).  A copy that fails half-way labels the weights
-    ``PartialSync(new)`` while the pause still holds (the weights are a mix), and the error is raised (``WriteFail``).
-    """
+    """``WriteBegin``, then :func:`.transfer.write` of ``source`` (a transport), which ends in ``WriteEnd`` or
+    ``WriteFail`` (the weights labelled ``PartialSync(new)`` and torn if a tensor was copied: ``WriteFailed``)."""
     with leases.write_weights(lease_id, timeout, new) as lease:
-        return copy_and_commit(leases, lease, manager, tensors, new)
-
-
-def copy_and_commit(leases: LeaseTable, lease: Any, manager: Any, tensors: dict, new: Any,
-                    alive: Callable[[], bool] | None = None) -> int:  # fmt: skip
-    """The copy and ``WriteEnd`` of the write under way under ``lease`` (a disk write's, a transfer's once
-    ``Received``): the version is set only if every tensor was copied and the write was not cut.  A copy that fails
-    half-way labels the weights ``PartialSync(new)`` (``WriteFail``) and raises :class:`weights_io.CopyFailed`; one
-    cut at its deadline raises ``LeaseGone`` (the cut labelled them).  ``alive()`` (default: not cut) is asked before
-    each tensor."""
-    from ..integrations.weights import PartialSync
-
-    try:
-        copied = weights_io.copy_in(manager.model, tensors, alive=alive or (lambda: not lease.cut),
-                                    lock=leases.copying)  # fmt: skip
-    except weights_io.CopyFailed as error:
-        if lease.cut:  # labelled by the cut
-            raise LeaseGone(lease) from error
-        # WriteFail: labelled partial if some tensors were copied (a mix), left as it was if none
-        leases.fail_write(lease, (lambda: manager.set_weight_version(PartialSync(new))) if error.copied else None)
-        raise
-    leases.commit_write(lease, lambda: manager.set_weight_version(new))
-    return copied
+        return transfer.write(leases, lease, manager, source, new)
 
 
 def weight_version_of(body: dict) -> Any:

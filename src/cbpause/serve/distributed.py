@@ -51,10 +51,12 @@ from starlette.concurrency import run_in_threadpool
 from ..client.buckets import MAX_BUCKET_BYTES, MIN_BUCKET_BYTES
 from ..client.weight_group import BACKENDS, DEFAULT_GROUP, WeightGroup
 from ..integrations.manifest import check_manifest
-from . import weights_io
-from .control import NEEDS_LEASE, _body, _jsonable, copy_and_commit, weight_version_of
+from . import transfer
+from .control import NEEDS_LEASE, _body, _jsonable, weight_version_of
 from .leases import Fenced, LeaseGone, LeaseTable, Superseded, UnknownLease, WriteBusy, checked_seconds
 from .receiver import START_S, ReceivingGroup
+from .transfer import CopyFailed
+from .transfer.broadcast import STAGINGS, Broadcast, Declined
 
 __all__ = ["MAX_GROUPS", "MAX_JOIN_S", "MAX_STUCK", "STAGINGS", "WeightGroups", "add_distributed_routes"]
 
@@ -316,94 +318,20 @@ def _transfer(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups
                 refusal = Refused(refusal.status, f"{refusal}; this server left the weight-update group "
                                   f"{group.name!r} at once: initialise it again")  # fmt: skip
             raise refusal from None
-        voting = bucket_bytes is not None  # cbpause's own protocol; a stock trainer broadcasts its tensors only
+        transport = Broadcast(group, manifest, bucket_bytes, staging, still_writing=lambda: not lease.cut)
         try:
-            if voting and not _vote(groups, group, True):
-                raise Refused(409, "another member of the weight-update group refused this update: nothing was "
-                                   "received; the weights are as they were")  # fmt: skip
-            if staging == "full":
-                copied = _staged(manager, leases, groups, group, lease, manifest, bucket_bytes, new, voting)
-            else:
-                copied = _bounded(manager, leases, groups, group, lease, manifest, bucket_bytes, new, voting)
+            copied = transfer.write(leases, lease, manager, transport, new, seconds=group.timeout_s)
+        except transfer.WriteFailed as failed:
+            cause = failed.cause
+            if not isinstance(cause, Declined):  # (a vote that said no leaves the group in step)
+                groups.drop(group.name, group)  # its connections are in an unknown state
+            status = cause.status if isinstance(cause, Declined) else 500 if isinstance(cause, CopyFailed) else 502
+            closed = "" if isinstance(cause, Declined) else "; the weight-update group was closed: initialise it again"
+            raise Refused(status, f"{failed}{closed}") from None
         except (UnknownLease, LeaseGone) as error:
+            groups.drop(group.name, group)
             raise _refusal(error) from None
     return {"updated": copied, "weight_version": _jsonable(new)}
-
-
-def _staged(manager: Any, leases: LeaseTable, groups: WeightGroups, group: Any, lease: Any, manifest: list,
-            bucket_bytes: int | None, new: Any, voting: bool) -> int:  # fmt: skip
-    """Full staging (``--staging full``): every tensor received into a buffer of its own, the second vote, then the
-    copy (``Received`` once every member has the whole update): a transfer that fails anywhere leaves the weights as
-    they were, for the cost of a copy of the update."""
-    try:
-        staged = group.receive(manifest, progress=lambda: leases.progress(lease, group.timeout_s),
-                               bucket_bytes=bucket_bytes)  # fmt: skip
-    except RuntimeError as error:
-        groups.drop(group.name, group)
-        raise Refused(502, f"the transfer failed ({error}); the weights are as they were; the weight-update group "
-                           "was closed: initialise it again") from None  # fmt: skip
-    if voting and not _vote(groups, group, not lease.cut):
-        raise Refused(410 if lease.cut else 409, "the update did not reach every member whole: nothing was copied; "
-                      "the weights are as they were")  # fmt: skip
-    leases.received(lease)  # LeaseGone if the write was cut since the vote: this server does not take it
-
-    def alive() -> bool:  # each tensor copied pushes the deadline on, as each one received did
-        leases.progress(lease, group.timeout_s)
-        return not lease.cut
-
-    try:
-        return copy_and_commit(leases, lease, manager, staged, new, alive)
-    except weights_io.CopyFailed as error:
-        raise Refused(500, str(error)) from None
-
-
-def _bounded(manager: Any, leases: LeaseTable, groups: WeightGroups, group: Any, lease: Any, manifest: list,
-             bucket_bytes: int | None, new: Any, voting: bool) -> int:  # fmt: skip
-    """Bounded staging (the default): each bucket copied into the model once it arrived whole and checked, while the
-    next one arrives; the server holds two buckets, not the update.  ``Received`` is the first bucket's copy: a
-    transfer that fails before it leaves the weights as they were, one that fails after it leaves them torn, labelled
-    ``PartialSync`` and held (R-TORN-HOLD: generation refused until a complete update).  The second vote changes
-    nothing here (the copy is done): a server that took the whole update commits it, and the trainer hears from each
-    server which did."""
-    from ..integrations.weights import PartialSync
-
-    def alive() -> bool:  # each tensor copied pushes the deadline on, as each bucket received does
-        leases.progress(lease, group.timeout_s)
-        return not lease.cut
-
-    writer = weights_io.ModelWriter(manager.model, alive, leases.copying, total=len(manifest))
-
-    def load(name: str, tensor: Any) -> None:
-        if writer.copied == 0:
-            leases.received(lease)  # LeaseGone if the write was cut first: nothing copied, nothing taken
-        writer.load(name, tensor)
-
-    try:
-        group.receive(manifest, progress=lambda: leases.progress(lease, group.timeout_s), bucket_bytes=bucket_bytes,
-                      load=load)  # fmt: skip
-    except LeaseGone:
-        groups.drop(group.name, group)
-        raise
-    except Exception as error:  # noqa: BLE001 -- the transfer, or the copy of a bucket, failed: answered below
-        groups.drop(group.name, group)
-        if lease.cut:  # the cut labelled (and held) the weights, or left them whole if nothing was copied
-            raise LeaseGone(lease) from None
-        torn = writer.copied > 0
-        leases.fail_write(lease, (lambda: manager.set_weight_version(PartialSync(new))) if torn else None)
-        what = (f"after {writer.copied} of {len(manifest)} tensors were copied: the weights are torn, labelled "
-                "PartialSync, and this server refuses generation until a complete update") if torn else \
-            "before any tensor was copied: the weights are as they were"  # fmt: skip
-        status = 500 if isinstance(error, weights_io.CopyFailed) else 502
-        why = f"{error}"[:600]
-        raise Refused(status, f"the transfer failed ({why}) {what}; the weight-update group was closed: initialise "
-                              "it again") from None  # fmt: skip
-    if voting:
-        try:  # the trainer waits for it; its outcome changes nothing here
-            _vote(groups, group, not lease.cut)
-        except Refused:
-            pass  # (the group is dropped: the trainer's collective failed too)
-    leases.commit_write(lease, lambda: manager.set_weight_version(new))  # LeaseGone if the write was cut
-    return writer.copied
 
 
 def _bucket_bytes(body: dict) -> int | None:

@@ -171,7 +171,7 @@ class LeaseTable:
         self.written_seq = 0  # the seq of the lease the weights were last written under (0: none)
         self._written_by: Lease | None = None  # that lease (FleetPause.tla's wroteEp): the fence asks if it is held
         self._writer: Lease | None = None  # the lease whose write runs now (one at a time; a cut one frees the slot)
-        # Held around each tensor's copy (weights_io.copy_in) and each commit: a cut write's copy that is under way
+        # Held around each tensor's copy (ModelWriter.load) and each commit: a cut write's copy that is under way
         # when the next write begins lands before that write's first tensor and before its commit, never after.
         self.copying = threading.Lock()
         # The log of the table's actions, FleetPause.tla's names (tla/TraceFleetPause.tla replays it): each record is

@@ -40,10 +40,11 @@ not (left early or rejected), a flood of pauses came and a client left while its
 
     soak-http: seconds=… pauses=… updates=… broadcasts=… groups=… checked_complete=… missed=… fenced=… abandoned=…
                killed=… legacy=… floods=… leavers=… requests=… answered=… rejected=… left=… bad=… duplicates=… partial=…
-               seeded=… lost=0 duplicated=0 hangs=0 wrong=0   (on one line)
+               torn=… seeded=… lost=0 duplicated=0 hangs=0 wrong=0   (on one line)
 
-``partial`` counts the answers labelled ``PartialSync`` (a write that failed half-way; on a TP engine, one that landed
-on some ranks only: R-TP-PARTIAL-WRITE).  ``missed`` counts the updates the fleet reported some server missed (a
+``partial`` counts the answers labelled ``PartialSync``: on a TP engine, a write that landed on some ranks only
+(R-TP-PARTIAL-WRITE); on a server of its own, torn weights served, which is wrong (R-TORN-HOLD).  ``torn`` counts the
+hostile sender's tears: a server torn, refusing completions, then mended by a complete update.  ``missed`` counts the updates the fleet reported some server missed (a
 lease that ran out on a loaded machine, a pause that timed out, a write the other trainer's lease fenced off:
 ``fenced`` of them): reported, as R-FLEET-ALL-OR-NOTHING and R-WRITE-FENCE require, and not an error.
 
@@ -66,6 +67,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -98,6 +100,7 @@ class Ledger:
         self.sent: Counter = Counter()  # per server: completions a server received (all of them, left included)
         self.wrong: list[str] = []
         self.versions: set = {None}  # the versions the trainer wrote (labels must be among them)
+        self.tp = False  # the servers are one TP engine's ranks: a PartialSync label may be served (R-TP-PARTIAL-WRITE)
         # (server, version, choice, arguments) -> the tokens of the first such answer (check_sampled)
         self.streams: dict[tuple, list[int]] = {}
 
@@ -275,6 +278,8 @@ def check_answer(url: str, r: httpx.Response, n: int, ledger: Ledger, waited: fl
         labels = {v for _, v in choice.get("weight_versions", [])}
         if any(str(v).startswith("PartialSync(") for v in labels):
             ledger.count("partial")
+            if not ledger.tp:  # one server's partial label is torn weights, which it must never serve (R-TORN-HOLD)
+                ledger.problem(f"{url}: an answer labelled {labels}: torn weights served")
         tokens = choice.get("token_ids")
         count = len(tokens) if tokens is not None else body["usage"]["completion_tokens"]
         if count != n and not choice.get("finish_reason") == "stop":
@@ -372,16 +377,18 @@ def complete_update_stands(fleet: Fleet, version: int, ledger: Ledger) -> None:
     ledger.count("checked_complete")
 
 
-def disturber(urls: list[str], ledger: Ledger, stop: threading.Event, rng: random.Random, tp: bool = False) -> None:
-    """Abandoned leases, killed trainer processes, floods of pauses, clients that leave while their pause waits and
-    vLLM/SGLang-style pauses, one at a time: each kind once in every round of five, in a shuffled order (so that a
-    short run sees every kind), the roll within a kind random.  With ``tp`` (``urls`` are the ranks of one TP engine)
+def disturber(urls: list[str], ledger: Ledger, stop: threading.Event, rng: random.Random, tp: bool = False,
+              tensors: list[dict] | None = None) -> None:  # fmt: skip
+    """Abandoned leases, killed trainer processes, floods of pauses, clients that leave while their pause waits,
+    vLLM/SGLang-style pauses and (with ``tensors``, the policies) a hostile sender that tears a server's weights, one
+    at a time: each kind once in every round of six, in a shuffled order (so that a short run sees every kind), the
+    roll within a kind random.  With ``tp`` (``urls`` are the ranks of one TP engine)
     only the kinds that pause every rank, as a TP engine must be paused (a pause on one rank parks the others, D3):
     abandoned leases (one on each rank, in one mode) and killed trainers."""
     kinds: list[float] = []
     while not stop.wait(rng.uniform(0.5, 2.0)):
         if not kinds:
-            kinds = [0.2, 0.5] if tp else [0.2, 0.5, 0.6, 0.68, 0.9]  # one roll inside each kind's band below
+            kinds = [0.2, 0.5] if tp else [0.2, 0.5, 0.6, 0.68, 0.9] + ([0.95] if tensors else [])  # (the bands below)
             rng.shuffle(kinds)
         roll, url = kinds.pop(), rng.choice(urls)
         if roll < 0.4:  # a trainer that hangs: a lease never renewed nor resumed (on every rank of a TP engine)
@@ -416,6 +423,8 @@ def disturber(urls: list[str], ledger: Ledger, stop: threading.Event, rng: rando
                 pass
             ledger.count("leavers")
             expect_running(url, time.monotonic(), ledger, stop, {"leaver"})
+        elif roll >= 0.93:
+            tear(url, tensors, ledger, rng)
         else:
             engine = rng.choice(("vllm", "sglang"))
             if engine == "vllm":
@@ -428,6 +437,49 @@ def disturber(urls: list[str], ledger: Ledger, stop: threading.Event, rng: rando
                 resume = httpx.post(url + ("/resume" if engine == "vllm" else "/continue_generation"), timeout=HANG_S)
                 if resume.status_code != 200 or resume.json()["resumed"] < 1:
                     ledger.problem(f"{url}: a {engine}-style resume got {resume.status_code} {resume.text[:100]}")
+
+
+def tear(url: str, tensors: list[dict], ledger: Ledger, rng: random.Random) -> None:
+    """A hostile sender (R-TORN-HOLD): under its own lease on one server, a broadcast whose second bucket is short.
+    The server copies the first bucket as it arrives, so its weights are torn: it must refuse completions (503) and
+    step nothing while they are (a label ``PartialSync`` in any answer is wrong: the check of every answer), and be
+    mended by a complete update, which this sender then writes, a whole policy under a version of its own.  Skipped
+    when the lease cannot write now (another trainer's write stands: the fence)."""
+    state = tensors[rng.randrange(len(tensors))]
+    version = 10_000 + rng.randrange(10_000)
+    with ledger.lock:
+        ledger.versions.add(version)
+    try:
+        with Fleet([url], holder="tearer", bucket_bytes=64 * 1024) as fleet:
+            fleet.init_weights_update_group("127.0.0.1", group_name="tearer", timeout=GROUP_TIMEOUT_S)
+            group, sent = fleet.weight_group, []
+            broadcast = group.broadcast
+
+            def short(tensor: Any) -> None:  # bucket 1's bytes (the fourth broadcast: header, bytes, header, bytes)
+                sent.append(tensor)
+                broadcast(tensor[: tensor.numel() // 2] if len(sent) == 4 else tensor)
+
+            group.broadcast = short
+            with fleet.pause(timeout=30, ttl=TTL):
+                try:
+                    fleet.update_weights_from_distributed(state.items(), f"torn-{version}")
+                    ledger.problem(f"{url}: a broadcast with a short bucket was taken whole")
+                    return
+                except FleetError as error:
+                    if "torn" not in str(error):
+                        print(f"soak-http: tear skipped: {error}", flush=True)
+                        return
+                refused = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "t3", "max_tokens": 2},
+                                     timeout=HANG_S)  # fmt: skip
+                if refused.status_code != 503 or "torn" not in refused.text:
+                    ledger.problem(f"{url}: a torn server answered {refused.status_code} {refused.text[:100]}")
+                fleet.init_weights_update_group("127.0.0.1", group_name="tearer", timeout=GROUP_TIMEOUT_S)
+                fleet.update_weights_from_distributed(state.items(), version)
+            fleet.destroy_weights_update_group()
+        ledger.count("torn")
+    except FleetError as error:  # a lease lost on a loaded machine: reported, as it must be
+        print(f"soak-http: tear reported: {error}", flush=True)
+        ledger.count("missed")
 
 
 def flood(url: str, ledger: Ledger, rng: random.Random) -> None:
@@ -503,17 +555,19 @@ def validate_lease_logs(logs: list[Path], ledger: Ledger) -> None:
 
 def exercised(ledger: Ledger, tp: bool = False) -> bool:
     """What ``--each`` waits for: the trainer paused, an update by broadcast landed, a completion was answered and one
-    was not (left or rejected), a flood of pauses came and a client left while its pause waited (with ``tp``: a lease
-    abandoned on every rank in place of the last two, which a TP engine is not given)."""
+    was not (left or rejected), a flood of pauses came, a client left while its pause waited and a hostile sender tore
+    a server's weights (with ``tp``: a lease abandoned on every rank in place of the last three, which a TP engine is
+    not given)."""
     with ledger.lock:
         n = ledger.n
         done = n["pauses"] > 0 and n["broadcasts"] > 0 and n["answered"] > 0 and n["left"] + n["rejected"] > 0
-        return done and (n["abandoned"] > 0 if tp else n["floods"] > 0 and n["leavers"] > 0)
+        return done and (n["abandoned"] > 0 if tp else n["floods"] > 0 and n["leavers"] > 0 and n["torn"] > 0)
 
 
 def run(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
     ledger, stop = Ledger(), threading.Event()
+    ledger.tp = bool(args.tp)
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cbpause-soak-http-")))
         checkpoint = save_tiny_policy(tmp / "ckpt", vocab_size=VOCAB)
@@ -552,7 +606,8 @@ def run(args: argparse.Namespace) -> dict:
         threads += [threading.Thread(target=trainer, args=(urls, names, ledger, stop, rand(), k,
                                                            in_memory if k == 0 else None), name=f"trainer-{k}")
                     for k in range(TRAINERS)]  # fmt: skip
-        threads.append(threading.Thread(target=disturber, args=(urls, ledger, stop, rand(), args.tp),
+        threads.append(threading.Thread(target=disturber, args=(urls, ledger, stop, rand(), args.tp,
+                                                                None if args.tp else in_memory),
                                         name="disturber"))  # fmt: skip
         started = time.monotonic()
         for t in threads:
@@ -578,7 +633,7 @@ def run(args: argparse.Namespace) -> dict:
     n = ledger.n
     keys = "pauses updates broadcasts groups checked_complete missed fenced abandoned killed legacy".split()
     keys += "floods leavers requests answered rejected left bad".split()
-    keys += ["duplicates", "partial", "seeded"]
+    keys += ["duplicates", "partial", "torn", "seeded"]
     keys += ["traced", "trace_records", "rejected_logs"] if args.validate_leases else []
     keys += ["lost", "duplicated", "hangs"]
     return {"seconds": round(seconds), **{k: n[k] for k in keys}, "wrong": len(ledger.wrong)}
