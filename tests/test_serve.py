@@ -63,7 +63,7 @@ class FakeManager:
         self.versions.append(version)
 
     @contextlib.contextmanager
-    def pause(self, timeout=None, mode="keep"):
+    def pause(self, timeout=None, mode="keep", into=None):
         if self.refuse is not None:
             raise self.refuse
         self.inside += 1
@@ -918,7 +918,7 @@ def test_a_resume_that_waited_for_a_write_cut_at_its_deadline_says_the_lease_exp
 
 
 class Given:
-    """A transport of the tensors it is given, unchecked (what a transport's own check would refuse reaches the copy)."""
+    """A transport of the tensors it is given, unchecked (what a transport's check would refuse reaches the copy)."""
 
     staged = False
 

@@ -474,3 +474,32 @@ def test_a_stronger_pause_from_a_thread_inside_raises_at_once():
     status.release_pause()
     assert status.state.count == 0
     assert loop.stop() and loop.violations == []
+
+
+def test_a_hold_queued_at_a_closing_window_can_be_withdrawn_by_another_thread():
+    """P-LEAVE-QUEUE from another thread (``interrupt`` of a queued hold, issue 57): a server's keeper of torn weights
+    keeps its window from closing, so a pause queued there would wait for ever; withdrawn, its call raises at once,
+    nothing held, and the window is as it was."""
+    loop = started()
+    status = loop.status
+    thread, box, b_leave = closing_window(loop)
+    holds: list = []
+
+    def c():
+        status.request_and_enter_pause(loop.wake, timeout=WAIT, into=holds)
+
+    c_thread, c_box = run_thread(c, "holder-c")
+    assert wait_for_queued(status, WAIT), "C was not queued at the closing window"
+    assert holds and holds[0].state == "queued"  # the caller has the hold while it is queued
+    status.interrupt(holds[0])
+    c_thread.join(JOIN_TIMEOUT)
+    assert not c_thread.is_alive() and isinstance(c_box.get("error"), RuntimeError), c_box
+    assert holds[0].state == "idle" and status.metrics().holders_queued == 0
+    s = status.state
+    assert s.paused and s.closing and s.count == 1, s
+    with pytest.raises(RuntimeError, match="needs a hold that is waiting"):
+        status.interrupt(holds[0])  # idle now: nothing to withdraw
+    b_leave.set()
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive() and "error" not in box, box
+    assert loop.stop() and loop.violations == []

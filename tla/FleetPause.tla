@@ -224,7 +224,9 @@ StartWrite(s, e, p) ==
     /\ wtime' = [wtime EXCEPT ![s] = WriteTTL]
     /\ wroteEp' = [wroteEp EXCEPT ![s] = e]
     /\ UNCHANGED <<up, lease, ttl, ver, seq, nseq, serverCrashes, losses>>
-WriteRefused(s, e) == up[s] /\ writing[s] = 0 /\ ~WriteAllowed(s, e) /\ UNCHANGED srv
+\* A write to a torn server may be refused too (StillTorn: one that does not cover every tensor the torn writes were to
+\* write could not mend them; the model's writes carry no tensor names, so any may be).
+WriteRefused(s, e) == up[s] /\ writing[s] = 0 /\ (~WriteAllowed(s, e) \/ Torn(s)) /\ UNCHANGED srv
 
 \* ResumeLease (LeavePause), once no write runs under the lease (LeaseTable._hold); a lease not held is left as it
 \* is.  The boolean pause un-pauses.

@@ -221,10 +221,10 @@ class RankProtocol(LoopSteps):
         hold = self._new_hold(holder, mode)
         hold.one_call = True
         asked = timeout
+        for sink in into:  # before the ask: a hold queued at a closing window can be withdrawn by another thread
+            sink.append(hold)
         try:
             timeout = self._ask(hold, timeout)
-            for sink in into:
-                sink.append(hold)
             if hold.state == "inside":  # queued, then entered by another thread (enter_pause) before this one woke
                 return hold
             if t.can_enter_window(self._state, mode):
@@ -417,11 +417,17 @@ class RankProtocol(LoopSteps):
         self._last_entry_latency = self._clock() - hold.requested_at
 
     def interrupt(self, hold: PauseHold) -> None:
-        """P-INTERRUPT (``Interrupt``): withdraw a waiting request (as a SIGINT during the wait does).
+        """P-INTERRUPT (``Interrupt``): withdraw a waiting request (as a SIGINT during the wait does); or
+        P-LEAVE-QUEUE (``LeaveQueue``) for a hold queued at a closing window.  The thread that waits for it raises
+        ``RuntimeError`` (nothing held).
 
-        Raises ``RuntimeError`` and changes nothing unless ``hold`` is waiting.
+        Raises ``RuntimeError`` and changes nothing unless ``hold`` is waiting or queued.
         """
         with self._lock:
+            if isinstance(hold, PauseHold) and hold._protocol is self and hold.state == "queued":
+                self._apply(t.leave_queue, hold=hold)
+                self._condition.notify_all()  # its thread waits for the close: it finds itself withdrawn
+                return
             self._own(hold, "waiting", "interrupt")
             self._apply(t.interrupt, hold.mode, hold=hold)
 

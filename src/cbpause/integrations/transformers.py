@@ -254,7 +254,8 @@ class PausableContinuousBatchingManager(
             super()._fail_all_remaining_requests(error, batch_processor)
 
     @contextmanager
-    def pause(self, timeout: float | None = None, mode: str = "keep", weights_changed: bool = True) -> Iterator[None]:
+    def pause(self, timeout: float | None = None, mode: str = "keep", weights_changed: bool = True,
+              into: list | None = None) -> Iterator[None]:  # fmt: skip
         """Pause the generation loop while inside the ``with`` block; the loop resumes when the last holder leaves.
 
         ``mode`` says what happens to the requests in flight (R-MODES; :mod:`cbpause.integrations.modes`): ``"keep"``
@@ -279,7 +280,9 @@ class PausableContinuousBatchingManager(
 
         The hold belongs to the pause, not to the thread: the ``with`` block may end on another thread (an
         asyncio executor's ``__exit__``), and a context manager that is garbage-collected without having been
-        exited releases its hold (logging an error that names the thread that entered).
+        exited releases its hold (logging an error that names the thread that entered).  ``into``, an empty list,
+        gets the hold the moment it is requested, so that another thread may withdraw it while it waits
+        (``background_thread_status.interrupt``: the wait then raises ``RuntimeError``).
         """
         weights.check_weights_changed(weights_changed)
         status = self.background_thread_status  # a loop that died says why: its fatal error is the cause
@@ -288,7 +291,7 @@ class PausableContinuousBatchingManager(
             raise RuntimeError("Cannot pause generation while no generation loop is running.") from cause
         # request_and_enter_pause appends the hold to `holds` the moment it is requested: an asynchronous exception that
         # lands after the entry and before the with block (where the assignment of a result would be) still finds it.
-        holds: list[PauseHold] = []
+        holds: list[PauseHold] = [] if into is None else into
         entered = False
         try:
             try:

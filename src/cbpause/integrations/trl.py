@@ -60,8 +60,8 @@ import torch  # noqa: E402
 from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, async_grpo_trainer, packing  # noqa: E402
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample  # noqa: E402
 
-from .transfer import InProcess, ModelWriter  # noqa: E402
 from .modes import ABORTED_BY_PAUSE  # noqa: E402
+from .transfer import InProcess, ModelWriter  # noqa: E402
 from .weights import STALE, PartialSync, engine_name  # noqa: E402
 
 __all__ = ["AsyncGRPOConfig", "AsyncGRPOTrainer", "CBRolloutWorker", "PartialSync", "PauseWeightSync",

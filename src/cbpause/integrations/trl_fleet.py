@@ -3,8 +3,9 @@
 
 * :class:`FleetWeightSync`, the trainer's ``weight_transfer``: ``pause()`` takes the fleet's pause (a lease on every
   server, renewed in the background), ``send_weights()`` sends the trainer's parameters by broadcast over the fleet's
-  weight-update group (``Fleet.update_weights_from_distributed``: a failed transfer leaves every server's weights as
-  they were) and labels them with the sync count, ``resume()`` lets the servers go.
+  weight-update group (``Fleet.update_weights_from_distributed``: a failed transfer leaves each server's weights as
+  they were, or torn and refusing generation until the next complete sync, R-TORN-HOLD) and labels them with the sync
+  count, ``resume()`` lets the servers go.
 * :class:`FleetEngine`, what :class:`~cbpause.integrations.trl.CBRolloutWorker` drives in place of an in-process
   manager: each request is a completion on one of the servers (in turn), a prompt of token ids asking for the
   tokens' log-probabilities and their ids back (``logprobs: 0``, ``return_token_ids: true``, as TRL's own rollout
@@ -67,8 +68,8 @@ class FleetWeightSync:
 
     def send_weights(self, iterator: Any) -> None:
         """Every ``(name, tensor)`` to every server, by broadcast; the version is the new sync count.  A transfer that
-        failed leaves the servers' weights as they were (``FleetError``); the group, closed by it, is formed again at
-        the next sync."""
+        failed raises ``FleetError``: each server's weights are as they were, or torn (refusing generation until the
+        next complete sync mends them); the group, closed by it, is formed again at the next sync."""
         if self._pause is None:
             raise RuntimeError("send_weights() outside pause(): the servers would generate while the weights change")
         pairs = [(name, tensor.detach()) for name, tensor in iterator]

@@ -129,15 +129,16 @@ def _add_routes(app: Any, manager: Any, generate: Any, leases: Any, weights_dir:
     from .control import add_control_routes
     from .distributed import WeightGroups, add_distributed_routes
     from .metrics import ServerMetrics
-    from .openai import add_openai_routes
+    from .openai import TornRefusal, add_openai_routes
 
     metrics = ServerMetrics(manager, leases, generate)
     add_control_routes(app, manager, leases, weights_dir=weights_dir, metrics=metrics, served=served,
                        tensor_parallel=tensor_parallel)  # fmt: skip
     add_openai_routes(app, manager, generate, _tokenizer(app.state.processor), served, follower=app.state.follower,
-                      metrics=metrics, torn=lambda: leases.torn)  # fmt: skip
+                      metrics=metrics)  # fmt: skip
     groups = WeightGroups()
     add_distributed_routes(app, manager, leases, groups, metrics, staging)
+    app.add_middleware(TornRefusal, torn=lambda: leases.torn)  # every generation route, while the weights are torn
     return groups
 
 
@@ -297,6 +298,8 @@ def shutdown(leases: Any, manager: Any, flush_s: float = FLUSH_S, groups: Any = 
 
 def _shutdown(leases: Any, manager: Any, flush_s: float) -> None:
     leases.close()
-    manager.stop(block=True, timeout=flush_s)  # a flush: the requests in flight finish if they can
+    if leases.torn is None:  # torn weights are never stepped, not even to flush (R-TORN-HOLD): requests fail at once
+        manager.stop(block=True, timeout=flush_s)  # a flush: the requests in flight finish if they can
     if manager.is_running():
         manager.stop(block=True, timeout=flush_s, hard_stop=True)  # the rest fail: an error is an answer
+    leases.release_torn()

@@ -37,7 +37,7 @@ from starlette.concurrency import run_in_threadpool
 from ..integrations.transfer import InProcess
 from . import transfer
 from .guard import BadJSON, parse_json_object
-from .leases import Fenced, LeaseGone, LeaseTable, Superseded, TooManyLeases, UnknownLease, WriteBusy
+from .leases import Fenced, LeaseGone, LeaseTable, StillTorn, Superseded, TooManyLeases, UnknownLease, WriteBusy
 from .transfer import disk
 
 __all__ = ["COMPAT", "MODES", "add_control_routes", "compat_mode"]
@@ -289,7 +289,7 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
             return _error(404, error.args[0])
         except LeaseGone as error:  # it expired during the read, or the write passed its deadline and was cut
             return _error(410, str(error))
-        except (Fenced, Superseded, WriteBusy) as error:
+        except (Fenced, Superseded, StillTorn, WriteBusy) as error:
             return _error(409, str(error))
         except ValueError as error:  # a bad write_timeout
             return _error(400, str(error))
@@ -315,7 +315,7 @@ def _weight_routes(app: FastAPI, manager: Any, leases: LeaseTable, weights_dir: 
             return _error(404, error.args[0])
         except LeaseGone as error:
             return _error(410, str(error))
-        except (Fenced, Superseded, WriteBusy) as error:
+        except (Fenced, Superseded, StillTorn, WriteBusy) as error:
             return _error(409, str(error))
         return JSONResponse({"weight_version": _jsonable(manager.weight_version)})
 
@@ -346,8 +346,11 @@ async def _disconnect(request: Request) -> None:
 def _write(leases: LeaseTable, lease_id: str, manager: Any, source: Any, new: Any,
            timeout: float | None = None) -> int:  # fmt: skip
     """``WriteBegin``, then :func:`.transfer.write` of ``source`` (a transport), which ends in ``WriteEnd`` or
-    ``WriteFail`` (the weights labelled ``PartialSync(new)`` and torn if a tensor was copied: ``WriteFailed``)."""
-    with leases.write_weights(lease_id, timeout, new) as lease:
+    ``WriteFail`` (the weights labelled ``PartialSync(new)`` and torn if a tensor was copied: ``WriteFailed``).  A
+    source that names tensors leaves the model untouched until its first (``Received``): cut before it, the weights
+    keep their label, as a transfer's do."""
+    names = frozenset(getattr(source, "names", ()))
+    with leases.write_weights(lease_id, timeout, new, names=names, staged=bool(names)) as lease:
         return transfer.write(leases, lease, manager, source, new)
 
 

@@ -53,7 +53,7 @@ from ..client.weight_group import BACKENDS, DEFAULT_GROUP, WeightGroup
 from ..integrations.manifest import check_manifest
 from . import transfer
 from .control import NEEDS_LEASE, _body, _jsonable, weight_version_of
-from .leases import Fenced, LeaseGone, LeaseTable, Superseded, UnknownLease, WriteBusy, checked_seconds
+from .leases import Fenced, LeaseGone, LeaseTable, StillTorn, Superseded, UnknownLease, WriteBusy, checked_seconds
 from .receiver import START_S, ReceivingGroup
 from .transfer import CopyFailed
 from .transfer.broadcast import STAGINGS, Broadcast, Declined
@@ -65,10 +65,6 @@ MAX_JOIN_S = 600.0  # the longest a join may wait for the other members
 MAX_STUCK = 16  # joins past their timeout whose thread torch's store still holds (a master that never answers)
 JOIN_GRACE_S = 2.0  # past a join's own timeout, how long its route waits for torch to give up by itself
 DEFAULT_TIMEOUT_S = 60.0  # each collective's deadline, when the trainer names none
-# How a server receives an update (R-TORN-HOLD, R-STAGED-TRANSFER): "bounded", each bucket copied into the model as it
-# arrives (two buckets held, a torn transfer refused until mended); "full", the whole update staged first (a failed
-# transfer leaves the weights as they were, for a copy of the update in memory).
-STAGINGS = ("bounded", "full")
 
 
 class Refused(Exception):
@@ -309,7 +305,8 @@ def _transfer(body: dict, manager: Any, leases: LeaseTable, groups: WeightGroups
             manifest = check_manifest(manager.model, body.get("names"), body.get("dtypes"), body.get("shapes"))
             bucket_bytes = _bucket_bytes(body)
             lease = stack.enter_context(leases.write_weights(body["lease_id"], body.get("write_timeout",
-                                        3 * group.timeout_s), new, staged=True))  # fmt: skip
+                                        3 * group.timeout_s), new, staged=True,
+                                        names=[entry.name for entry in manifest]))  # fmt: skip
         except Exception as error:  # noqa: BLE001 -- the answer, at once
             refusal = _refusal(error)
             if member and groups.drop(group.name, group):
@@ -352,7 +349,7 @@ def _refusal(error: Exception) -> Refused:
         return Refused(404, error.args[0])
     if isinstance(error, LeaseGone):
         return Refused(410, str(error))
-    if isinstance(error, (Fenced, Superseded, WriteBusy)):
+    if isinstance(error, (Fenced, Superseded, StillTorn, WriteBusy)):
         return Refused(409, str(error))
     if isinstance(error, ValueError):
         return Refused(400, str(error))

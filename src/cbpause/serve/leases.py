@@ -29,6 +29,7 @@ weights are mended and no supporter is held.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import threading
@@ -39,13 +40,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["FORGET_AFTER_S", "MAX_LEASES", "Fenced", "Lease", "LeaseGone", "LeaseTable", "Superseded", "TooManyLeases",
-           "Torn", "UnknownLease", "WriteBusy", "checked_seconds"]
+           "StillTorn", "Torn", "UnknownLease", "WriteBusy", "checked_seconds"]
 
 logger = logging.getLogger("cbpause.serve")
 
 FORGET_AFTER_S = 600.0  # how long a lease that ended is remembered (and a late renew or resume answered 410)
 MAX_TTL_S = 3600.0
 MAX_LEASES = 64  # leases waiting or held at once: each is a thread; a stranger must not make the server hold more
+KEEPER_SWEEP_S = 0.2  # how often the keeper of torn weights looks for pauses that wait for a window it keeps open
 
 
 class UnknownLease(KeyError):
@@ -89,19 +91,16 @@ class LeaseGone(RuntimeError):
 @dataclass
 class Torn:
     """The weights are a mix: ``version`` is the update whose write stopped after its first tensor (they are labelled
-    ``PartialSync(version)``)."""
+    ``PartialSync(version)``); ``names``, every tensor the torn writes were to write, which a write must cover to mend
+    them (a write of fewer, a label alone, would leave the mix in place under a clean label)."""
 
     version: Any
+    names: frozenset = frozenset()
 
 
-class _Supported:
-    """The pause of a supporter: the keeper holds the loop, so entering and leaving change nothing."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *_: Any) -> None:
-        return None
+class StillTorn(RuntimeError):
+    """A write to a server whose weights are torn that does not cover every tensor the torn writes were to write (a
+    409): it could not mend them, so it is refused before anything is copied (``WriteRefused``)."""
 
 
 def checked_seconds(name: str, value: Any, *, default: float | None, upper: float | None = None,
@@ -143,11 +142,14 @@ class Lease:
     cut: bool = False  # a write under way passed its deadline: the lease ended without it, the weights are partial
     write_ended: bool = False  # the write under way was committed (WriteEnd) or failed (WriteFail)
     staging: bool = False  # the write under way receives into staging buffers, the model untouched (until Received)
+    names: frozenset = frozenset()  # the tensors the write under way is to write (the model's names)
     seq: int = 0  # the order in which the leases were entered (FleetPause.tla's epochs)
     on_entered: Callable[[], None] | None = None  # called once from the lease's thread when ``entered`` is set
     abandoned: bool = False  # its asker left before the window opened: the pause is left as soon as it is entered
     resume_asked: bool = False  # a resume came: the lease ends (ResumeLease) once no write runs under it
     left: threading.Event = field(default_factory=threading.Event)  # its pause left, died, or handed to the keeper
+    holds: list = field(default_factory=list)  # its pause's hold, once requested (the keeper's sweep withdraws it)
+    rejoin: bool = False  # its request was withdrawn for torn weights: it is held as a supporter instead
 
 
 class LeaseTable:
@@ -301,7 +303,7 @@ class LeaseTable:
 
     @contextmanager
     def write_weights(self, lease_id: Any, timeout: float | None = None, version: Any = None, *,
-                      staged: bool = False) -> Iterator[Lease]:  # fmt: skip
+                      staged: bool = False, names: Any = ()) -> Iterator[Lease]:  # fmt: skip
         """``WriteBegin`` .. ``WriteEnd`` under a held lease: the lease does not expire (nor its pause end) before the
         block ends or ``timeout`` seconds pass (default: the lease's ttl), so the loop takes no step while the
         weights change.  Past that deadline the write is *cut* (``WriteCut``): the lease ends without it (expired, even
@@ -313,7 +315,10 @@ class LeaseTable:
         ``Superseded`` under an older lease than the last writer's, and ``Fenced`` while the last writer's lease,
         another one, is still held (R-WRITE-FENCE).  ``staged``: the write first receives its tensors into buffers of
         its own (a transfer, R-STAGED-TRANSFER): until :meth:`received` the model is untouched, so a cut or a failure
-        then leaves the weights and their label as they were."""
+        then leaves the weights and their label as they were.  ``names``: the tensors the write is to write; while the
+        weights are torn a write must name every tensor the torn writes were to write (``StillTorn`` otherwise: a
+        write of fewer could not mend them, R-TORN-HOLD)."""
+        names = frozenset(names)
         with self._lock:
             try:
                 lease = self.check_held(lease_id, locked=True)
@@ -337,9 +342,15 @@ class LeaseTable:
                     raise Fenced(f"the weights were last written under lease {last.id[:8]} of {last.holder!r}, which "
                                  "is still held: they stand until it ends (another trainer may have been told its "
                                  "update is complete); retry once it has been resumed or has expired")
+            if self._torn is not None and not self._torn.names <= names:
+                self._record("WriteRefused", lease)
+                missing = sorted(self._torn.names - names)
+                raise StillTorn(f"the weights are torn (an update stopped half-way): a write mends them only if it "
+                                f"sends every tensor that update was to write, {len(missing)} of which it does not "
+                                f"(e.g. {missing[0]!r}); refused before anything was copied")  # fmt: skip
             self.written_seq, self._written_by = lease.seq, lease
             lease.busy, lease.cut, lease.write_ended, self._writer = 1, False, False, lease
-            lease.staging = staged
+            lease.staging, lease.names = staged, names
             lease.write_deadline = self._clock() + timeout
             lease.writing = version
             self._record("WriteBegin", lease)
@@ -404,18 +415,24 @@ class LeaseTable:
             return [lease for lease in self._leases.values() if lease.state == "held"]
 
     def close(self) -> None:
-        """Resume every lease, and leave at once every pause still waiting to be entered (the server stops); the
-        torn hold too (the process ends: a restart loads its checkpoint's weights)."""
+        """Resume every lease, and leave at once every pause still waiting to be entered (the server stops).  Torn
+        weights stay held (the keeper does not leave): the loop must not step on them, not even to flush the requests
+        in flight; :meth:`release_torn` lets it go once the loop has stopped."""
         with self._lock:
-            self._torn = None
             self._supporters.clear()
-            self._let_keeper_go()
             for lease in self._leases.values():
                 if lease.state == "waiting":
                     lease.abandoned = True
             ids = [lease.id for lease in self._leases.values() if lease.state == "held"]
         for lease_id in ids:
             self._resume_quietly(lease_id)
+
+    def release_torn(self) -> None:
+        """The server's loop has stopped: the keeper of torn weights leaves (a restart loads the checkpoint's)."""
+        with self._lock:
+            self._torn = None
+            self._supporters.clear()
+            self._let_keeper_go()
 
     # ------------------------------------------------------------------------------------------- inside
 
@@ -501,12 +518,27 @@ class LeaseTable:
         """The weights are a mix (the caller holds the lock, and ``lease``, whose write tore them, holds the loop: its
         thread is inside the window).  Its thread becomes the keeper, unless there is one: it will not leave the
         window, whatever becomes of its lease, until :meth:`_let_keeper_go`."""
-        self._torn = Torn(lease.writing)
+        self._torn = Torn(lease.writing, lease.names | (self._torn.names if self._torn is not None else frozenset()))
         if self._keeper is None:
             self._keeper, self._kept = lease, threading.Event()
+        self._sweep()
         logger.error("the weights are torn (a write under lease %s of holder %r stopped after its first tensor): "
                      "generation is refused, and the loop held, until a complete update", lease.id[:8],
                      lease.holder)  # fmt: skip
+
+    def _sweep(self) -> None:
+        """Withdraw every pause that waits for a window while the keeper holds the loop (the caller holds the lock):
+        queued at the window the keeper keeps from closing, or asking for a stronger mode than it was opened in, it
+        would wait for ever; withdrawn, its lease is held as a supporter (``rejoin``)."""
+        protocol = getattr(self.manager, "background_thread_status", None)
+        for lease in self._leases.values():
+            if lease.state != "waiting" or not lease.holds or lease.holds[0].state not in ("queued", "waiting"):
+                continue
+            lease.rejoin = True
+            try:
+                protocol.interrupt(lease.holds[0])
+            except (RuntimeError, AttributeError):  # it entered, or left, meanwhile
+                pass
 
     def _let_keeper_go(self) -> None:
         """The keeper may leave once the weights are whole and no supporter is held (the caller holds the lock)."""
@@ -547,9 +579,19 @@ class LeaseTable:
             supporter = self._keeper is not None  # the loop is held for torn weights: no newcomer could join it
             if supporter:
                 self._supporters.add(lease)
-        pause: Any = _Supported() if supporter else self.manager.pause(timeout=timeout, mode=lease.mode)
+        pause: Any = contextlib.nullcontext() if supporter else self.manager.pause(timeout=timeout, mode=lease.mode,
+                                                                       into=lease.holds)  # fmt: skip
         try:
-            pause.__enter__()
+            try:
+                pause.__enter__()
+            except BaseException:
+                with self._lock:  # withdrawn by the keeper's sweep: the keeper holds the loop; a supporter then
+                    rejoin = lease.rejoin and self._keeper is not None
+                    if rejoin:
+                        supporter, pause = True, contextlib.nullcontext()  # the keeper holds the loop
+                        self._supporters.add(lease)
+                if not rejoin:
+                    raise
         except BaseException as error:  # nothing is held (pause() withdrew the request)
             with self._lock:
                 lease.state, lease.error, lease.ended_at = "failed", error, self._clock()
@@ -590,7 +632,9 @@ class LeaseTable:
                 self._let_keeper_go()
         if keeping:  # the weights are torn: this thread holds the loop until they are mended; its lease has ended
             lease.left.set()
-            kept.wait()
+            while not kept.wait(KEEPER_SWEEP_S):
+                with self._lock:
+                    self._sweep()
             lease.context = None
         elif lease.state == "expired":
             lease.left.set()

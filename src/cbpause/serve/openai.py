@@ -31,6 +31,7 @@ from typing import Any
 from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ..integrations.serving import GENERATION_ROUTES
 from .decoding import ChoiceState, Decoding, Detokenizer, chat_logprobs, completion_logprobs, cut_spans
 from .generation import (
     MAX_REQUEST_ID,
@@ -44,20 +45,40 @@ from .generation import (
 )
 from .guard import BadJSON, parse_json_object
 
-__all__ = ["CHOICE_MARK", "Run", "add_openai_routes"]
+__all__ = ["CHOICE_MARK", "GENERATING", "Run", "TornRefusal", "add_openai_routes"]
 
 # The loop's id of choice i of a request of several is "<x-request-id>#<i>"; a client's x-request-id may not hold the
 # mark, so that its id never names another request's choice (nor a child transformers forks, "<parent>__child#<i>").
 CHOICE_MARK = "#"
+# Every route that generates: this module's, and transformers serve's own.
+GENERATING = frozenset({"/v1/completions", "/v1/chat/completions", *GENERATION_ROUTES})
+
+
+class TornRefusal:
+    """Every generation route (:data:`GENERATING`: these routes and transformers serve's ``/v1/responses``) answers
+    ``503`` with ``Retry-After`` while the weights are torn (``torn()``, the lease table's: R-TORN-HOLD), before the
+    request reaches its handler: a request queued while the loop is held would otherwise wait for a mend."""
+
+    def __init__(self, app: Any, torn: Any) -> None:
+        self.app, self.torn = app, torn
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("path") in GENERATING and (torn := self.torn()) is not None:
+            message = (f"this server's weights are torn (an update stopped half-way: labelled {torn.version!r} "
+                       "partial); generation is refused until a complete update arrives")  # fmt: skip
+            response = JSONResponse({"error": {"message": message, "type": "server_error", "code": 503}},
+                                    status_code=503, headers={"Retry-After": "1"})  # fmt: skip
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def add_openai_routes(app: Any, manager: Any, generate: Any, tokenizer: Any, served: Served, *,
-                      follower: Any = None, metrics: Any = None, torn: Any = None) -> None:  # fmt: skip
+                      follower: Any = None, metrics: Any = None) -> None:  # fmt: skip
     """``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` on ``app``: requests run on ``manager``
     through ``generate`` (the server's :class:`~cbpause.integrations.serving.ServedRequests`), text through
     ``tokenizer``.  ``follower``: this server is a TP rank other than the driver (generation requests are a
-    ``409``).  ``torn()``: the hold of torn weights, or ``None`` (the lease table's ``torn``): while there is one,
-    a generation request is a ``503`` (R-TORN-HOLD)."""
+    ``409``)."""
     @app.api_route("/v1/models", methods=["GET", "HEAD", "OPTIONS"])  # OPTIONS: as transformers serve answered it
     async def models() -> JSONResponse:
         return JSONResponse({"object": "list", "data": [served.model_card()]})
@@ -66,10 +87,6 @@ def add_openai_routes(app: Any, manager: Any, generate: Any, tokenizer: Any, ser
         if follower is not None:
             raise HTTPException(status_code=409, detail=f"this server is rank {follower.rank} of a tensor-parallel "
                                 f"engine of {follower.size} ranks: generation requests go to rank 0, its driver")
-        if torn is not None and (hold := torn()) is not None:
-            raise HTTPException(status_code=503, headers={"Retry-After": "1"}, detail="this server's weights are torn "
-                                f"(an update stopped half-way: labelled {hold.version!r} partial); generation is "
-                                "refused until a complete update arrives")  # fmt: skip
         try:
             body = parse_json_object(await request.body()) or {}
         except BadJSON as error:

@@ -14,8 +14,9 @@ the server's stop, a join past its timeout) kills the child, and the server's wa
 collective inside the server's own process would wait for the group's deadline.  The slots are two buckets (or two
 tensors, in a stock trainer's format of one broadcast per tensor), whatever the model's size, reserved before use in
 ``/dev/shm`` or else the temporary directory (:func:`slot_file`); the server copies each bucket out of its slot into
-the model (bounded staging) or into a staging buffer of its own (``--staging full``: R-STAGED-TRANSFER).  A stock tensor carries no header: its slot is filled with a word of the transfer's
-own first, and a tensor whose last bytes are still that word arrived short.
+the model (bounded staging) or into a staging buffer of its own (``--staging full``: R-STAGED-TRANSFER).  A stock
+tensor carries no header: its slot is filled with a word of the transfer's own first, and a tensor whose last bytes
+are still that word arrived short.
 
 Over NCCL the tensors land on the server's own GPU, which a child cannot map; NCCL has no length check to fail, and
 such a group stays in the server's process (:class:`~cbpause.client.weight_group.WeightGroup`).

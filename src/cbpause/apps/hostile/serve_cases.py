@@ -41,8 +41,8 @@ from .serve_transfer import (
     fleet_client_limits,
     joins_and_receivers_end_when_asked,
     senders_whose_bytes_are_not_their_manifest_s,
-    torn_after_the_first_bucket,
     stalled_transfer_ends_when_asked,
+    torn_after_the_first_bucket,
     values_no_answer_could_carry,
 )
 from .support import WAIT, Lost, Silent, Wrong

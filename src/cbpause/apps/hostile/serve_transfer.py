@@ -10,6 +10,7 @@ from typing import Any
 
 from .serve_support import (
     KEY,
+    NAME,
     Guarded,
     call,
     check,
@@ -149,9 +150,13 @@ def torn_after_the_first_bucket(server: Guarded) -> None:
     body = {"group_name": "tearer", "names": [n for n, _, _ in manifest], "dtypes": ["float32"] * 2,
             "shapes": [list(shape) for _, shape, _ in manifest], "bucket_bytes": size}  # fmt: skip
 
-    def send(version: str, short: bool) -> Any:
+    def send(version: str, short: bool, queued: dict | None = None) -> Any:
         group = joined_group(server.url, "tearer", timeout=5)
         held = lease(server.url, holder="tearer")
+        if queued is not None:  # a pause that waits, queued at a window that is closing, when the weights tear
+            other = lease(server.url, holder="leaver")
+            resume(server.url, other)  # the window is closing now: a newcomer is queued until it closes
+            queued["pause"] = in_thread(call, "POST", server.url + "/pause", json={"holder": "queued", "ttl": WAIT})
         try:
             update = in_thread(call, "POST", server.url + "/update_weights_from_distributed",
                                json={**body, "weight_version": version, "lease_id": held})  # fmt: skip
@@ -170,8 +175,12 @@ def torn_after_the_first_bucket(server: Guarded) -> None:
             resume(server.url, held)
             call("POST", server.url + "/destroy_weights_update_group", json={"group_name": "tearer"})
 
-    answer = send("torn", short=True)
+    queued: dict = {}
+    answer = send("torn", short=True, queued=queued)
     check(answer.status_code == 502 and "torn" in message(answer), f"{answer.status_code} {answer.text[:300]}")
+    waited = joined(*queued["pause"])  # the keeper's window never closes: the queued pause is held beside it
+    check(waited.status_code == 200, f"a pause queued when the weights tore: {waited.status_code} {waited.text[:200]}")
+    resume(server.url, waited.json()["lease_id"])
     health = call("GET", server.url + "/health").json()
     check(health.get("torn") is True, f"a torn server's health says {health}")
     label = call("GET", server.url + "/weight_info").json()["weight_version"]
@@ -179,6 +188,16 @@ def torn_after_the_first_bucket(server: Guarded) -> None:
     refused = completion(server.url)
     check(refused.status_code == 503 and "torn" in refused.text, f"a torn server answered a completion "
           f"{refused.status_code} {refused.text[:200]}", Wrong)  # fmt: skip
+    refused = call("POST", server.url + "/v1/responses", json={"model": NAME, "input": "t3 t4", "max_output_tokens": 2})
+    check(refused.status_code == 503 and "torn" in refused.text, f"a torn server answered /v1/responses "
+          f"{refused.status_code} {refused.text[:200]}", Wrong)  # fmt: skip
+    held = lease(server.url, holder="labeller")
+    try:  # a label alone would leave the mix in place under a clean version
+        labelled = call("POST", server.url + "/update_weight_version", json={"lease_id": held, "weight_version": "x"})
+        check(labelled.status_code == 409 and "torn" in message(labelled), f"a label alone on torn weights: "
+              f"{labelled.status_code} {labelled.text[:200]}", Wrong)  # fmt: skip
+    finally:
+        resume(server.url, held)
     answer = send("mended", short=False)
     check(answer.status_code == 200, f"a complete update to a torn server: {answer.status_code} {answer.text[:300]}")
     check(call("GET", server.url + "/health").json().get("torn") is False, "a mended server still says it is torn")

@@ -44,8 +44,9 @@ not (left early or rejected), a flood of pauses came and a client left while its
 
 ``partial`` counts the answers labelled ``PartialSync``: on a TP engine, a write that landed on some ranks only
 (R-TP-PARTIAL-WRITE); on a server of its own, torn weights served, which is wrong (R-TORN-HOLD).  ``torn`` counts the
-hostile sender's tears: a server torn, refusing completions, then mended by a complete update.  ``missed`` counts the updates the fleet reported some server missed (a
-lease that ran out on a loaded machine, a pause that timed out, a write the other trainer's lease fenced off:
+hostile sender's tears: a server torn, refusing completions, then mended by a complete update.  ``missed`` counts
+the updates the fleet reported some server missed (a lease that ran out on a loaded machine, a pause that timed out,
+a write the other trainer's lease fenced off:
 ``fenced`` of them): reported, as R-FLEET-ALL-OR-NOTHING and R-WRITE-FENCE require, and not an error.
 
 and the exit status is 1 unless lost, duplicated and hangs are 0 (or an answer was wrong: ``wrong=``).
@@ -67,7 +68,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -75,6 +75,7 @@ from ...client import Fleet, FleetError
 from ...testing import HANG_S
 from ...testing.servers import serve_process, serve_tp_processes
 from ...testing.trl_cpu import save_tiny_policy
+from .tear import tear
 
 TTL = 2.0  # the leases' ttl, short so that expiries happen often
 VOCAB = 32
@@ -424,7 +425,7 @@ def disturber(urls: list[str], ledger: Ledger, stop: threading.Event, rng: rando
             ledger.count("leavers")
             expect_running(url, time.monotonic(), ledger, stop, {"leaver"})
         elif roll >= 0.93:
-            tear(url, tensors, ledger, rng)
+            tear(url, tensors, ledger, rng, TTL, GROUP_TIMEOUT_S)
         else:
             engine = rng.choice(("vllm", "sglang"))
             if engine == "vllm":
@@ -437,49 +438,6 @@ def disturber(urls: list[str], ledger: Ledger, stop: threading.Event, rng: rando
                 resume = httpx.post(url + ("/resume" if engine == "vllm" else "/continue_generation"), timeout=HANG_S)
                 if resume.status_code != 200 or resume.json()["resumed"] < 1:
                     ledger.problem(f"{url}: a {engine}-style resume got {resume.status_code} {resume.text[:100]}")
-
-
-def tear(url: str, tensors: list[dict], ledger: Ledger, rng: random.Random) -> None:
-    """A hostile sender (R-TORN-HOLD): under its own lease on one server, a broadcast whose second bucket is short.
-    The server copies the first bucket as it arrives, so its weights are torn: it must refuse completions (503) and
-    step nothing while they are (a label ``PartialSync`` in any answer is wrong: the check of every answer), and be
-    mended by a complete update, which this sender then writes, a whole policy under a version of its own.  Skipped
-    when the lease cannot write now (another trainer's write stands: the fence)."""
-    state = tensors[rng.randrange(len(tensors))]
-    version = 10_000 + rng.randrange(10_000)
-    with ledger.lock:
-        ledger.versions.add(version)
-    try:
-        with Fleet([url], holder="tearer", bucket_bytes=64 * 1024) as fleet:
-            fleet.init_weights_update_group("127.0.0.1", group_name="tearer", timeout=GROUP_TIMEOUT_S)
-            group, sent = fleet.weight_group, []
-            broadcast = group.broadcast
-
-            def short(tensor: Any) -> None:  # bucket 1's bytes (the fourth broadcast: header, bytes, header, bytes)
-                sent.append(tensor)
-                broadcast(tensor[: tensor.numel() // 2] if len(sent) == 4 else tensor)
-
-            group.broadcast = short
-            with fleet.pause(timeout=30, ttl=TTL):
-                try:
-                    fleet.update_weights_from_distributed(state.items(), f"torn-{version}")
-                    ledger.problem(f"{url}: a broadcast with a short bucket was taken whole")
-                    return
-                except FleetError as error:
-                    if "torn" not in str(error):
-                        print(f"soak-http: tear skipped: {error}", flush=True)
-                        return
-                refused = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "t3", "max_tokens": 2},
-                                     timeout=HANG_S)  # fmt: skip
-                if refused.status_code != 503 or "torn" not in refused.text:
-                    ledger.problem(f"{url}: a torn server answered {refused.status_code} {refused.text[:100]}")
-                fleet.init_weights_update_group("127.0.0.1", group_name="tearer", timeout=GROUP_TIMEOUT_S)
-                fleet.update_weights_from_distributed(state.items(), version)
-            fleet.destroy_weights_update_group()
-        ledger.count("torn")
-    except FleetError as error:  # a lease lost on a loaded machine: reported, as it must be
-        print(f"soak-http: tear reported: {error}", flush=True)
-        ledger.count("missed")
 
 
 def flood(url: str, ledger: Ledger, rng: random.Random) -> None:

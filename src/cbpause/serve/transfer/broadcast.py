@@ -4,8 +4,8 @@ The group is the server's end of the trainer's torch.distributed group (:class:`
 over gloo, :class:`~cbpause.client.weight_group.WeightGroup` over NCCL), and its wire format is
 :mod:`cbpause.client.buckets` (packed, each bucket checked by its header and checksum before a byte is used), or a
 stock trainer's one broadcast per tensor.  Its manifest was checked by the route before any collective
-(``check_manifest``).  ``staging`` (``cbpause serve --staging``): ``"bounded"`` delivers each bucket's tensors as soon as
-the bucket arrived whole and checked, while the next one arrives (two buckets held); ``"full"`` receives every bucket
+(``check_manifest``).  ``staging`` (``cbpause serve --staging``): ``"bounded"`` delivers each bucket's tensors as soon
+as the bucket arrived whole and checked, while the next one arrives (two buckets held); ``"full"`` receives every bucket
 into buffers of its own, takes the second vote (every member has the whole update), and only then delivers.  In
 cbpause's own protocol (``bucket_bytes`` named) the first vote comes before (a refusal anywhere: nothing moves) and
 the second after; with bounded staging its outcome changes nothing on a server that received every bucket, which

@@ -6,9 +6,9 @@ file read from a directory, so that an HTTP client cannot make the server read a
 are read (a FIFO would block the reader); it is one ``.safetensors`` file or a directory of them;
 the tensors may be a subset of the model's parameters and buffers (a trainer may send only what it trained), but
 every name must be one of the model's (wrappers' prefixes stripped as TRL's sync strips them), with its shape and
-dtype.  Every name, shape and dtype is read from the files' headers and checked when the transport is made (:class:`Disk`):
-any mismatch is a ``ValueError`` and the model is left untouched.  The tensors are then read one at a time from the
-files mapped at that check, so a server holds one tensor of the update, not the update.
+dtype.  Every name, shape and dtype is read from the files' headers and checked when the transport is made
+(:class:`Disk`): any mismatch is a ``ValueError`` and the model is left untouched.  The tensors are then read one at a
+time from the files mapped at that check, so a server holds one tensor of the update, not the update.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class Disk:
         except BaseException:
             self.close()
             raise
-        self.total = len(seen)
+        self.total, self.names = len(seen), frozenset(seen)
         if not self.total:
             self.close()
             raise ValueError(f"the safetensors file(s) at {str(path)!r} hold no tensor")
