@@ -236,9 +236,11 @@ def test_trl_s_vllm_client_reads_the_server_and_pauses_and_resumes_it_unchanged(
     assert vllm.get_max_model_len() == 4096 and vllm.get_dtype() == "torch.float32" and vllm.get_world_size() == 1
     assert vllm.get_server_info()["lora_config"] is None
     vllm.pause()  # /pause?mode=keep: vLLM's keep with its default clear_cache, cbpause's retract
-    assert httpx.get(url + "/is_paused", timeout=HANG_S).json() == {"is_paused": True, "leases": 1,
-                                                                     "holders": ["vllm-client"]}  # fmt: skip
-    vllm.resume()
+    try:
+        assert httpx.get(url + "/is_paused", timeout=HANG_S).json() == {"is_paused": True, "leases": 1,
+                                                                         "holders": ["vllm-client"], "torn": False}
+    finally:  # (a failure here must not leave the module's server paused for the next test)
+        vllm.resume()
     assert httpx.get(url + "/is_paused", timeout=HANG_S).json()["is_paused"] is False
     # the start-up line says how much memory the cache takes: on the CPU, sized from the model (max_model_len 4096)
     line = next(x for x in log.read_text().splitlines() if "KV cache:" in x)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from . import buckets
@@ -90,16 +91,31 @@ class WeightGroup:
                 self.broadcast(tensor.detach().contiguous().to(self.device))
             return
         manifest = [(str(i), tuple(t.shape), t.dtype) for i, t in enumerate(tensors)]
-        buffer: Any = None
-        start = 0
-        for bucket in buckets.layout(manifest, bucket_bytes):
-            if buffer is None or buffer.numel() < bucket.nbytes:  # (on the group's device: NCCL packs on the GPU)
-                buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=self.device)
-            part = [t.to(self.device) for t in tensors[start : start + len(bucket.slots)]]
-            packed = buckets.pack(bucket, part, buffer)
-            start += len(bucket.slots)
-            self.broadcast(torch.tensor(buckets.header(bucket, packed), dtype=torch.int64, device=self.device))
-            self.broadcast(packed)
+        layout = buckets.layout(manifest, bucket_bytes)
+        firsts = [0]
+        for bucket in layout:
+            firsts.append(firsts[-1] + len(bucket.slots))
+        buffers: list[Any] = [None, None]
+
+        def packed(i: int) -> tuple[Any, Any]:  # bucket i, in buffer i % 2, and its header
+            bucket = layout[i]
+            if buffers[i % 2] is None or buffers[i % 2].numel() < bucket.nbytes:  # (NCCL packs on the GPU)
+                buffers[i % 2] = torch.empty(bucket.nbytes, dtype=torch.uint8, device=self.device)
+            part = [t.to(self.device) for t in tensors[firsts[i] : firsts[i + 1]]]
+            data = buckets.pack(bucket, part, buffers[i % 2])
+            return torch.tensor(buckets.header(bucket, data), dtype=torch.int64, device=self.device), data
+
+        # Bucket i+1 is packed and summed in another thread while bucket i is on the wire (the copies and the sum
+        # release the GIL, and so does the collective's wait); a buffer is packed again only once the bucket it held
+        # two buckets before has been sent.
+        with ThreadPoolExecutor(1, thread_name_prefix=f"cbpause-group-{self.name}-pack") as packer:
+            next_bucket = packer.submit(packed, 0)
+            for i in range(len(layout)):
+                head, data = next_bucket.result()
+                if i + 1 < len(layout):
+                    next_bucket = packer.submit(packed, i + 1)
+                self.broadcast(head)
+                self.broadcast(data)
 
     def receive(self, manifest: list[tuple[str, tuple[int, ...], Any]], progress: Any = None,
                 bucket_bytes: int | None = None, load: Any = None) -> dict[str, Any]:  # fmt: skip

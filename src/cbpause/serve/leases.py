@@ -22,9 +22,10 @@ requests, and the loop takes no step, until a complete write ends (``WriteEnd``)
 (``R-TORN-HOLD``; ``Torn`` in ``FleetPause.tla``).  A torn update is never served.  The loop is held by the torn
 write's own lease: its thread, inside the window already, stays inside after its lease ends (resumed, expired or cut)
 and becomes the *keeper*.  A new holder could not join that window (once one holder has left it, a window admits no
-newcomer: R-WINDOW-CLOSES), so a lease asked while the keeper holds the loop takes no pause of its own: it is a
-*supporter*, held as the keeper's window is (in whatever mode it was opened), and the keeper leaves only once the
-weights are mended and no supporter is held.
+newcomer: R-WINDOW-CLOSES), so a lease asked while the weights are torn takes no pause of its own (one that was
+waiting for that window is withdrawn, ``_sweep``, and asks again): it is a *supporter*, held as the keeper's window is
+(in whatever mode it was opened), and the keeper leaves only once the weights are mended and no supporter is held (a
+lease asked after the mend waits for that window's close, as any newcomer does).
 """
 
 from __future__ import annotations
@@ -575,23 +576,24 @@ class LeaseTable:
     def _hold(self, lease: Lease, timeout: float | None) -> None:
         """The lease holder's thread: enter, wait for the resume or the deadline, then leave or end without leaving;
         or, as the keeper of torn weights, stay inside until they are mended (see the module)."""
-        with self._lock:
-            supporter = self._keeper is not None  # the loop is held for torn weights: no newcomer could join it
-            if supporter:
-                self._supporters.add(lease)
-        pause: Any = contextlib.nullcontext() if supporter else self.manager.pause(timeout=timeout, mode=lease.mode,
-                                                                       into=lease.holds)  # fmt: skip
         try:
-            try:
-                pause.__enter__()
-            except BaseException:
-                with self._lock:  # withdrawn by the keeper's sweep: the keeper holds the loop; a supporter then
-                    rejoin = lease.rejoin and self._keeper is not None
-                    if rejoin:
-                        supporter, pause = True, contextlib.nullcontext()  # the keeper holds the loop
+            while True:
+                with self._lock:  # torn weights: the keeper holds the loop, and no newcomer could join its window
+                    supporter = self._torn is not None and self._keeper is not None
+                    if supporter:
                         self._supporters.add(lease)
-                if not rejoin:
-                    raise
+                    lease.rejoin = False
+                    lease.holds.clear()
+                pause: Any = contextlib.nullcontext() if supporter else \
+                    self.manager.pause(timeout=timeout, mode=lease.mode, into=lease.holds)  # fmt: skip
+                try:
+                    pause.__enter__()
+                    break
+                except BaseException:
+                    if not lease.rejoin:
+                        raise
+                    # withdrawn by the keeper's sweep (_sweep): ask again, a supporter now (or a pause of its own, once
+                    # the weights are whole again)
         except BaseException as error:  # nothing is held (pause() withdrew the request)
             with self._lock:
                 lease.state, lease.error, lease.ended_at = "failed", error, self._clock()
@@ -634,7 +636,8 @@ class LeaseTable:
             lease.left.set()
             while not kept.wait(KEEPER_SWEEP_S):
                 with self._lock:
-                    self._sweep()
+                    if self._torn is not None:  # (once mended, a pause waits for this window's close as any does)
+                        self._sweep()
             lease.context = None
         elif lease.state == "expired":
             lease.left.set()
