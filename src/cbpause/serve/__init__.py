@@ -135,10 +135,10 @@ def _add_routes(app: Any, manager: Any, generate: Any, leases: Any, weights_dir:
     add_control_routes(app, manager, leases, weights_dir=weights_dir, metrics=metrics, served=served,
                        tensor_parallel=tensor_parallel)  # fmt: skip
     add_openai_routes(app, manager, generate, _tokenizer(app.state.processor), served, follower=app.state.follower,
-                      metrics=metrics)  # fmt: skip
+                      metrics=metrics, torn=lambda: leases.torn)  # fmt: skip
     groups = WeightGroups()
     add_distributed_routes(app, manager, leases, groups, metrics, staging)
-    app.add_middleware(TornRefusal, torn=lambda: leases.torn)  # every generation route, while the weights are torn
+    app.add_middleware(TornRefusal, torn=lambda: leases.torn, count=generate.count)  # transformers' own routes
     return groups
 
 

@@ -45,28 +45,36 @@ from .generation import (
 )
 from .guard import BadJSON, parse_json_object
 
-__all__ = ["CHOICE_MARK", "GENERATING", "Run", "TornRefusal", "add_openai_routes"]
+__all__ = ["CHOICE_MARK", "GENERATING", "Run", "TornRefusal", "add_openai_routes", "torn_refusal"]
 
 # The loop's id of choice i of a request of several is "<x-request-id>#<i>"; a client's x-request-id may not hold the
 # mark, so that its id never names another request's choice (nor a child transformers forks, "<parent>__child#<i>").
 CHOICE_MARK = "#"
-# Every route that generates: this module's, and transformers serve's own.
-GENERATING = frozenset({"/v1/completions", "/v1/chat/completions", *GENERATION_ROUTES})
+# The generation routes whose handler is transformers serve's (refused while torn by TornRefusal).
+GENERATING = frozenset(GENERATION_ROUTES)
+
+
+def torn_refusal(torn: Any) -> str | None:
+    """Why a generation request is refused while the weights are torn (``torn``, the lease table's), or ``None``."""
+    if torn is None:
+        return None
+    return (f"this server's weights are torn (an update stopped half-way: labelled {torn.version!r} partial); "
+            "generation is refused until a complete update arrives")  # fmt: skip
 
 
 class TornRefusal:
-    """Every generation route (:data:`GENERATING`: these routes and transformers serve's ``/v1/responses``) answers
-    ``503`` with ``Retry-After`` while the weights are torn (``torn()``, the lease table's: R-TORN-HOLD), before the
-    request reaches its handler: a request queued while the loop is held would otherwise wait for a mend."""
+    """transformers serve's own generation routes (``/v1/responses``: :data:`GENERATING`) answer ``503`` with
+    ``Retry-After`` while the weights are torn (``torn()``: R-TORN-HOLD), counted ``rejected`` by ``count()``,
+    before the request reaches their handler (a request queued while the loop is held would wait for a mend).  This
+    module's routes refuse in their handler, where a request's choices are known (each is counted)."""
 
-    def __init__(self, app: Any, torn: Any) -> None:
-        self.app, self.torn = app, torn
+    def __init__(self, app: Any, torn: Any, count: Any) -> None:
+        self.app, self.torn, self.count = app, torn, count
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope.get("path") in GENERATING and (torn := self.torn()) is not None:
-            message = (f"this server's weights are torn (an update stopped half-way: labelled {torn.version!r} "
-                       "partial); generation is refused until a complete update arrives")  # fmt: skip
-            response = JSONResponse({"error": {"message": message, "type": "server_error", "code": 503}},
+        if scope["type"] == "http" and scope.get("path") in GENERATING and (why := torn_refusal(self.torn())):
+            self.count("rejected")
+            response = JSONResponse({"error": {"message": why, "type": "server_error", "code": 503}},
                                     status_code=503, headers={"Retry-After": "1"})  # fmt: skip
             await response(scope, receive, send)
             return
@@ -74,11 +82,12 @@ class TornRefusal:
 
 
 def add_openai_routes(app: Any, manager: Any, generate: Any, tokenizer: Any, served: Served, *,
-                      follower: Any = None, metrics: Any = None) -> None:  # fmt: skip
+                      follower: Any = None, metrics: Any = None, torn: Any = None) -> None:  # fmt: skip
     """``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` on ``app``: requests run on ``manager``
     through ``generate`` (the server's :class:`~cbpause.integrations.serving.ServedRequests`), text through
     ``tokenizer``.  ``follower``: this server is a TP rank other than the driver (generation requests are a
-    ``409``)."""
+    ``409``).  ``torn()``: the lease table's torn weights, or ``None``: while there are, a generation request is a
+    ``503``, each of its choices counted ``rejected`` (R-TORN-HOLD)."""
     @app.api_route("/v1/models", methods=["GET", "HEAD", "OPTIONS"])  # OPTIONS: as transformers serve answered it
     async def models() -> JSONResponse:
         return JSONResponse({"object": "list", "data": [served.model_card()]})
@@ -105,6 +114,10 @@ def add_openai_routes(app: Any, manager: Any, generate: Any, tokenizer: Any, ser
         except OpenAIError as error:
             raise HTTPException(status_code=error.status, detail=str(error)) from None
         run = Run(manager, generate, tokenizer, served, generation, request_id, prompts, budgets, metrics)
+        if torn is not None and (why := torn_refusal(torn())):
+            for _ in run.choices:
+                generate.count("rejected")
+            raise HTTPException(status_code=503, detail=why, headers={"Retry-After": "1"})
         run.start()
         if generation.stream:
             return _Stream(run)

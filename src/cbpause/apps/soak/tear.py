@@ -43,7 +43,9 @@ def tear(url: str, tensors: list[dict], ledger: Any, rng: random.Random, ttl: fl
                     if "torn" not in str(error):
                         print(f"soak-http: tear skipped: {error}", flush=True)
                         return
-                refused = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "t3", "max_tokens": 2},
+                with ledger.lock:  # (the server counts it, refused: the ledger must too)
+                    ledger.sent[url] += 1
+                refused = httpx.post(url + "/v1/completions", json={"prompt": "t3", "max_tokens": 2},
                                      timeout=HANG_S)  # fmt: skip
                 if refused.status_code != 503 or "torn" not in refused.text:
                     ledger.problem(f"{url}: a torn server answered {refused.status_code} {refused.text[:100]}")
