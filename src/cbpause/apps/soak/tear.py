@@ -1,4 +1,4 @@
-"""The HTTP soak's hostile sender (issue 57, R-TORN-HOLD): a server's weights torn by a short bucket, then mended."""
+"""The HTTP soak's hostile sender (R-TORN-HOLD): a server's weights torn by a short bucket, then mended."""
 
 from __future__ import annotations
 

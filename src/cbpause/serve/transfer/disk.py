@@ -1,5 +1,5 @@
 """Weights from disk, a transport (:mod:`cbpause.integrations.transfer`): the safetensors files a trainer writes,
-checked whole from their headers before anything is read, then delivered tensor by tensor (issue 29).
+checked whole from their headers before anything is read, then delivered tensor by tensor.
 
 Decisions: the path must resolve (symbolic links followed) inside the server's ``--weights-dir``, and so must each
 file read from a directory, so that an HTTP client cannot make the server read an arbitrary file; only regular files
