@@ -88,3 +88,45 @@ def test_the_driver_tears_the_weights_only_once_a_tensor_was_copied(good, staged
     assert ("Received" in actions) == (staged and bool(good)) and actions[-1] == "WriteFail", actions
     assert table.resume_lease(lease.id) is True
     table.close()
+
+
+def test_a_disk_file_written_again_in_place_after_its_check_is_never_delivered_as_the_checked_one(tmp_path):
+    """Found by a hostile review: the files were mapped at the check, and a file truncated under the mapping ended the
+    server (SIGBUS), one rewritten in place was delivered as the checked one.  Read with pread, a changed file fails
+    the transfer; one replaced by a rename is read as it was checked."""
+    import os
+
+    from safetensors.torch import save_file
+
+    manager = Manager()
+    path = tmp_path / "a.safetensors"
+    for change in ("truncate", "rewrite", "replace"):
+        save_file({"0.weight": torch.ones(2, 2), "1.weight": torch.ones(3, 2)}, str(path))
+        disk, delivered = Disk(manager.model, path, tmp_path), []
+        if change == "truncate":
+            os.truncate(path, 40)
+        elif change == "rewrite":
+            data = path.read_bytes()
+            path.write_bytes(data[:-4] + b"AAAA")
+        else:
+            save_file({"0.weight": torch.zeros(2, 2), "1.weight": torch.zeros(3, 2)}, str(tmp_path / "b.tmp"))
+            os.replace(tmp_path / "b.tmp", path)
+        try:
+            if change == "replace":
+                disk.receive(lambda name, tensor, out=delivered: out.append(tensor.sum().item()))
+                assert delivered == [4.0, 6.0]  # the checked file's bytes
+            else:
+                with pytest.raises(TransferFailed, match="changed"):
+                    disk.receive(lambda name, tensor, out=delivered: out.append(tensor.sum().item()))
+        finally:
+            disk.close()
+
+
+def test_in_process_tensors_named_twice_or_not_tensors_are_refused():
+    manager = Manager()
+    writer = ModelWriter(manager.model)
+    with pytest.raises(ValueError, match="named twice"):
+        InProcess(manager.model, [("0.weight", torch.ones(2, 2)), ("module.0.weight", torch.ones(2, 2))]).receive(
+            writer.load)  # fmt: skip
+    with pytest.raises(ValueError, match="not a tensor"):
+        InProcess(manager.model, [("0.weight", [[1.0, 1.0], [1.0, 1.0]])]).receive(writer.load)

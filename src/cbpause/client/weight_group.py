@@ -111,7 +111,11 @@ class WeightGroup:
         with ThreadPoolExecutor(1, thread_name_prefix=f"cbpause-group-{self.name}-pack") as packer:
             next_bucket = packer.submit(packed, 0)
             for i in range(len(layout)):
-                head, data = next_bucket.result()
+                try:
+                    head, data = next_bucket.result()
+                except BaseException as error:  # a tensor that cannot be packed: the receivers wait for a bucket
+                    self.broken = self.broken or f"a bucket could not be packed ({type(error).__name__}: {error})"[:300]
+                    raise
                 if i + 1 < len(layout):
                     next_bucket = packer.submit(packed, i + 1)
                 self.broadcast(head)

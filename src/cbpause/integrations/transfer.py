@@ -100,8 +100,9 @@ class InProcess:
     """The trainer's own tensors, in its process (TRL's ``send_weights`` iterator): ``(name, tensor)`` pairs in the
     trainer's names.  An iterator has no manifest ahead of it (a sharded trainer gathers each parameter as it is
     asked for: holding them all would cost the model's size), so each pair is checked as it comes, by the same
-    :func:`~.manifest.entry`, before it is delivered; a refusal raises its ``ValueError`` (or ``KeyError``) there,
-    after the tensors before it."""
+    :func:`~.manifest.entry`, before it is delivered, and a tensor named twice (whatever the wrapper's prefix) or a
+    value that is not a tensor is refused too; a refusal raises its ``ValueError`` (or ``KeyError``) there, after the
+    tensors before it."""
 
     staged = False
 
@@ -109,7 +110,16 @@ class InProcess:
         self._own, self._pairs = model_tensors(model), pairs
 
     def receive(self, load: Load, progress: Callable[[], None] | None = None) -> None:
+        import torch
+
+        seen: set[str] = set()
         for name, tensor in self._pairs:
-            load(entry(self._own, name, tuple(tensor.shape), tensor.dtype).name, tensor)
+            if not isinstance(tensor, torch.Tensor):
+                raise ValueError(f"{name!r}: not a tensor but a {type(tensor).__name__}"[:200])
+            own_name = entry(self._own, name, tuple(tensor.shape), tensor.dtype).name
+            if own_name in seen:
+                raise ValueError(f"{name!r}: its tensor is named twice in this update")
+            seen.add(own_name)
+            load(own_name, tensor)
             if progress is not None:
                 progress()

@@ -13,6 +13,10 @@ time from the files mapped at that check, so a server holds one tensor of the up
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
+import os
 import stat
 from pathlib import Path
 from typing import Any
@@ -68,40 +72,40 @@ def weight_files(path: Path, root: Path | None = None) -> list[Path]:
     return files
 
 
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own bound on a header
+
+
 class Disk:
     """The tensors under ``path`` (resolved; its files inside ``root``, :func:`weight_files`), checked against
-    ``model`` from the files' headers when it is made (every name, shape and dtype: ``ValueError``, nothing read), then
-    delivered one at a time from the files it opened then (:meth:`receive`).  Call :meth:`close` when done."""
+    ``model`` from the files' headers when it is made (every name, shape, dtype and place in its file: ``ValueError``,
+    nothing read), then delivered one at a time (:meth:`receive`), read with ``pread`` from the files opened at the
+    check.  Not mapped: a file truncated under a mapping ends the process (``SIGBUS``), where a short read is an
+    error.  A file whose size or modification time changed since the check (a trainer saving the next step in place)
+    fails the transfer before its next tensor, and at its end: never committed as that check's.  Call :meth:`close`."""
 
     staged = False
 
     def __init__(self, model: Any, path: Path, root: Path | None = None) -> None:
-        from safetensors import SafetensorError, safe_open
-
         from ...integrations.manifest import entry, model_tensors
 
         own = model_tensors(model)
-        self._files: list[tuple[str, Any, list[tuple[str, str]]]] = []  # (file name, handle, (its name, model's))
+        # (file name, fd, its stat at the check, [(model's name, dtype, shape, offset, nbytes)])
+        self._files: list[tuple[str, int, tuple, list[tuple[str, Any, tuple, int, int]]]] = []
         seen: set[str] = set()
         try:
             for file in weight_files(path, root):
-                try:
-                    handle = safe_open(str(file), framework="pt")
-                except (SafetensorError, OSError) as error:
-                    raise ValueError(f"{file.name}: not a readable safetensors file ({error})") from None
-                names = []
-                self._files.append((file.name, handle, names))
-                for name in handle.keys():
-                    tensor = handle.get_slice(name)
-                    dtype = SAFETENSORS_DTYPES.get(tensor.get_dtype(), tensor.get_dtype())
+                fd = os.open(file, os.O_RDONLY)
+                tensors: list[tuple[str, Any, tuple, int, int]] = []
+                self._files.append((file.name, fd, _stamp(fd), tensors))
+                for name, dtype, shape, offset, nbytes in _header(file.name, fd):
                     try:
-                        own_name = entry(own, name, tuple(tensor.get_shape()), dtype).name
+                        own_name = entry(own, name, shape, dtype).name
                     except ValueError as error:
                         raise ValueError(f"{file.name}: {error}") from None
                     if own_name in seen:
                         raise ValueError(f"{file.name}: {name!r}: its tensor is named twice in the files")
                     seen.add(own_name)
-                    names.append((name, own_name))
+                    tensors.append((own_name, dtype, shape, offset, nbytes))
         except BaseException:
             self.close()
             raise
@@ -112,24 +116,79 @@ class Disk:
 
     def receive(self, load: Any, progress: Any = None) -> None:
         """Each tensor to ``load(model's name, tensor)``; :class:`~cbpause.integrations.transfer.TransferFailed` if a
-        file cannot be read now."""
-        from safetensors import SafetensorError
+        file cannot be read, or changed since the check."""
+        import torch
 
         from ...integrations.transfer import TransferFailed
 
-        for file, handle, names in self._files:
-            for name, own_name in names:
+        for file, fd, stamp, tensors in self._files:
+            for name, dtype, shape, offset, nbytes in tensors:
                 try:
-                    tensor = handle.get_tensor(name)
-                except (SafetensorError, OSError) as error:
+                    data = os.pread(fd, nbytes, offset) if nbytes else b""
+                    changed = _stamp(fd) != stamp
+                except OSError as error:
                     raise TransferFailed(f"{file}: {name!r} cannot be read ({error})") from None
-                load(own_name, tensor)
+                if changed or len(data) != nbytes:
+                    raise TransferFailed(f"{file} changed since it was checked (written again in place?): its "
+                                         "tensors are not the ones checked")  # fmt: skip
+                tensor = torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype)) if nbytes else \
+                    torch.empty(0, dtype=getattr(torch, dtype))  # fmt: skip
+                load(name, tensor.reshape(shape))
                 if progress is not None:
                     progress()
+            if _stamp(fd) != stamp:
+                raise TransferFailed(f"{file} changed while it was read: its tensors are not the ones checked")
 
     def close(self) -> None:
         files, self._files = self._files, []
-        del files  # (safetensors' handles unmap their files when collected)
+        for _, fd, _, _ in files:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _stamp(fd: int) -> tuple:
+    st = os.fstat(fd)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _header(name: str, fd: int) -> list[tuple[str, str, tuple, int, int]]:
+    """The tensors a safetensors file's header declares: ``(name, torch dtype name, shape, offset in the file,
+    bytes)``, each checked against the file (its bytes where the header says, as many as its shape and dtype take);
+    ``ValueError`` for a file that is not a safetensors file, or a dtype torch has not."""
+    import torch
+
+    size = os.fstat(fd).st_size
+    head = os.pread(fd, 8, 0)
+    length = int.from_bytes(head, "little") if len(head) == 8 else -1
+    if not 2 <= length <= min(MAX_HEADER_BYTES, size - 8):
+        raise ValueError(f"{name}: not a safetensors file (its header's length)")
+    try:
+        header = json.loads(os.pread(fd, length, 8))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{name}: not a safetensors file ({error})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{name}: not a safetensors file (its header is not an object)")
+    tensors = []
+    for key, spec in header.items():
+        if key == "__metadata__":
+            continue
+        dtype = SAFETENSORS_DTYPES.get(spec.get("dtype")) if isinstance(spec, dict) else None
+        shape, offsets = (spec.get("shape"), spec.get("data_offsets")) if isinstance(spec, dict) else (None, None)
+        if dtype is None or not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"{name}: {key!r}: dtype {spec.get('dtype') if isinstance(spec, dict) else spec!r} is "
+                             "not one torch has")  # fmt: skip
+        if not (isinstance(shape, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                                for n in shape)  # fmt: skip
+                and isinstance(offsets, list) and len(offsets) == 2
+                and all(isinstance(n, int) and not isinstance(n, bool) for n in offsets)):
+            raise ValueError(f"{name}: {key!r}: not a safetensors entry (its shape or offsets)")
+        begin, end = offsets
+        nbytes = math.prod(shape) * getattr(torch, dtype).itemsize
+        if not 0 <= begin <= end <= size - 8 - length or end - begin != nbytes:
+            raise ValueError(f"{name}: {key!r}: its bytes are not where its header says, or not as many as its shape "
+                             "and dtype take")  # fmt: skip
+        tensors.append((key, dtype, tuple(shape), 8 + length + begin, nbytes))
+    return tensors
 
 
 def weight_info(model: Any) -> dict[str, Any]:
