@@ -8,7 +8,7 @@ the tensors may be a subset of the model's parameters and buffers (a trainer may
 every name must be one of the model's (wrappers' prefixes stripped as TRL's sync strips them), with its shape and
 dtype.  Every name, shape and dtype is read from the files' headers and checked when the transport is made
 (:class:`Disk`): any mismatch is a ``ValueError`` and the model is left untouched.  The tensors are then read one at a
-time from the files mapped at that check, so a server holds one tensor of the update, not the update.
+time (``pread``) from the files opened at that check, so a server holds one tensor of the update, not the update.
 """
 
 from __future__ import annotations
@@ -94,7 +94,10 @@ class Disk:
         seen: set[str] = set()
         try:
             for file in weight_files(path, root):
-                fd = os.open(file, os.O_RDONLY)
+                try:
+                    fd = os.open(file, os.O_RDONLY)
+                except OSError as error:
+                    raise ValueError(f"{file.name}: cannot be read ({error})") from None
                 tensors: list[tuple[str, Any, tuple, int, int]] = []
                 self._files.append((file.name, fd, _stamp(fd), tensors))
                 for name, dtype, shape, offset, nbytes in _header(file.name, fd):
