@@ -76,8 +76,9 @@ class Broadcast:
             except TransferFailed:
                 pass
             return
-        if not self.vote(self._still()):
-            raise Declined(410 if not self._still() else 409, "the update did not reach every member whole: nothing "
+        still = self._still()  # (asked once: the vote and the answer say the same of this member)
+        if not self.vote(still):
+            raise Declined(409 if still else 410, "the update did not reach every member whole: nothing "
                           "was copied")  # fmt: skip
         for name, tensor in staged.items():
             load(name, tensor)
